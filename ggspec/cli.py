@@ -1,0 +1,179 @@
+"""The `ggspec` command line: a thin shell over ggspec.native (build) and ggspec.spec (run)."""
+
+from __future__ import annotations
+
+import codecs
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from ggspec.errors import GGSpecError
+
+app = typer.Typer(
+    help="Speculative decoding (DFlash) on a patched llama.cpp, orchestrated from Python.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+err = Console(stderr=True, highlight=False)
+
+
+def fail(message: str, code: int = 1) -> None:
+    err.print(f"[bold red]error:[/] {message}", soft_wrap=True)
+    raise typer.Exit(code)
+
+
+# --- build ----------------------------------------------------------------------------------------
+
+
+@app.command()
+def build(
+    cuda: Annotated[bool, typer.Option("--cuda", help="Build the CUDA backend (GGML_CUDA=ON).")] = False,
+    vulkan: Annotated[bool, typer.Option("--vulkan", help="Build the Vulkan backend (GGML_VULKAN=ON).")] = False,
+    tools: Annotated[bool, typer.Option(
+        "--tools", help="Also build llama-server, llama-cli, llama-speculative-simple and ggml-rpc-server.")] = False,
+    native: Annotated[bool, typer.Option(
+        "--native/--no-native", help="Compile for this machine's CPU (GGML_NATIVE).")] = True,
+    force: Annotated[bool, typer.Option("--force", help="Rebuild even if a cached build matches.")] = False,
+) -> None:
+    """Fetch the pinned llama.cpp, apply patches/ and build it into $GGSPEC_HOME (cached)."""
+    from ggspec.native import build as nb
+    from ggspec.native.progress import RichReporter
+
+    options = nb.BuildOptions(cuda=cuda, vulkan=vulkan, tools=tools, native=native)
+    try:
+        with RichReporter(err) as reporter:
+            info = nb.build(options, force=force, reporter=reporter)
+    except nb.BuildError as exc:
+        fail(str(exc))
+    if info.cached:
+        err.print(f"[green]cached[/] build {info.key} ({len(info.patches)} patches) in {info.lib_dir}")
+    else:
+        err.print(f"[green]built[/] {info.key} ({len(info.patches)} patches) in {info.seconds:.0f} s: {info.lib_dir}")
+
+
+# --- run ------------------------------------------------------------------------------------------
+
+
+@app.command()
+def run(
+    model: Annotated[Optional[Path], typer.Option("-m", "--model", help="Target model (GGUF).")] = None,
+    draft: Annotated[Optional[Path], typer.Option("-md", "--model-draft", help="Draft model (GGUF).")] = None,
+    pair: Annotated[Optional[str], typer.Option(
+        "--pair", help="A built-in pair instead of -m/-md: tiny-dense or tiny-hybrid (random weights).")] = None,
+    dflash: Annotated[Optional[bool], typer.Option(
+        "--dflash/--no-dflash", help="Draft with DFlash (auto-detected from the draft when omitted).")] = None,
+    no_spec: Annotated[bool, typer.Option("--no-spec", help="Plain greedy decoding on the target (A/B baseline).")] = False,
+    prompt: Annotated[str, typer.Option("-p", "--prompt", help="Prompt text.")] = "def fibonacci(n):",
+    n_predict: Annotated[int, typer.Option("-n", "--n-predict", help="Tokens to generate.")] = 128,
+    n_max: Annotated[int, typer.Option("--spec-draft-n-max", help="Most draft tokens per step.")] = 15,
+    n_ctx: Annotated[int, typer.Option("-c", "--ctx-size", help="Context size.")] = 4096,
+    n_batch: Annotated[int, typer.Option("-b", "--batch-size", help="Logical batch size.")] = 512,
+    n_ubatch: Annotated[int, typer.Option("-ub", "--ubatch-size", help="Physical batch size.")] = 512,
+    type_k: Annotated[str, typer.Option("-ctk", "--cache-type-k", help="K cache type (f32, f16, bf16, q8_0, q4_0, ...).")] = "f16",
+    type_v: Annotated[str, typer.Option("-ctv", "--cache-type-v", help="V cache type.")] = "f16",
+    flash_attn: Annotated[str, typer.Option("-fa", "--flash-attn", help="Flash attention: on, off or auto.")] = "auto",
+    threads: Annotated[int, typer.Option("-t", "--threads", help="CPU threads (use 1 for tiny models on few cores).")] = 1,
+    n_gpu_layers: Annotated[int, typer.Option("-ngl", "--n-gpu-layers", help="Target layers to offload.")] = 0,
+    n_gpu_layers_draft: Annotated[int, typer.Option("-ngld", "--n-gpu-layers-draft", help="Draft layers to offload.")] = 0,
+) -> None:
+    """Generate from a prompt, speculatively (DFlash) or plain greedy with --no-spec."""
+    from ggspec.runtime import ContextParams
+    from ggspec.spec.pair import PairConfig
+
+    if n_predict < 1:
+        fail("-n must be at least 1")
+    target, draft = _resolve_models(model, draft, pair, no_spec)
+    cfg = PairConfig(
+        target=target,
+        draft=None if no_spec else draft,
+        dflash=False if no_spec else dflash,
+        n_max=n_max,
+        ctx=ContextParams(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=threads,
+                          type_k=type_k, type_v=type_v, flash_attn=flash_attn),
+        n_gpu_layers=n_gpu_layers,
+        n_gpu_layers_draft=n_gpu_layers_draft,
+    )
+    _run(cfg, prompt, n_predict)
+
+
+def _resolve_models(model: Path | None, draft: Path | None, pair: str | None,
+                    no_spec: bool) -> tuple[Path, Path | None]:
+    if pair is not None:
+        if model is not None or draft is not None:
+            fail("--pair replaces -m/-md: give one or the other")
+        from ggspec.fixtures.tiny import KINDS, ensure_tiny_pair
+        from ggspec.native.paths import fixtures_dir
+
+        kind = pair.removeprefix("tiny-")
+        if not pair.startswith("tiny-") or kind not in KINDS:
+            fail(f"unknown pair '{pair}' (built-in: {', '.join('tiny-' + k for k in KINDS)})")
+        tiny = ensure_tiny_pair(fixtures_dir(), kind)
+        return tiny.target, tiny.draft
+    if model is None:
+        fail("no target model: give -m FILE (or --pair NAME)")
+    if draft is None and not no_spec:
+        fail("no draft model: give -md FILE, or --no-spec for plain decoding")
+    return model, draft
+
+
+def _run(cfg, prompt: str, n_predict: int) -> None:
+    from ggspec.spec.loop import generate_greedy, generate_spec
+    from ggspec.spec.pair import SpecPair
+    from ggspec.spec.stats import RunStats
+
+    with SpecPair(cfg) as sp:
+        for w in sp.warnings:
+            err.print(f"[yellow]warning:[/] {w}")
+        tokens = sp.target_model.tokenize(prompt)
+        if sp.speculative:
+            steps = generate_spec(sp.target, sp.proposer, tokens, n_predict, sp.n_max)
+        else:
+            steps = generate_greedy(sp.target, tokens, n_predict)
+        stats = RunStats()
+        text = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        out = sys.stdout
+        out.write(prompt)
+        for step in steps:
+            stats.add(step)
+            out.write(text.decode(b"".join(sp.target_model.token_bytes(t) for t in step.tokens)))
+            out.flush()
+        out.write(text.decode(b"", final=True) + "\n")
+        out.flush()
+        err.print(_stats_line(stats, sp.speculative, sp.n_max))
+
+
+def _stats_line(s, speculative: bool, n_max: int) -> str:
+    line = (f"[bold]{s.n_generated} tokens[/]  decode {s.decode_tps:.1f} t/s  "
+            f"prompt {s.prompt_tps:.1f} t/s ({s.n_prompt} tokens)")
+    if not speculative:
+        return line + "  (no speculation)"
+    sh = s.time_shares()
+    return (line + f"  τ {s.tau:.2f} (pooled: committed/steps, n_max {n_max})  "
+            f"accept {100 * s.acceptance_rate:.1f}%  "
+            f"time: draft {100 * sh['draft']:.0f}% verify {100 * sh['verify']:.0f}% "
+            f"inject {100 * sh['inject']:.0f}% overhead {100 * sh['overhead']:.0f}%")
+
+
+# --- entry point ----------------------------------------------------------------------------------
+
+
+def main() -> None:
+    """Entry point: every expected failure becomes one line on stderr and a non-zero exit."""
+    from ggspec.native.bindings import NotBuiltError
+
+    try:
+        app()
+    except (GGSpecError, NotBuiltError) as exc:
+        err.print(f"[bold red]error:[/] {exc}", soft_wrap=True)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,13 @@
+"""User-facing errors: each carries a one-line message the CLI prints before exiting non-zero."""
+
+
+class GGSpecError(Exception):
+    """Base class for errors caused by the user's input or environment, not by a bug."""
+
+
+class InputError(GGSpecError):
+    """Bad arguments, files or model combinations, detected before llama.cpp is called."""
+
+
+class LlamaError(GGSpecError):
+    """llama.cpp refused a request (returned NULL or an error code)."""

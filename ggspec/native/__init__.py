@@ -1,0 +1,1 @@
+"""Native layer: building the patched llama.cpp and loading its ctypes bindings."""

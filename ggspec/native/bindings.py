@@ -1,0 +1,137 @@
+"""Load llama-cpp-python's ctypes bindings against ggspec's patched build, plus our shim.
+
+The bindings module (`llama_cpp/llama_cpp.py`) comes from the same pinned sdist as the source
+tree, so it matches the library exactly. We import that one module without running the
+package's `__init__` (which pulls in the high-level API and its dependencies), pointing
+`LLAMA_CPP_LIB_PATH` at our build so there is only one llama.cpp in the process: the patched one.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import types
+from collections import deque
+from ctypes import POINTER, c_bool, c_float, c_int8, c_int32, c_int64, c_uint32, c_void_p
+from functools import cache
+from pathlib import Path
+
+from ggspec.native import build, paths
+
+SHIM_ABI_VERSION = 1
+GGML_LOG_LEVEL_ERROR = 4
+
+# llama.cpp logs a great deal to stderr. We keep its recent lines (errors explain NULL returns)
+# and echo them only when GGSPEC_VERBOSE is set.
+_recent_log: deque[tuple[int, str]] = deque(maxlen=64)
+_log_callback = None  # keeps the ctypes callback alive
+
+
+def last_log_error() -> str:
+    """The most recent error line llama.cpp logged, or its most recent line of any kind."""
+    for level, text in reversed(_recent_log):
+        if level == GGML_LOG_LEVEL_ERROR and text.strip():
+            return text.strip()
+    return _recent_log[-1][1].strip() if _recent_log else "(no log output)"
+
+
+def _install_log_callback(lc: types.ModuleType) -> None:
+    global _log_callback
+    verbose = bool(os.environ.get("GGSPEC_VERBOSE"))
+
+    def on_log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
+        line = text.decode("utf-8", "replace") if text else ""
+        _recent_log.append((level, line))
+        if verbose:
+            sys.stderr.write(line)
+
+    _log_callback = lc.llama_log_callback(on_log)
+    lc.llama_log_set(_log_callback, None)
+
+
+class NotBuiltError(RuntimeError):
+    """No usable build: the message tells the user what to run."""
+
+
+def _current_build() -> build.BuildInfo:
+    options = build.current_options()
+    if options is None:
+        raise NotBuiltError("ggspec has no llama.cpp build yet: run `ggspec build` first")
+    info = build.find_build(options)
+    if info is None:
+        raise NotBuiltError(
+            "the patch series or build options changed since the last build: run `ggspec build`"
+        )
+    return info
+
+
+def _import_bindings(lib_dir: str) -> types.ModuleType:
+    existing = sys.modules.get("llama_cpp")
+    pkg_dir = paths.sdist_dir() / "llama_cpp"
+    if existing is not None and list(getattr(existing, "__path__", [])) != [str(pkg_dir)]:
+        raise NotBuiltError(
+            "another llama_cpp package is already imported in this process; "
+            "ggspec must load its own patched build"
+        )
+    if not (pkg_dir / "llama_cpp.py").is_file():
+        raise NotBuiltError("the pinned sdist is not extracted: run `ggspec build`")
+    os.environ["LLAMA_CPP_LIB_PATH"] = lib_dir
+    if existing is None:
+        pkg = types.ModuleType("llama_cpp")
+        pkg.__path__ = [str(pkg_dir)]  # a bare package: its __init__ is never executed
+        sys.modules["llama_cpp"] = pkg
+    import llama_cpp.llama_cpp as lc  # noqa: PLC0415
+
+    return lc
+
+
+def _declare(lib: ctypes.CDLL, name: str, argtypes: list, restype) -> None:
+    fn = getattr(lib, name)
+    fn.argtypes = argtypes
+    fn.restype = restype
+
+
+def _declare_shim(lib: ctypes.CDLL) -> None:
+    """The C-ABI shim of patch 0001 (stable names for llama-ext.h + bulk batch fillers)."""
+    try:
+        _declare(lib, "ggspec_shim_abi_version", [], c_int32)
+    except AttributeError as exc:
+        raise NotBuiltError("the loaded libllama has no ggspec shim: run `ggspec build`") from exc
+    version = lib.ggspec_shim_abi_version()
+    if version != SHIM_ABI_VERSION:
+        raise NotBuiltError(f"shim ABI {version} != expected {SHIM_ABI_VERSION}: run `ggspec build`")
+    f32p = POINTER(c_float)
+    i32p = POINTER(c_int32)
+    _declare(lib, "ggspec_set_embeddings_layer_inp", [c_void_p, c_uint32, c_bool], None)
+    _declare(lib, "ggspec_get_embeddings_layer_inp", [c_void_p, c_uint32], f32p)
+    _declare(lib, "ggspec_model_target_layer_ids", [c_void_p], i32p)
+    _declare(lib, "ggspec_model_target_layer_ids_n", [c_void_p], c_uint32)
+    _declare(lib, "ggspec_set_embeddings_nextn", [c_void_p, c_bool, c_bool], None)
+    _declare(lib, "ggspec_get_embeddings_nextn", [c_void_p], f32p)
+    _declare(lib, "ggspec_get_embeddings_nextn_ith", [c_void_p, c_int32], f32p)
+    _declare(lib, "ggspec_model_dflash_selector_top_k", [c_void_p], c_int32)
+    _declare(lib, "ggspec_model_n_devices", [c_void_p], c_int32)
+    _declare(lib, "ggspec_get_ctx_other", [c_void_p], c_void_p)
+    _declare(lib, "ggspec_batch_add_tokens",
+             [c_void_p, c_int32, i32p, c_int32, c_int32, POINTER(c_int8)], c_int32)
+    _declare(lib, "ggspec_batch_add_embd_rows",
+             [c_void_p, c_int32, f32p, c_int32, c_int64, c_int32], c_int32)
+
+
+@cache
+def load() -> types.ModuleType:
+    """The bindings module `llama_cpp.llama_cpp`, loaded once, with the shim declared on `_lib`.
+
+    Shim functions are called as `lc._lib.ggspec_*`.
+    """
+    info = _current_build()
+    lc = _import_bindings(info.lib_dir)
+    _declare_shim(lc._lib)
+    _install_log_callback(lc)
+    lc.llama_backend_init()
+    return lc
+
+
+def library_path() -> Path:
+    return Path(_current_build().lib_dir)

@@ -1,0 +1,311 @@
+"""Build the patched llama.cpp: fetch the pinned sdist, extract, patch, configure, compile.
+
+Every build lives in `$GGSPEC_HOME/builds/<key>/`, where the key hashes everything that changes
+the binaries: the pin, the bytes of every patch, the cmake options and the CPU target. A build
+whose key already has a finished `build.json` is reused as is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ggspec.native import paths
+
+
+class BuildError(RuntimeError):
+    """A build step failed; the message is one line meant for the user."""
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    cuda: bool = False
+    vulkan: bool = False
+    tools: bool = False  # llama-server, llama-cli, llama-speculative-simple, ggml-rpc-server
+    native: bool = True  # GGML_NATIVE: tune for this CPU (part of the cache key)
+
+    def cmake_args(self) -> list[str]:
+        on = lambda flag: "ON" if flag else "OFF"  # noqa: E731
+        args = [
+            "-DCMAKE_BUILD_TYPE=Release",
+            "-DBUILD_SHARED_LIBS=ON",
+            "-DLLAMA_BUILD_TESTS=OFF",
+            f"-DLLAMA_BUILD_EXAMPLES={on(self.tools)}",
+            f"-DLLAMA_BUILD_TOOLS={on(self.tools)}",
+            f"-DLLAMA_BUILD_SERVER={on(self.tools)}",
+            f"-DGGML_RPC={on(self.tools)}",
+            # nothing may be fetched during the build
+            "-DLLAMA_CURL=OFF",
+            "-DLLAMA_OPENSSL=OFF",
+            "-DLLAMA_BUILD_UI=OFF",
+            "-DLLAMA_USE_PREBUILT_UI=OFF",
+            f"-DGGML_NATIVE={on(self.native)}",
+            "-DGGML_CCACHE=ON",
+        ]
+        if self.cuda:
+            args.append("-DGGML_CUDA=ON")
+        if self.vulkan:
+            args.append("-DGGML_VULKAN=ON")
+        return args
+
+    def targets(self) -> list[str]:
+        targets = ["llama"]
+        if self.tools:
+            targets += ["llama-server", "llama-cli", "llama-speculative-simple", "ggml-rpc-server"]
+        return targets
+
+
+@dataclass
+class BuildInfo:
+    key: str
+    root: str
+    lib_dir: str
+    options: dict
+    patches: list[str]
+    cpu_target: str
+    seconds: float
+    cached: bool = field(default=False, compare=False)
+
+    @property
+    def bin_dir(self) -> Path:
+        return Path(self.lib_dir)
+
+
+# --- cache key ------------------------------------------------------------------------------------
+
+
+def patch_files() -> list[Path]:
+    """The patch series in application order; names must look like `NNNN-name.patch`."""
+    pdir = paths.patches_dir()
+    if not pdir.is_dir():
+        raise BuildError(f"patch directory not found: {pdir}")
+    files = sorted(pdir.glob("*.patch"))
+    for f in files:
+        if not re.fullmatch(r"\d{4}-[A-Za-z0-9_.-]+\.patch", f.name):
+            raise BuildError(f"patch file name must look like NNNN-name.patch: {f.name}")
+    return files
+
+
+def cpu_target(native: bool) -> str:
+    """What GGML_NATIVE compiles for: the machine plus a hash of its CPU feature flags."""
+    machine = platform.machine()
+    if not native:
+        return f"generic-{machine}"
+    flags = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                flags = " ".join(sorted(line.split(":", 1)[1].split()))
+                break
+    except OSError:
+        flags = platform.processor()
+    return f"native-{machine}-{hashlib.sha256(flags.encode()).hexdigest()[:12]}"
+
+
+def build_key(options: BuildOptions) -> str:
+    h = hashlib.sha256()
+    ident = {
+        "pin": f"{paths.PIN_PACKAGE}=={paths.PIN_VERSION}",
+        "patches": [(f.name, hashlib.sha256(f.read_bytes()).hexdigest()) for f in patch_files()],
+        "cmake": options.cmake_args(),
+        "targets": options.targets(),
+        "cpu": cpu_target(options.native),
+    }
+    h.update(json.dumps(ident, sort_keys=True).encode())
+    return h.hexdigest()[:16]
+
+
+# --- the steps -------------------------------------------------------------------------------------
+
+
+def _run(cmd: list[str], cwd: Path | None = None, what: str = "") -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["(no output)"]
+        raise BuildError(f"{what or cmd[0]} failed: {tail[0]}")
+    return proc
+
+
+def obtain_sdist() -> Path:
+    """The pinned sdist tarball: `$GGSPEC_SDIST` if set, else downloaded once with pip."""
+    env = os.environ.get("GGSPEC_SDIST")
+    if env:
+        path = Path(env)
+        if not path.is_file():
+            raise BuildError(f"GGSPEC_SDIST points at a missing file: {path}")
+        return path
+    dest = paths.ggspec_home() / "sdist"
+    tarball = dest / f"{paths.SDIST_STEM}.tar.gz"
+    if tarball.is_file():
+        return tarball
+    dest.mkdir(parents=True, exist_ok=True)
+    _run(
+        [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+         f"{paths.PIN_PACKAGE}=={paths.PIN_VERSION}", "-d", str(dest)],
+        what="pip download of the pinned llama-cpp-python sdist",
+    )
+    if not tarball.is_file():
+        raise BuildError(f"pip download did not produce {tarball.name}")
+    return tarball
+
+
+def extract_sdist(tarball: Path) -> Path:
+    """Extract once into `$GGSPEC_HOME/src/`; a `.complete` stamp marks a finished extraction."""
+    target = paths.sdist_dir()
+    stamp = target / ".complete"
+    if stamp.is_file():
+        return target
+    tmp = target.with_name(target.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    with tarfile.open(tarball) as tar:
+        tar.extractall(tmp, filter="data")
+    inner = tmp / paths.SDIST_STEM
+    if not (inner / "vendor" / "llama.cpp" / "CMakeLists.txt").is_file():
+        raise BuildError(f"{tarball.name} does not contain vendor/llama.cpp")
+    shutil.rmtree(target, ignore_errors=True)
+    inner.rename(target)
+    shutil.rmtree(tmp, ignore_errors=True)
+    stamp.write_text(paths.PIN_VERSION)
+    return target
+
+
+def pristine_tree() -> Path:
+    return paths.sdist_dir() / "vendor" / "llama.cpp"
+
+
+def apply_patches(tree: Path, patches: Iterable[Path]) -> None:
+    """Apply each patch with `git apply`, checking it first so a failure names patch and hunk."""
+    # Stop git from discovering a repository above the tree (the cache may live inside one).
+    env = dict(os.environ, GIT_CEILING_DIRECTORIES=str(tree.parent))
+    for patch in patches:
+        check = subprocess.run(["git", "apply", "--check", "-p1", str(patch)],
+                               cwd=tree, env=env, capture_output=True, text=True)
+        if check.returncode != 0:
+            lines = [ln for ln in check.stderr.splitlines() if ln.startswith("error:")]
+            where = "; ".join(ln.removeprefix("error: ") for ln in lines[:2]) or check.stderr.strip()
+            raise BuildError(f"patch {patch.name} does not apply to the pinned tree: {where}")
+        subprocess.run(["git", "apply", "-p1", str(patch)], cwd=tree, env=env, check=True)
+
+
+def prepare_tree(root: Path, patches: list[Path]) -> Path:
+    """A fresh copy of the pristine tree with the patch series applied."""
+    tree = root / "llama.cpp"
+    shutil.rmtree(tree, ignore_errors=True)
+    # The vendored tree carries a `.git` file pointing into a submodule store that isn't there.
+    shutil.copytree(pristine_tree(), tree, ignore=shutil.ignore_patterns(".git"), symlinks=True)
+    apply_patches(tree, patches)
+    return tree
+
+
+_PROGRESS_RE = re.compile(r"^\[\s*(\d+)%\]\s+(.*)$")
+
+
+def compile_tree(tree: Path, build_dir: Path, options: BuildOptions,
+                 on_line: Callable[[int | None, str], None]) -> None:
+    """Configure and compile, reporting each `[ NN%] …` line of the make output."""
+    configure = ["cmake", "-S", str(tree), "-B", str(build_dir), *options.cmake_args()]
+    _run(configure, what="cmake configure")
+    jobs = str(os.cpu_count() or 1)
+    cmd = ["cmake", "--build", str(build_dir), "-j", jobs, "--target", *options.targets()]
+    log_path = build_dir / "compile.log"
+    with open(log_path, "w") as log, subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+    ) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            log.write(line)
+            m = _PROGRESS_RE.match(line.strip())
+            on_line(int(m.group(1)) if m else None, m.group(2) if m else line.strip())
+        proc.wait()
+    if proc.returncode != 0:
+        errors = [ln for ln in log_path.read_text().splitlines() if "error" in ln.lower()]
+        first = errors[0].strip() if errors else f"exit code {proc.returncode}"
+        raise BuildError(f"compile failed ({first}); full log: {log_path}")
+
+
+# --- public API ------------------------------------------------------------------------------------
+
+
+def find_build(options: BuildOptions) -> BuildInfo | None:
+    """The finished build for these options and the current patches, if there is one."""
+    key = build_key(options)
+    info_file = paths.builds_dir() / key / "build.json"
+    if not info_file.is_file():
+        return None
+    info = BuildInfo(**json.loads(info_file.read_text()))
+    if not (Path(info.lib_dir) / "libllama.so").exists() and not any(Path(info.lib_dir).glob("libllama.*")):
+        return None
+    return info
+
+
+def mark_current(info: BuildInfo) -> None:
+    paths.current_build_file().write_text(json.dumps({"key": info.key, "options": info.options}))
+
+
+def current_options() -> BuildOptions | None:
+    """The options of the build `ggspec build` last produced or selected, if any."""
+    f = paths.current_build_file()
+    if not f.is_file():
+        return None
+    return BuildOptions(**json.loads(f.read_text())["options"])
+
+
+class Reporter:
+    """What `build()` tells its caller; the CLI passes a rich-backed one."""
+
+    def phase(self, name: str) -> None: ...
+    def compile_line(self, percent: int | None, text: str) -> None: ...
+
+
+def build(options: BuildOptions, force: bool = False, reporter: Reporter | None = None) -> BuildInfo:
+    reporter = reporter or Reporter()
+    patches = patch_files()
+    key = build_key(options)
+    if not force:
+        found = find_build(options)
+        if found is not None:
+            found.cached = True
+            mark_current(found)
+            return found
+
+    t0 = time.perf_counter()
+    root = paths.builds_dir() / key
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "build.json").unlink(missing_ok=True)
+
+    reporter.phase("download")
+    tarball = obtain_sdist()
+    reporter.phase("extract")
+    extract_sdist(tarball)
+    reporter.phase("patch")
+    tree = prepare_tree(root, patches)
+    reporter.phase("configure")
+    build_dir = root / "build"
+    if force:
+        shutil.rmtree(build_dir, ignore_errors=True)
+    compile_tree(tree, build_dir, options, reporter.compile_line)
+
+    info = BuildInfo(
+        key=key,
+        root=str(root),
+        lib_dir=str(build_dir / "bin"),
+        options=asdict(options),
+        patches=[p.name for p in patches],
+        cpu_target=cpu_target(options.native),
+        seconds=round(time.perf_counter() - t0, 1),
+    )
+    (root / "build.json").write_text(json.dumps(asdict(info) | {"cached": False}, indent=2))
+    mark_current(info)
+    return info

@@ -1,0 +1,82 @@
+"""An owning wrapper over `llama_model *`: load, metadata, tokenizer, free."""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import numpy as np
+
+from ggspec.errors import LlamaError
+from ggspec.native.bindings import load as load_bindings
+from ggspec.runtime.gguf_meta import GGUFMeta, read_meta
+
+
+class Model:
+    """A loaded GGUF model. Use as a context manager or call `close()`."""
+
+    def __init__(self, path: str | Path, n_gpu_layers: int = 0, what: str = "model") -> None:
+        self.lc = load_bindings()
+        self.meta: GGUFMeta = read_meta(path, what)  # validates the file before llama.cpp reads it
+        self.path = Path(path)
+        params = self.lc.llama_model_default_params()
+        params.n_gpu_layers = n_gpu_layers
+        ptr = self.lc.llama_model_load_from_file(str(self.path).encode(), params)
+        if not ptr:
+            raise LlamaError(f"llama.cpp could not load the {what} model: {self.path}")
+        self.ptr = ptr
+        self.vocab = self.lc.llama_model_get_vocab(ptr)
+        self.n_embd: int = self.lc.llama_model_n_embd(ptr)
+        self.n_layer: int = self.lc.llama_model_n_layer(ptr)
+        self.n_vocab: int = self.lc.llama_vocab_n_tokens(self.vocab)
+        self.n_ctx_train: int = self.lc.llama_model_n_ctx_train(ptr)
+        self.is_recurrent: bool = bool(
+            self.lc.llama_model_is_recurrent(ptr) or self.lc.llama_model_is_hybrid(ptr)
+        )
+
+    @property
+    def arch(self) -> str:
+        return self.meta.arch
+
+    # --- tokenizer -------------------------------------------------------------------------------
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> np.ndarray:
+        data = text.encode("utf-8")
+        n_max = len(data) + 8
+        buf = (ctypes.c_int32 * n_max)()
+        n = self.lc.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_special, parse_special)
+        if n < 0:  # buffer too small: -n is the size needed
+            n_max = -n
+            buf = (ctypes.c_int32 * n_max)()
+            n = self.lc.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_special, parse_special)
+        return np.frombuffer(buf, dtype=np.int32, count=n).copy()
+
+    def token_bytes(self, token: int) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = self.lc.llama_token_to_piece(self.vocab, token, buf, 64, 0, False)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = self.lc.llama_token_to_piece(self.vocab, token, buf, -n, 0, False)
+        return buf.raw[:n]
+
+    def detokenize(self, tokens) -> str:
+        return b"".join(self.token_bytes(int(t)) for t in tokens).decode("utf-8", "replace")
+
+    def is_eog(self, token: int) -> bool:
+        return bool(self.lc.llama_vocab_is_eog(self.vocab, token))
+
+    # --- lifetime --------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        if getattr(self, "ptr", None):
+            self.lc.llama_model_free(self.ptr)
+            self.ptr = None
+
+    def __enter__(self) -> "Model":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()

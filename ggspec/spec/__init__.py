@@ -1,0 +1,1 @@
+"""Speculative layer: the propose -> verify -> accept -> commit/roll back transaction."""

@@ -1,0 +1,135 @@
+"""The DFlash proposer: a block-diffusion draft that reads the target's layer-input features.
+
+The draft context keeps, in its KV cache, one entry per *committed* target position, built from
+the target's layer-input features of that position (an embedding batch). To propose, it decodes
+the noise block `[id_last, MASK x n]` at the next positions in one non-causal pass, reads the n
+greedy tokens from rows 1..n, and removes the block again.
+
+Feature rows of committed tokens are queued and injected in one call just before the next
+draft (only committed rows ever reach the draft cache, so nothing has to be removed after a
+rejection), chunked to the draft's n_ubatch because a larger non-causal call aborts llama.cpp.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ggspec.errors import InputError
+from ggspec.runtime import Batch, Context
+from ggspec.runtime.gguf_meta import GGUFMeta
+
+
+@dataclass(frozen=True)
+class DFlashInfo:
+    """What ggspec needs from a DFlash draft's metadata."""
+
+    target_layers: tuple[int, ...]
+    block_size: int
+    mask_token: int
+    causal: bool
+
+    @property
+    def n_max_limit(self) -> int:
+        # The noise block is [id_last, MASK x (block_size - 1)]: at most block_size - 1 drafts.
+        return self.block_size - 1
+
+
+def is_dflash(meta: GGUFMeta) -> bool:
+    return meta.arch == "dflash"
+
+
+def dflash_info(draft: GGUFMeta) -> DFlashInfo:
+    if not is_dflash(draft):
+        raise InputError(f"--dflash: the draft is not a DFlash model (architecture '{draft.arch}'): {draft.path}")
+    layers = draft.get("dflash.target_layers")
+    if not layers:
+        raise InputError(f"DFlash draft has no dflash.target_layers: {draft.path}")
+    mask = draft.get("tokenizer.ggml.mask_token_id")
+    if mask is None:
+        raise InputError(f"DFlash draft has no mask token (tokenizer.ggml.mask_token_id): {draft.path}")
+    causal = draft.get("dflash.attention.causal", False)
+    return DFlashInfo(
+        target_layers=tuple(int(x) for x in layers),
+        block_size=int(draft.get("dflash.block_size", 16)),
+        mask_token=int(mask),
+        causal=bool(causal),
+    )
+
+
+def check_compatible(target: GGUFMeta, draft: GGUFMeta, info: DFlashInfo) -> None:
+    """Refuse a draft that does not fit the target, before llama.cpp can abort on it."""
+    if draft.n_vocab != target.n_vocab:
+        raise InputError(
+            f"draft vocabulary ({draft.n_vocab} tokens) does not match the target's ({target.n_vocab})"
+        )
+    borrows_head = "token_embd.weight" not in draft.tensors
+    if borrows_head and draft.n_embd != target.n_embd:
+        raise InputError(
+            f"draft hidden size {draft.n_embd} does not match the target's {target.n_embd} "
+            "(the draft borrows the target's embeddings and output head)"
+        )
+    bad = [il for il in info.target_layers if not 0 <= il < target.n_layer]
+    if bad:
+        raise InputError(
+            f"draft reads target layer(s) {bad}, but the target has layers 0..{target.n_layer - 1}"
+        )
+    if not 0 <= info.mask_token < target.n_vocab:
+        raise InputError(f"draft mask token {info.mask_token} is outside the vocabulary")
+    if info.block_size < 2:
+        raise InputError(f"draft block size {info.block_size} leaves no room for a draft token")
+
+
+class DFlashProposer:
+    """Proposes up to block_size - 1 tokens per step from the draft context."""
+
+    def __init__(self, target: Context, draft: Context, info: DFlashInfo) -> None:
+        self.target = target
+        self.draft = draft
+        self.info = info
+        target.enable_layer_inputs(info.target_layers)
+        draft.set_causal_attn(info.causal)
+        self._batch = Batch(draft)
+        self._pending: list[tuple[int, np.ndarray]] = []  # (first position, feature rows)
+
+    # --- feature rows of committed target positions ----------------------------------------------
+
+    def capture(self, n_rows: int, pos0: int) -> None:
+        """Queue the target's features of the last decode's first n_rows rows (positions pos0...).
+
+        Called right after the target decode, because the next target call overwrites them.
+        """
+        if n_rows:
+            self._pending.append((pos0, self.target.layer_inputs(self.info.target_layers, n_rows)))
+
+    def flush(self) -> int:
+        """Inject every queued row into the draft cache; returns the number of rows injected."""
+        if not self._pending:
+            return 0
+        pos0 = self._pending[0][0]
+        rows = np.concatenate([r for _, r in self._pending]) if len(self._pending) > 1 else self._pending[0][1]
+        self._pending.clear()
+        chunk = self.draft.n_ubatch
+        for off in range(0, len(rows), chunk):
+            self._batch.clear().add_embd_rows(rows[off:off + chunk], pos0 + off)
+            self.draft.decode(self._batch)
+        return len(rows)
+
+    # --- drafting --------------------------------------------------------------------------------
+
+    def propose(self, id_last: int, pos: int, n: int) -> np.ndarray:
+        """Draft n tokens following `id_last` (at position `pos`). The draft cache must hold
+        exactly the positions before `pos`: call `flush()` first."""
+        block = np.full(n + 1, self.info.mask_token, dtype=np.int32)
+        block[0] = id_last
+        outputs = np.ones(n + 1, dtype=np.int8)
+        outputs[0] = 0  # row 0 (the anchor) predicts nothing we use
+        self._batch.clear().add_tokens(block, pos, outputs=outputs)
+        self.draft.decode(self._batch)
+        tokens = self.draft.argmax_rows()
+        self.draft.remove(pos)  # the noise block must not stay in the draft cache
+        return tokens
+
+    def close(self) -> None:
+        self._batch.close()

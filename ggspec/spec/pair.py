@@ -1,0 +1,100 @@
+"""Load a target (and optionally a DFlash draft) with every check done before llama.cpp runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from ggspec.errors import InputError
+from ggspec.runtime import Context, ContextParams, Model
+from ggspec.runtime.gguf_meta import read_meta
+from ggspec.spec.dflash import DFlashInfo, DFlashProposer, check_compatible, dflash_info, is_dflash
+
+
+@dataclass
+class PairConfig:
+    target: Path
+    draft: Path | None = None
+    dflash: bool | None = None  # None: auto-detect from the draft's architecture
+    n_max: int = 15
+    ctx: ContextParams = field(default_factory=ContextParams)
+    n_gpu_layers: int = 0
+    n_gpu_layers_draft: int = 0
+
+
+class SpecPair:
+    """Owns the target model/context and, when speculating, the draft model/context/proposer."""
+
+    def __init__(self, cfg: PairConfig) -> None:
+        self.cfg = cfg
+        self.warnings: list[str] = []
+        self.draft_model: Model | None = None
+        self.draft_ctx: Context | None = None
+        self.proposer: DFlashProposer | None = None
+        self.info: DFlashInfo | None = self._validate()
+        self.n_max = self._clamp_n_max()
+
+        self.target_model = Model(cfg.target, cfg.n_gpu_layers, what="target")
+        target_params = replace(cfg.ctx)
+        if self.info is not None and self.target_model.is_recurrent:
+            # uncapped planes: one recurrent-state snapshot per draft position
+            target_params.n_rs_seq = max(target_params.n_rs_seq, self.n_max)
+        self.target = Context(self.target_model, target_params, what="target")
+        if self.info is not None:
+            self.draft_model = Model(cfg.draft, cfg.n_gpu_layers_draft, what="draft")
+            draft_params = replace(cfg.ctx, n_rs_seq=0)
+            # the draft borrows the target's embeddings / output head through ctx_other
+            self.draft_ctx = Context(self.draft_model, draft_params, ctx_other=self.target, what="draft")
+            self.proposer = DFlashProposer(self.target, self.draft_ctx, self.info)
+
+    @property
+    def speculative(self) -> bool:
+        return self.proposer is not None
+
+    def _validate(self) -> DFlashInfo | None:
+        cfg = self.cfg
+        if cfg.n_max < 1:
+            raise InputError(f"--spec-draft-n-max must be at least 1 (got {cfg.n_max})")
+        target = read_meta(cfg.target, "target")
+        if is_dflash(target):
+            raise InputError(f"the target is a DFlash draft model, not a target: {cfg.target}")
+        if cfg.draft is None:
+            if cfg.dflash:
+                raise InputError("--dflash needs a draft model (-md)")
+            return None
+        draft = read_meta(cfg.draft, "draft")
+        if cfg.dflash is False:
+            return None
+        if not is_dflash(draft):
+            if cfg.dflash:
+                raise InputError(
+                    f"--dflash: the draft is not a DFlash model (architecture '{draft.arch}'): {cfg.draft}"
+                )
+            raise InputError(
+                f"the draft's architecture '{draft.arch}' is not supported (ggspec drafts with DFlash models)"
+            )
+        info = dflash_info(draft)
+        check_compatible(target, draft, info)
+        return info
+
+    def _clamp_n_max(self) -> int:
+        n_max = self.cfg.n_max
+        if self.info is not None and n_max > self.info.n_max_limit:
+            self.warnings.append(
+                f"--spec-draft-n-max {n_max} exceeds the draft's block size {self.info.block_size} - 1; "
+                f"using {self.info.n_max_limit}"
+            )
+            n_max = self.info.n_max_limit
+        return n_max
+
+    def close(self) -> None:
+        for obj in (self.proposer, self.draft_ctx, self.draft_model,
+                    getattr(self, "target", None), getattr(self, "target_model", None)):
+            if obj is not None:
+                obj.close()
+
+    def __enter__(self) -> "SpecPair":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,119 @@
+"""Per-step statistics of the speculative loop and their aggregation over a run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class Step:
+    """One transaction (or the prefill): what it committed and what it cost."""
+
+    tokens: list[int]  # tokens committed by this step, in order
+    kind: str  # "prefill" | "spec" | "plain"
+    drafted: int = 0  # draft tokens proposed
+    accepted: int = 0  # of which the target accepted (a leading run)
+    n_prompt: int = 0  # prompt tokens processed (prefill only)
+    t_draft: float = 0.0  # seconds in the draft's noise-block decode
+    t_verify: float = 0.0  # seconds in the target decode (prefill: prompt processing)
+    t_inject: float = 0.0  # seconds injecting target features into the draft cache
+    t_total: float = 0.0  # wall time of the whole step
+
+    @property
+    def t_overhead(self) -> float:
+        """Everything that is not a llama.cpp call: Python bookkeeping, argmax, accept."""
+        return max(0.0, self.t_total - self.t_draft - self.t_verify - self.t_inject)
+
+
+@dataclass
+class RunStats:
+    """Aggregates of a run's steps. Mean accepted length τ is *pooled*: committed tokens of all
+    speculative steps divided by the number of those steps (each step counts the bonus token)."""
+
+    n_prompt: int = 0
+    t_prompt: float = 0.0
+    n_generated: int = 0
+    t_decode: float = 0.0  # wall time of every step after the prefill
+    spec_steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    committed_spec: int = 0
+    t_draft: float = 0.0
+    t_verify: float = 0.0
+    t_inject: float = 0.0
+    t_overhead: float = 0.0
+    accept_hist: list[int] = field(default_factory=list)  # steps by number of accepted drafts
+
+    def add(self, step: Step) -> None:
+        if step.kind == "prefill":
+            self.n_prompt += step.n_prompt
+            self.t_prompt += step.t_verify
+            self.n_generated += len(step.tokens)
+            self.t_inject += step.t_inject
+            return
+        self.n_generated += len(step.tokens)
+        self.t_decode += step.t_total
+        self.t_draft += step.t_draft
+        self.t_verify += step.t_verify
+        self.t_inject += step.t_inject
+        self.t_overhead += step.t_overhead
+        if step.kind == "spec":
+            self.spec_steps += 1
+            self.drafted += step.drafted
+            self.accepted += step.accepted
+            self.committed_spec += step.accepted + 1
+            if len(self.accept_hist) <= step.accepted:
+                self.accept_hist.extend([0] * (step.accepted + 1 - len(self.accept_hist)))
+            self.accept_hist[step.accepted] += 1
+
+    @property
+    def decode_tps(self) -> float:
+        # the prefill commits the first token; decode speed counts the tokens after it
+        n = self.n_generated - 1
+        return n / self.t_decode if self.t_decode > 0 and n > 0 else 0.0
+
+    @property
+    def prompt_tps(self) -> float:
+        return self.n_prompt / self.t_prompt if self.t_prompt > 0 else 0.0
+
+    @property
+    def tau(self) -> float:
+        """Pooled mean accepted length (committed tokens per speculative step, bonus included)."""
+        return self.committed_spec / self.spec_steps if self.spec_steps else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    def time_shares(self) -> dict[str, float]:
+        total = self.t_draft + self.t_verify + self.t_inject + self.t_overhead
+        if total <= 0:
+            return {"draft": 0.0, "verify": 0.0, "inject": 0.0, "overhead": 0.0}
+        return {
+            "draft": self.t_draft / total,
+            "verify": self.t_verify / total,
+            "inject": self.t_inject / total,
+            "overhead": self.t_overhead / total,
+        }
+
+    def per_step_ms(self) -> dict[str, float]:
+        """Mean milliseconds per decode step, by phase."""
+        steps = max(1, self.spec_steps)
+        return {k: 1e3 * v / steps for k, v in (
+            ("draft", self.t_draft), ("verify", self.t_verify),
+            ("inject", self.t_inject), ("overhead", self.t_overhead))}
+
+
+def summarize(steps) -> RunStats:
+    stats = RunStats()
+    for s in steps:
+        stats.add(s)
+    return stats
+
+
+def top2_margin(logits: np.ndarray) -> float:
+    """Gap between the largest and second-largest logit of one row."""
+    top2 = np.partition(logits, -2)[-2:]
+    return float(top2[1] - top2[0])
