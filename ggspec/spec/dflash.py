@@ -101,7 +101,15 @@ class DFlashProposer:
         Called right after the target decode, because the next target call overwrites them.
         """
         if n_rows:
+            if self._pending:
+                last_pos, last_rows = self._pending[-1]
+                if pos0 != last_pos + len(last_rows):
+                    raise RuntimeError(f"feature rows must be contiguous: {pos0} after {last_pos}+{len(last_rows)}")
             self._pending.append((pos0, self.target.layer_inputs(self.info.target_layers, n_rows)))
+
+    def reset(self) -> None:
+        """Forget queued rows (the caller clears the draft cache)."""
+        self._pending.clear()
 
     def flush(self) -> int:
         """Inject every queued row into the draft cache; returns the number of rows injected."""

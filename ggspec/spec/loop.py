@@ -19,7 +19,7 @@ import numpy as np
 from ggspec.errors import InputError
 from ggspec.runtime import Batch, Context
 from ggspec.spec.accept import accept_greedy
-from ggspec.spec.stats import Step
+from ggspec.spec.stats import Step, top2_margin
 
 
 def check_prompt(prompt: np.ndarray, n_ctx: int, n_draft: int) -> None:
@@ -51,6 +51,10 @@ def _prefill(target: Context, batch: Batch, prompt: np.ndarray, capture=None) ->
     return first, time.perf_counter() - t0
 
 
+def _margins(target: Context, record: bool) -> list[float]:
+    return [top2_margin(target.logits_view()[-1])] if record else []
+
+
 def _finish(tokens: list[int], budget: int, is_eog) -> tuple[list[int], bool]:
     """Cut a step's tokens at the budget or after an end-of-generation token."""
     out = []
@@ -61,16 +65,18 @@ def _finish(tokens: list[int], budget: int, is_eog) -> tuple[list[int], bool]:
     return out, len(out) >= budget
 
 
-def generate_greedy(target: Context, prompt: np.ndarray, n_predict: int) -> Iterator[Step]:
-    """Plain greedy decoding, one target decode per token."""
+def generate_greedy(target: Context, prompt: np.ndarray, n_predict: int,
+                    record_margins: bool = False, ignore_eos: bool = False) -> Iterator[Step]:
+    """Plain greedy decoding, one target decode per token. With `record_margins`, each step
+    carries the target's top-2 logit margin of its token (the losslessness gate's tie check)."""
     check_prompt(prompt, target.n_ctx, 0)
-    is_eog = target.model.is_eog
+    is_eog = (lambda _t: False) if ignore_eos else target.model.is_eog
     with Batch(target) as batch:
         t0 = time.perf_counter()
         token, t_prompt = _prefill(target, batch, prompt)
         tokens, done = _finish([token], n_predict, is_eog)
         yield Step(tokens, "prefill", n_prompt=len(prompt), t_verify=t_prompt,
-                   t_total=time.perf_counter() - t0)
+                   t_total=time.perf_counter() - t0, margins=_margins(target, record_margins))
         pos, left = len(prompt), n_predict - 1
         while not done and pos < target.n_ctx:
             t0 = time.perf_counter()
@@ -80,11 +86,12 @@ def generate_greedy(target: Context, prompt: np.ndarray, n_predict: int) -> Iter
             t_verify = time.perf_counter() - t0
             tokens, done = _finish([token], left, is_eog)
             pos, left = pos + 1, left - 1
-            yield Step(tokens, "plain", t_verify=t_verify, t_total=time.perf_counter() - t0)
+            yield Step(tokens, "plain", t_verify=t_verify, t_total=time.perf_counter() - t0,
+                       margins=_margins(target, record_margins))
 
 
 def generate_spec(target: Context, proposer, prompt: np.ndarray, n_predict: int,
-                  n_max: int) -> Iterator[Step]:
+                  n_max: int, ignore_eos: bool = False) -> Iterator[Step]:
     """Speculative greedy decoding; output equals `generate_greedy`'s token for token.
 
     `proposer` provides `capture(n_rows, pos0)`, `flush() -> rows` and
@@ -93,7 +100,7 @@ def generate_spec(target: Context, proposer, prompt: np.ndarray, n_predict: int,
     if n_max < 1:
         raise InputError("--spec-draft-n-max must be at least 1")
     check_prompt(prompt, target.n_ctx, n_max)
-    is_eog = target.model.is_eog
+    is_eog = (lambda _t: False) if ignore_eos else target.model.is_eog
     with Batch(target) as batch:
         t0 = time.perf_counter()
         id_last, t_prompt = _prefill(target, batch, prompt, capture=proposer.capture)

@@ -87,6 +87,14 @@ class SpecPair:
             n_max = self.info.n_max_limit
         return n_max
 
+    def reset(self) -> None:
+        """Empty every cache so the pair can serve a new, unrelated prompt."""
+        self.target.clear()
+        if self.draft_ctx is not None:
+            self.draft_ctx.clear()
+        if self.proposer is not None:
+            self.proposer.reset()
+
     def close(self) -> None:
         for obj in (self.proposer, self.draft_ctx, self.draft_model,
                     getattr(self, "target", None), getattr(self, "target_model", None)):

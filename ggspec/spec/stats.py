@@ -20,6 +20,7 @@ class Step:
     t_verify: float = 0.0  # seconds in the target decode (prefill: prompt processing)
     t_inject: float = 0.0  # seconds injecting target features into the draft cache
     t_total: float = 0.0  # wall time of the whole step
+    margins: list[float] = field(default_factory=list)  # top-2 logit gap per token (optional)
 
     @property
     def t_overhead(self) -> float:

@@ -1,0 +1,84 @@
+"""Shared fixtures: the real patched build and tiny generated model pairs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ggspec.fixtures.tiny import ensure_tiny_pair, write_dflash_draft
+from ggspec.native import build as nb
+
+# Held-out style prompts: code and prose, all ASCII so the tiny byte-level vocab covers them.
+PROMPTS = [
+    "def fibonacci(n):",
+    "import os\nimport sys\n\n",
+    "class Stack:\n    def __init__(self):",
+    "The quick brown fox",
+    "for i in range(10):\n    print(i)",
+    "Once upon a time, there was",
+    "x = [1, 2, 3]\ny = ",
+    "SELECT name FROM users WHERE",
+    "# Compute the mean of a list\n",
+    "if __name__ == '__main__':",
+    "while True:\n    line = input()",
+    "The results show that",
+    "return sum(a * b for a, b in zip(",
+    "Dear Sir or Madam,",
+    "try:\n    value = int(text)\nexcept",
+    "def parse(path: str) -> dict:",
+    "In 1905, Einstein published",
+    "with open('data.txt') as f:",
+    "lambda x: x ** 2 +",
+    "A list of prime numbers: 2, 3, 5,",
+]
+
+
+@pytest.fixture(scope="session")
+def build_info() -> nb.BuildInfo:
+    """The default CPU build (a cache hit after `ggspec build`)."""
+    return nb.build(nb.BuildOptions())
+
+
+@pytest.fixture(scope="session")
+def lc(build_info):
+    from ggspec.native.bindings import load
+
+    return load()
+
+
+@pytest.fixture(scope="session")
+def fixture_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("fixtures")
+
+
+@pytest.fixture(scope="session")
+def dense_pair(fixture_dir):
+    return ensure_tiny_pair(fixture_dir, "dense")
+
+
+@pytest.fixture(scope="session")
+def hybrid_pair(fixture_dir):
+    return ensure_tiny_pair(fixture_dir, "hybrid")
+
+
+@pytest.fixture(scope="session")
+def bad_drafts(fixture_dir) -> dict[str, Path]:
+    """DFlash drafts that do not fit the dense target."""
+    d = fixture_dir / "bad"
+    d.mkdir(exist_ok=True)
+    return {
+        "n_embd": write_dflash_draft(d / "embd.gguf", target_kind="dense", seed=0, n_embd=64),
+        "layers": write_dflash_draft(d / "layers.gguf", target_kind="dense", seed=0, target_layers=[1, 9]),
+        "vocab": write_dflash_draft(d / "vocab.gguf", target_kind="dense", seed=0, n_vocab_extra=7),
+    }
+
+
+def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run `ggspec ...` in a subprocess, so an abort inside llama.cpp cannot kill the tests."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="200")
+    return subprocess.run([sys.executable, "-m", "ggspec.cli", *args], capture_output=True,
+                          text=True, timeout=timeout, env=env)

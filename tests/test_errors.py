@@ -1,0 +1,118 @@
+"""Bad input: one clear error line and exit code 1, never a traceback, never an abort.
+
+Every case runs the real CLI in a subprocess, so a llama.cpp abort would show up as a negative
+return code (a signal) instead of killing the test run.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import run_cli
+
+
+def _assert_one_line_error(proc, needle: str) -> None:
+    assert proc.returncode == 1, f"rc={proc.returncode}\n{proc.stderr[-2000:]}"
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if ln.startswith("error:")]
+    assert len(errors) == 1, proc.stderr
+    assert needle in errors[0], errors[0]
+
+
+def test_missing_target(tmp_path, build_info):
+    proc = run_cli("run", "-m", str(tmp_path / "nope.gguf"), "--no-spec")
+    _assert_one_line_error(proc, "target file not found")
+
+
+def test_target_not_gguf(tmp_path, build_info):
+    junk = tmp_path / "junk.gguf"
+    junk.write_text("this is not a model\n")
+    proc = run_cli("run", "-m", str(junk), "--no-spec")
+    _assert_one_line_error(proc, "not a GGUF model")
+
+
+def test_truncated_gguf(tmp_path, dense_pair):
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(dense_pair.target.read_bytes()[:5000])
+    proc = run_cli("run", "-m", str(cut), "--no-spec")
+    _assert_one_line_error(proc, "cut.gguf")
+
+
+def test_missing_draft(dense_pair, tmp_path):
+    proc = run_cli("run", "-m", str(dense_pair.target), "-md", str(tmp_path / "d.gguf"), "--dflash")
+    _assert_one_line_error(proc, "draft file not found")
+
+
+def test_dflash_with_a_non_dflash_draft(dense_pair):
+    proc = run_cli("run", "-m", str(dense_pair.target), "-md", str(dense_pair.target), "--dflash")
+    _assert_one_line_error(proc, "not a DFlash model")
+
+
+def test_non_dflash_draft_without_flag(dense_pair):
+    proc = run_cli("run", "-m", str(dense_pair.target), "-md", str(dense_pair.target))
+    _assert_one_line_error(proc, "not supported")
+
+
+def test_dflash_draft_as_target(dense_pair):
+    proc = run_cli("run", "-m", str(dense_pair.draft), "--no-spec")
+    _assert_one_line_error(proc, "not a target")
+
+
+@pytest.mark.parametrize("case, needle", [
+    ("n_embd", "hidden size"),  # llama.cpp: GGML_ASSERT in context creation
+    ("layers", "target layer"),  # llama.cpp: GGML_ASSERT(lid <= n_layer) / at the next decode
+    ("vocab", "vocabulary"),  # llama.cpp: out-of-bounds tensor read at the first draft
+])
+def test_draft_that_does_not_fit(dense_pair, bad_drafts, case, needle):
+    proc = run_cli("run", "-m", str(dense_pair.target), "-md", str(bad_drafts[case]), "--dflash")
+    _assert_one_line_error(proc, needle)
+
+
+def test_draft_n_max_zero(dense_pair):
+    proc = run_cli("run", "-m", str(dense_pair.target), "-md", str(dense_pair.draft),
+                   "--spec-draft-n-max", "0")
+    _assert_one_line_error(proc, "--spec-draft-n-max")
+
+
+def test_prompt_longer_than_context(dense_pair):
+    proc = run_cli("run", "-m", str(dense_pair.target), "-md", str(dense_pair.draft),
+                   "-c", "64", "-p", "word " * 200)
+    _assert_one_line_error(proc, "context holds 256")  # llama.cpp rounds n_ctx up to 256
+
+
+def test_prompt_leaving_no_room_for_a_draft_block(dense_pair, lc):
+    from ggspec.runtime import Model
+
+    with Model(dense_pair.target) as m:  # find a prompt of 252 tokens: fits alone, not with 7 drafts
+        prompt = "x = 1\n"
+        while len(m.tokenize(prompt)) < 252:
+            prompt += "x"
+        n = len(m.tokenize(prompt))
+    assert 250 <= n <= 254, n
+    proc = run_cli("run", "-m", str(dense_pair.target), "-md", str(dense_pair.draft),
+                   "-c", "256", "-p", prompt, "-n", "2")
+    _assert_one_line_error(proc, "a draft block")
+    assert run_cli("run", "-m", str(dense_pair.target), "--no-spec", "-c", "256", "-p", prompt,
+                   "-n", "2").returncode == 0
+
+
+def test_unknown_cache_type(dense_pair):
+    proc = run_cli("run", "-m", str(dense_pair.target), "--no-spec", "-ctk", "q3_k_zz")
+    _assert_one_line_error(proc, "unknown cache type")
+
+
+def test_quantized_v_cache_without_flash_attention(dense_pair):
+    proc = run_cli("run", "-m", str(dense_pair.target), "--no-spec", "-ctv", "q8_0", "-fa", "off")
+    _assert_one_line_error(proc, "flash attention")
+
+
+def test_unknown_pair():
+    proc = run_cli("run", "--pair", "tiny-nonsense")
+    _assert_one_line_error(proc, "unknown pair")
+
+
+def test_no_build_gives_a_clear_message(tmp_path, dense_pair, monkeypatch):
+    monkeypatch.setenv("GGSPEC_HOME", str(tmp_path / "empty-home"))
+    proc = run_cli("run", "-m", str(dense_pair.target), "--no-spec")
+    _assert_one_line_error(proc, "ggspec build")
