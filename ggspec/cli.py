@@ -79,6 +79,7 @@ def run(
     threads: Annotated[int, typer.Option("-t", "--threads", help="CPU threads (use 1 for tiny models on few cores).")] = 1,
     n_gpu_layers: Annotated[int, typer.Option("-ngl", "--n-gpu-layers", help="Target layers to offload.")] = 0,
     n_gpu_layers_draft: Annotated[int, typer.Option("-ngld", "--n-gpu-layers-draft", help="Draft layers to offload.")] = 0,
+    ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="Keep generating past end-of-generation tokens.")] = False,
 ) -> None:
     """Generate from a prompt, speculatively (DFlash) or plain greedy with --no-spec."""
     from ggspec.runtime import ContextParams
@@ -97,7 +98,7 @@ def run(
         n_gpu_layers=n_gpu_layers,
         n_gpu_layers_draft=n_gpu_layers_draft,
     )
-    _run(cfg, prompt, n_predict)
+    _run(cfg, prompt, n_predict, ignore_eos)
 
 
 def _resolve_models(model: Path | None, draft: Path | None, pair: str | None,
@@ -120,7 +121,7 @@ def _resolve_models(model: Path | None, draft: Path | None, pair: str | None,
     return model, draft
 
 
-def _run(cfg, prompt: str, n_predict: int) -> None:
+def _run(cfg, prompt: str, n_predict: int, ignore_eos: bool) -> None:
     from ggspec.spec.loop import generate_greedy, generate_spec
     from ggspec.spec.pair import SpecPair
     from ggspec.spec.stats import RunStats
@@ -130,9 +131,9 @@ def _run(cfg, prompt: str, n_predict: int) -> None:
             err.print(f"[yellow]warning:[/] {w}")
         tokens = sp.target_model.tokenize(prompt)
         if sp.speculative:
-            steps = generate_spec(sp.target, sp.proposer, tokens, n_predict, sp.n_max)
+            steps = generate_spec(sp.target, sp.proposer, tokens, n_predict, sp.n_max, ignore_eos=ignore_eos)
         else:
-            steps = generate_greedy(sp.target, tokens, n_predict)
+            steps = generate_greedy(sp.target, tokens, n_predict, ignore_eos=ignore_eos)
         stats = RunStats()
         text = codecs.getincrementaldecoder("utf-8")(errors="replace")
         out = sys.stdout
@@ -143,7 +144,7 @@ def _run(cfg, prompt: str, n_predict: int) -> None:
             out.flush()
         out.write(text.decode(b"", final=True) + "\n")
         out.flush()
-        err.print(_stats_line(stats, sp.speculative, sp.n_max))
+        err.print(_stats_line(stats, sp.speculative, sp.n_max), soft_wrap=True)
 
 
 def _stats_line(s, speculative: bool, n_max: int) -> str:

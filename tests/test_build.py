@@ -1,0 +1,98 @@
+"""The build: the patch series applies to the pristine pin, the shim resolves, builds are cached."""
+
+from __future__ import annotations
+
+import shutil
+import time
+
+import pytest
+
+from ggspec.native import build as nb
+from ggspec.native import paths
+
+
+def test_patch_series_applies_to_the_pristine_pin(tmp_path, build_info):
+    patches = nb.patch_files()
+    assert [p.name for p in patches] == build_info.patches
+    assert patches and patches[0].name.startswith("0001-")
+    tree = nb.prepare_tree(tmp_path, patches)
+    assert (tree / "src" / "ggspec-shim.cpp").is_file()
+
+
+def test_a_patch_that_does_not_apply_names_patch_and_hunk(tmp_path, monkeypatch, build_info):
+    bad_dir = tmp_path / "patches"
+    bad_dir.mkdir()
+    text = nb.patch_files()[0].read_text()
+    # change a context line so the CMakeLists hunk no longer matches the pristine file
+    (bad_dir / "0001-c-abi-shim.patch").write_text(text.replace(" llama-vocab.cpp", " llama-vocabX.cpp", 1))
+    monkeypatch.setenv("GGSPEC_PATCHES", str(bad_dir))
+    with pytest.raises(nb.BuildError) as exc:
+        nb.prepare_tree(tmp_path / "tree", nb.patch_files())
+    msg = str(exc.value)
+    assert "0001-c-abi-shim.patch" in msg and "src/CMakeLists.txt" in msg, msg
+
+
+def test_patch_names_are_checked(tmp_path, monkeypatch):
+    (tmp_path / "fix.patch").write_text("")
+    monkeypatch.setenv("GGSPEC_PATCHES", str(tmp_path))
+    with pytest.raises(nb.BuildError, match="NNNN-name.patch"):
+        nb.patch_files()
+
+
+def test_shim_functions_resolve(lc):
+    lib = lc._lib
+    assert lib.ggspec_shim_abi_version() == 1
+    for name in ("ggspec_set_embeddings_layer_inp", "ggspec_get_embeddings_layer_inp",
+                 "ggspec_model_target_layer_ids", "ggspec_model_target_layer_ids_n",
+                 "ggspec_set_embeddings_nextn", "ggspec_get_embeddings_nextn",
+                 "ggspec_get_embeddings_nextn_ith", "ggspec_model_dflash_selector_top_k",
+                 "ggspec_batch_add_tokens", "ggspec_batch_add_embd_rows"):
+        assert getattr(lib, name) is not None
+
+
+def test_target_layer_ids_through_the_shim(lc, dense_pair):
+    from ggspec.runtime import Model
+    from ggspec.spec.dflash import dflash_info
+
+    with Model(dense_pair.draft) as m:
+        n = lc._lib.ggspec_model_target_layer_ids_n(m.ptr)
+        ids = lc._lib.ggspec_model_target_layer_ids(m.ptr)
+        assert tuple(ids[i] for i in range(n)) == dflash_info(m.meta).target_layers
+
+
+def test_second_build_is_a_cache_hit(build_info):
+    t0 = time.perf_counter()
+    info = nb.build(nb.BuildOptions())
+    assert info.cached and info.key == build_info.key
+    assert time.perf_counter() - t0 < 1.0
+
+
+def test_key_follows_patches_options_and_cpu(tmp_path, monkeypatch):
+    base = nb.build_key(nb.BuildOptions())
+    assert nb.build_key(nb.BuildOptions(tools=True)) != base
+    assert nb.build_key(nb.BuildOptions(cuda=True)) != base
+    assert nb.build_key(nb.BuildOptions(native=False)) != base
+    copy = tmp_path / "patches"
+    shutil.copytree(paths.patches_dir(), copy)
+    monkeypatch.setenv("GGSPEC_PATCHES", str(copy))
+    assert nb.build_key(nb.BuildOptions()) == base
+    first = sorted(copy.glob("*.patch"))[0]
+    first.write_bytes(first.read_bytes() + b"\n")
+    assert nb.build_key(nb.BuildOptions()) != base
+
+
+def test_gpu_options_produce_the_ggml_flags():
+    args = nb.BuildOptions(cuda=True, vulkan=True, tools=True).cmake_args()
+    assert "-DGGML_CUDA=ON" in args and "-DGGML_VULKAN=ON" in args and "-DGGML_RPC=ON" in args
+    assert "-DLLAMA_CURL=OFF" in args  # nothing is fetched during a build
+    assert "ggml-rpc-server" in nb.BuildOptions(tools=True).targets()
+
+
+def test_only_one_llama_cpp_is_loaded(lc, build_info):
+    """The bindings load ggspec's patched libllama, not a second native build."""
+    import llama_cpp
+
+    assert llama_cpp.__path__ == [str(paths.sdist_dir() / "llama_cpp")]
+    maps = open("/proc/self/maps").read()
+    libs = {line.split()[-1] for line in maps.splitlines() if "libllama" in line}
+    assert libs and all(lib.startswith(build_info.lib_dir) for lib in libs), libs

@@ -1,0 +1,49 @@
+"""The CLI end to end: `ggspec run` streams the same text with and without speculation."""
+
+from __future__ import annotations
+
+import re
+
+from conftest import run_cli
+
+
+def _split(proc):
+    assert proc.returncode == 0, proc.stderr
+    stats = [ln for ln in proc.stderr.splitlines() if " tokens " in ln]
+    assert len(stats) == 1, proc.stderr
+    return proc.stdout, stats[0]
+
+
+def test_run_dflash_matches_no_spec(dense_pair):
+    common = ["-m", str(dense_pair.target), "-p", "class Stack:", "-n", "96", "--ignore-eos"]
+    spec_out, spec_stats = _split(run_cli("run", *common, "-md", str(dense_pair.draft), "--dflash",
+                                          "--spec-draft-n-max", "7"))
+    plain_out, plain_stats = _split(run_cli("run", *common, "--no-spec"))
+    assert spec_out == plain_out and spec_out.startswith("class Stack:")
+    assert re.search(r"96 tokens .*τ \d+\.\d\d \(pooled", spec_stats), spec_stats
+    for phase in ("draft", "verify", "inject", "overhead"):
+        assert phase in spec_stats
+    assert "no speculation" in plain_stats
+
+
+def test_draft_type_is_auto_detected(hybrid_pair):
+    proc = run_cli("run", "-m", str(hybrid_pair.target), "-md", str(hybrid_pair.draft), "-n", "16")
+    _, stats = _split(proc)
+    assert "τ" in stats
+
+
+def test_builtin_pair(build_info):
+    out, stats = _split(run_cli("run", "--pair", "tiny-hybrid", "-p", "x = ", "-n", "8", "--ignore-eos"))
+    assert out.startswith("x = ") and "8 tokens" in stats
+
+
+def test_help_is_complete():
+    top = run_cli("--help")
+    assert top.returncode == 0 and "build" in top.stdout and "run" in top.stdout
+    run_help = run_cli("run", "--help").stdout
+    for flag in ("-m", "-md", "--dflash", "--no-spec", "-p", "-n", "--spec-draft-n-max", "-c",
+                 "-ctk", "-ctv", "-t", "--pair", "--ignore-eos"):
+        assert flag in run_help, flag
+    build_help = run_cli("build", "--help").stdout
+    for flag in ("--cuda", "--vulkan", "--tools", "--force"):
+        assert flag in build_help, flag

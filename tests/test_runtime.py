@@ -1,0 +1,90 @@
+"""Runtime wrappers and the pure pieces of the loop."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ggspec.errors import LlamaError
+from ggspec.fixtures.tiny import file_sha256, write_tiny_pair
+from ggspec.runtime import Batch, Context, ContextParams, Model
+from ggspec.spec.accept import accept_greedy
+from ggspec.spec.loop import generate_spec
+from ggspec.spec.pair import PairConfig, SpecPair
+from ggspec.spec.stats import summarize
+
+
+@pytest.fixture(scope="module")
+def dense_model(dense_pair, build_info):
+    with Model(dense_pair.target) as m:
+        yield m
+
+
+def test_tokenizer_round_trip(dense_model):
+    text = "def f(x):\n    return x * 2  # double\n"
+    tokens = dense_model.tokenize(text)
+    assert len(tokens) < len(text)  # merges make multi-byte tokens
+    assert dense_model.detokenize(tokens) == text
+
+
+def test_batch_refuses_overflow(dense_model):
+    with Context(dense_model, ContextParams(n_ctx=256, n_batch=32, n_ubatch=32)) as ctx, Batch(ctx) as b:
+        b.add_tokens(np.arange(30), 0)
+        with pytest.raises(LlamaError, match="batch overflow"):
+            b.add_tokens(np.arange(3), 30)
+
+
+def test_logits_are_copies(dense_model):
+    with Context(dense_model, ContextParams(n_ctx=256)) as ctx, Batch(ctx) as b:
+        ctx.decode(b.add_tokens([1, 2, 3], 0, outputs="all"))
+        first = ctx.logits()
+        assert first.shape == (3, dense_model.n_vocab)
+        ctx.decode(b.clear().add_tokens([4], 3, outputs="all"))
+        assert ctx.logits().shape == (1, dense_model.n_vocab)
+        assert np.isfinite(first).all() and not np.shares_memory(first, ctx.logits_view())
+
+
+def test_layer_inputs_shape(dense_model, dense_pair):
+    with Context(dense_model, ContextParams(n_ctx=256)) as ctx, Batch(ctx) as b:
+        ctx.enable_layer_inputs([1, 3])
+        ctx.decode(b.add_tokens([5, 6, 7, 8], 0))
+        rows = ctx.layer_inputs([1, 3], 4)
+        assert rows.shape == (4, 2 * dense_model.n_embd) and np.isfinite(rows).all()
+        assert not np.array_equal(rows[:, :128], rows[:, 128:])  # two different layers
+
+
+@pytest.mark.parametrize("draft, target, want", [
+    ([5, 6, 7], [5, 6, 7, 8], 3),
+    ([5, 6, 7], [5, 9, 7, 8], 1),
+    ([5, 6, 7], [1, 6, 7, 8], 0),
+    ([], [4], 0),
+])
+def test_accept_greedy(draft, target, want):
+    assert accept_greedy(np.array(draft, dtype=np.int32), np.array(target, dtype=np.int32)) == want
+
+
+def test_step_stats_are_consistent(dense_pair, build_info):
+    cfg = PairConfig(target=dense_pair.target, draft=dense_pair.draft, n_max=7)
+    with SpecPair(cfg) as sp:
+        prompt = sp.target_model.tokenize("import os\n")
+        steps = list(generate_spec(sp.target, sp.proposer, prompt, 64, sp.n_max, ignore_eos=True))
+    stats = summarize(steps)
+    assert steps[0].kind == "prefill" and stats.n_generated == 64
+    for s in steps[1:]:
+        assert 0 <= s.accepted <= s.drafted <= 7
+        assert len(s.tokens) <= s.accepted + 1
+        assert s.t_total >= s.t_draft + s.t_verify + s.t_inject
+    assert stats.tau == stats.committed_spec / stats.spec_steps
+    assert sum(stats.accept_hist) == stats.spec_steps
+    assert abs(sum(stats.time_shares().values()) - 1) < 1e-9
+
+
+def test_n_max_is_clamped_to_the_block_size(dense_pair, build_info):
+    with SpecPair(PairConfig(target=dense_pair.target, draft=dense_pair.draft, n_max=15)) as sp:
+        assert sp.n_max == 7 and "block size 8" in sp.warnings[0]
+
+
+def test_fixtures_are_deterministic(tmp_path, dense_pair):
+    again = write_tiny_pair(tmp_path, "dense")
+    assert file_sha256(again.target) == file_sha256(dense_pair.target)
+    assert file_sha256(again.draft) == file_sha256(dense_pair.draft)
