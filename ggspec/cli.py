@@ -50,9 +50,11 @@ def build(
     except nb.BuildError as exc:
         fail(str(exc))
     if info.cached:
-        err.print(f"[green]cached[/] build {info.key} ({len(info.patches)} patches) in {info.lib_dir}")
+        err.print(f"[green]cached[/] build {info.key} ({len(info.patches)} patches): {info.lib_dir}",
+                  soft_wrap=True)
     else:
-        err.print(f"[green]built[/] {info.key} ({len(info.patches)} patches) in {info.seconds:.0f} s: {info.lib_dir}")
+        err.print(f"[green]built[/] {info.key} ({len(info.patches)} patches) in {info.seconds:.0f} s: "
+                  f"{info.lib_dir}", soft_wrap=True)
 
 
 # --- run ------------------------------------------------------------------------------------------
@@ -128,7 +130,7 @@ def _run(cfg, prompt: str, n_predict: int, ignore_eos: bool) -> None:
 
     with SpecPair(cfg) as sp:
         for w in sp.warnings:
-            err.print(f"[yellow]warning:[/] {w}")
+            err.print(f"[yellow]warning:[/] {w}", soft_wrap=True)
         tokens = sp.target_model.tokenize(prompt)
         if sp.speculative:
             steps = generate_spec(sp.target, sp.proposer, tokens, n_predict, sp.n_max, ignore_eos=ignore_eos)

@@ -9,7 +9,6 @@ report gives the target's own top-2 margin there (see ggspec.spec.oracle).
 from __future__ import annotations
 
 import itertools
-from pathlib import Path
 
 import numpy as np
 import pytest

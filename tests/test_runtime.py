@@ -88,3 +88,31 @@ def test_fixtures_are_deterministic(tmp_path, dense_pair):
     again = write_tiny_pair(tmp_path, "dense")
     assert file_sha256(again.target) == file_sha256(dense_pair.target)
     assert file_sha256(again.draft) == file_sha256(dense_pair.draft)
+
+
+@pytest.mark.parametrize("kind", ["dense", "hybrid"])
+def test_draft_cache_holds_exactly_the_committed_positions(kind, request, build_info):
+    """Before every draft, the draft cache covers positions 0..P-1 (P = id_last's position)."""
+    from ggspec.spec.forced import ForcedAcceptance, cycle_lengths
+    from ggspec.spec.loop import generate_greedy
+
+    pair = request.getfixturevalue(f"{kind}_pair")
+    with SpecPair(PairConfig(target=pair.target, draft=pair.draft, n_max=7)) as sp:
+        prompt = sp.target_model.tokenize("for i in range(10):")
+        ref = [t for s in generate_greedy(sp.target, prompt, 48, ignore_eos=True) for t in s.tokens]
+        sp.reset()
+        forced = ForcedAcceptance(sp.proposer, np.concatenate([prompt, ref]), cycle_lengths(7),
+                                  sp.target_model.n_vocab)
+        seen = []
+
+        def propose(id_last, pos, n):
+            assert sp.draft_ctx.pos_max() == pos - 1  # flushed: every committed row, nothing else
+            assert sp.target.pos_max() == pos - 1  # the target holds the same committed prefix
+            seen.append(pos)
+            out = ForcedAcceptance.propose(forced, id_last, pos, n)
+            assert sp.draft_ctx.pos_max() == pos - 1  # the noise block was removed
+            return out
+
+        forced.propose = propose
+        list(generate_spec(sp.target, forced, prompt, 48, 7, ignore_eos=True))
+        assert len(seen) > 5

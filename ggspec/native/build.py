@@ -77,10 +77,6 @@ class BuildInfo:
     seconds: float
     cached: bool = field(default=False, compare=False)
 
-    @property
-    def bin_dir(self) -> Path:
-        return Path(self.lib_dir)
-
 
 # --- cache key ------------------------------------------------------------------------------------
 

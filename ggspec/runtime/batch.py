@@ -7,11 +7,12 @@ import ctypes
 import numpy as np
 
 from ggspec.errors import LlamaError
+from ggspec.runtime.handle import OwnedHandle
 
 _ADD_ERRORS = {-1: "batch is full", -2: "invalid token or embedding row", -3: "invalid sequence id"}
 
 
-class Batch:
+class Batch(OwnedHandle):
     """Token rows or embedding rows (never both: llama.cpp rejects mixed batches)."""
 
     def __init__(self, ctx) -> None:
@@ -76,16 +77,5 @@ class Batch:
         self.n_tokens += n
         self.n_outputs += n_out
 
-    def close(self) -> None:
-        if getattr(self, "ptr", None):
-            self.lc.llama_batch_ext_free(self.ptr)
-            self.ptr = None
-
-    def __enter__(self) -> "Batch":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        self.close()
+    def _free(self, ptr) -> None:
+        self.lc.llama_batch_ext_free(ptr)

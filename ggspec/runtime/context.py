@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import ctypes
 from dataclasses import dataclass
 
 import numpy as np
 
 from ggspec.errors import InputError, LlamaError
+from ggspec.runtime.handle import OwnedHandle
 from ggspec.native.bindings import last_log_error
 from ggspec.runtime.model import Model
 
@@ -46,13 +46,14 @@ class ContextParams:
             raise InputError("n_rs_seq must be >= 0")
 
 
-class Context:
+class Context(OwnedHandle):
     """A llama.cpp context. Logits and feature rows returned by its methods are copies."""
 
     def __init__(self, model: Model, params: ContextParams, ctx_other: "Context | None" = None,
                  what: str = "model") -> None:
         params.validate()
-        self.model = model
+        self.model = model  # held so the model outlives this context
+        self.other = ctx_other  # likewise: a draft reads the target's tensors through ctx_other
         self.lc = model.lc
         self.params = params
         cp = self.lc.llama_context_default_params()
@@ -175,16 +176,5 @@ class Context:
 
     # --- lifetime --------------------------------------------------------------------------------
 
-    def close(self) -> None:
-        if getattr(self, "ptr", None):
-            self.lc.llama_free(self.ptr)
-            self.ptr = None
-
-    def __enter__(self) -> "Context":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        self.close()
+    def _free(self, ptr) -> None:
+        self.lc.llama_free(ptr)

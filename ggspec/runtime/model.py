@@ -8,11 +8,12 @@ from pathlib import Path
 import numpy as np
 
 from ggspec.errors import LlamaError
+from ggspec.runtime.handle import OwnedHandle
 from ggspec.native.bindings import load as load_bindings
 from ggspec.runtime.gguf_meta import GGUFMeta, read_meta
 
 
-class Model:
+class Model(OwnedHandle):
     """A loaded GGUF model. Use as a context manager or call `close()`."""
 
     def __init__(self, path: str | Path, n_gpu_layers: int = 0, what: str = "model") -> None:
@@ -67,16 +68,5 @@ class Model:
 
     # --- lifetime --------------------------------------------------------------------------------
 
-    def close(self) -> None:
-        if getattr(self, "ptr", None):
-            self.lc.llama_model_free(self.ptr)
-            self.ptr = None
-
-    def __enter__(self) -> "Model":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        self.close()
+    def _free(self, ptr) -> None:
+        self.lc.llama_model_free(ptr)
