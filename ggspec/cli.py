@@ -35,6 +35,8 @@ def build(
     vulkan: Annotated[bool, typer.Option("--vulkan", help="Build the Vulkan backend (GGML_VULKAN=ON).")] = False,
     tools: Annotated[bool, typer.Option(
         "--tools", help="Also build llama-server, llama-cli, llama-speculative-simple and ggml-rpc-server.")] = False,
+    cuda_arch: Annotated[str, typer.Option(
+        "--cuda-arch", help="CUDA architectures (CMAKE_CUDA_ARCHITECTURES), e.g. 90; default: the visible GPU.")] = "",
     native: Annotated[bool, typer.Option(
         "--native/--no-native", help="Compile for this machine's CPU (GGML_NATIVE).")] = True,
     force: Annotated[bool, typer.Option("--force", help="Rebuild even if a cached build matches.")] = False,
@@ -43,7 +45,7 @@ def build(
     from ggspec.native import build as nb
     from ggspec.native.progress import RichReporter
 
-    options = nb.BuildOptions(cuda=cuda, vulkan=vulkan, tools=tools, native=native)
+    options = nb.BuildOptions(cuda=cuda, vulkan=vulkan, tools=tools, native=native, cuda_arch=cuda_arch)
     try:
         with RichReporter(err) as reporter:
             info = nb.build(options, force=force, reporter=reporter)

@@ -86,6 +86,14 @@ def test_gpu_options_produce_the_ggml_flags():
     assert "-DGGML_CUDA=ON" in args and "-DGGML_VULKAN=ON" in args and "-DGGML_RPC=ON" in args
     assert "-DLLAMA_CURL=OFF" in args  # nothing is fetched during a build
     assert "ggml-rpc-server" in nb.BuildOptions(tools=True).targets()
+    assert "-DCMAKE_CUDA_ARCHITECTURES=90" in nb.BuildOptions(cuda=True, cuda_arch="90").cmake_args()
+
+
+def test_cuda_without_a_gpu_needs_an_arch(monkeypatch):
+    monkeypatch.setattr(nb.shutil, "which", lambda name: None)
+    with pytest.raises(nb.BuildError, match="--cuda-arch"):
+        nb.check_options(nb.BuildOptions(cuda=True))
+    nb.check_options(nb.BuildOptions(cuda=True, cuda_arch="90"))
 
 
 def test_only_one_llama_cpp_is_loaded(lc, build_info):

@@ -34,6 +34,7 @@ class BuildOptions:
     vulkan: bool = False
     tools: bool = False  # llama-server, llama-cli, llama-speculative-simple, ggml-rpc-server
     native: bool = True  # GGML_NATIVE: tune for this CPU (part of the cache key)
+    cuda_arch: str = ""  # CMAKE_CUDA_ARCHITECTURES, e.g. "90" or "86;89"; "" = native (needs a GPU)
 
     def cmake_args(self) -> list[str]:
         on = lambda flag: "ON" if flag else "OFF"  # noqa: E731
@@ -55,6 +56,8 @@ class BuildOptions:
         ]
         if self.cuda:
             args.append("-DGGML_CUDA=ON")
+            if self.cuda_arch:
+                args.append(f"-DCMAKE_CUDA_ARCHITECTURES={self.cuda_arch}")
         if self.vulkan:
             args.append("-DGGML_VULKAN=ON")
         return args
@@ -265,8 +268,20 @@ class Reporter:
     def compile_line(self, percent: int | None, text: str) -> None: ...
 
 
+def check_options(options: BuildOptions) -> None:
+    """Catch option combinations cmake would only reject after a long configure."""
+    if options.cuda_arch and not options.cuda:
+        raise BuildError("--cuda-arch needs --cuda")
+    if options.cuda and not options.cuda_arch and shutil.which("nvidia-smi") is None:
+        raise BuildError(
+            "--cuda without --cuda-arch detects the GPU architecture, but no NVIDIA GPU is visible "
+            "here: pass --cuda-arch (e.g. 90 for H100/H200, 89 for RTX 40xx, 86 for RTX 30xx)"
+        )
+
+
 def build(options: BuildOptions, force: bool = False, reporter: Reporter | None = None) -> BuildInfo:
     reporter = reporter or Reporter()
+    check_options(options)
     patches = patch_files()
     key = build_key(options)
     if not force:
