@@ -79,7 +79,7 @@ def run(
     n_ubatch: Annotated[int, typer.Option("-ub", "--ubatch-size", help="Physical batch size.")] = 512,
     type_k: Annotated[str, typer.Option("-ctk", "--cache-type-k", help="K cache type (f32, f16, bf16, q8_0, q4_0, ...).")] = "f16",
     type_v: Annotated[str, typer.Option("-ctv", "--cache-type-v", help="V cache type.")] = "f16",
-    flash_attn: Annotated[str, typer.Option("-fa", "--flash-attn", help="Flash attention: on, off or auto.")] = "auto",
+    flash_attn: Annotated[str, typer.Option("-fa", "--flash-attn", help="Flash attention: on, off or auto (auto = off for a model on the CPU, where it slows verify batches).")] = "auto",
     threads: Annotated[int, typer.Option("-t", "--threads", help="CPU threads (use 1 for tiny models on few cores).")] = 1,
     n_gpu_layers: Annotated[int, typer.Option("-ngl", "--n-gpu-layers", help="Target layers to offload.")] = 0,
     n_gpu_layers_draft: Annotated[int, typer.Option("-ngld", "--n-gpu-layers-draft", help="Draft layers to offload.")] = 0,

@@ -32,9 +32,10 @@ def main() -> None:
     ap.add_argument("--kind", default="dense")
     ap.add_argument("-n", type=int, default=128)
     ap.add_argument("--forced", action="store_true")
+    ap.add_argument("-fa", default="auto", choices=["auto", "on", "off"])
     args = ap.parse_args()
     pair = ensure_tiny_pair(fixtures_dir(), args.kind)
-    cfg = PairConfig(target=pair.target, draft=pair.draft, n_max=7, ctx=ContextParams(n_ctx=1024))
+    cfg = PairConfig(target=pair.target, draft=pair.draft, n_max=7, ctx=ContextParams(n_ctx=1024, flash_attn=args.fa))
     plain, spec = RunStats(), RunStats()
     with SpecPair(cfg) as sp:
         for text in PROMPTS:

@@ -104,3 +104,22 @@ def test_only_one_llama_cpp_is_loaded(lc, build_info):
     maps = open("/proc/self/maps").read()
     libs = {line.split()[-1] for line in maps.splitlines() if "libllama" in line}
     assert libs and all(lib.startswith(build_info.lib_dir) for lib in libs), libs
+
+
+def test_quantized_models_run_on_this_cpu(tmp_path, dense_pair, lc):
+    """Quantized matmuls use the CPU's best kernels; on hosts that list AMX but trap it, the
+    build compiles AMX out (native_fixups), so a q8_0 / q4_0 target must run, not die."""
+    import ctypes
+
+    from conftest import run_cli
+
+    for ftype, name in ((7, "q8_0"), (2, "q4_0")):
+        out = tmp_path / f"target-{name}.gguf"
+        params = lc.llama_model_quantize_default_params()
+        params.ftype = ftype
+        params.nthread = 1
+        assert lc.llama_model_quantize(str(dense_pair.target).encode(), str(out).encode(),
+                                       ctypes.byref(params)) == 0
+        proc = run_cli("run", "-m", str(out), "-md", str(dense_pair.draft), "-n", "16", "--ignore-eos")
+        assert proc.returncode == 0, proc.stderr[-500:]
+        assert "16 tokens" in proc.stderr

@@ -116,3 +116,14 @@ def test_draft_cache_holds_exactly_the_committed_positions(kind, request, build_
         forced.propose = propose
         list(generate_spec(sp.target, forced, prompt, 48, 7, ignore_eos=True))
         assert len(seen) > 5
+
+
+def test_flash_attention_auto_is_off_on_the_cpu(dense_model):
+    from ggspec.runtime.context import resolve_flash_attn
+
+    assert resolve_flash_attn("auto", 0, "f16") == "off"
+    assert resolve_flash_attn("auto", 0, "q8_0") == "auto"  # a quantized V cache needs it
+    assert resolve_flash_attn("auto", 99, "f16") == "auto"  # on a GPU llama.cpp decides
+    assert resolve_flash_attn("on", 0, "f16") == "on"
+    with Context(dense_model, ContextParams(n_ctx=256)) as ctx:
+        assert ctx.flash_attn == "off"

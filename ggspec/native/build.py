@@ -19,6 +19,7 @@ import tarfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
+from functools import cache
 from pathlib import Path
 
 from ggspec.native import paths
@@ -54,6 +55,8 @@ class BuildOptions:
             f"-DGGML_NATIVE={on(self.native)}",
             "-DGGML_CCACHE=ON",
         ]
+        if self.native:
+            args += native_fixups()
         if self.cuda:
             args.append("-DGGML_CUDA=ON")
             if self.cuda_arch:
@@ -96,20 +99,73 @@ def patch_files() -> list[Path]:
     return files
 
 
+@cache
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return " ".join(sorted(line.split(":", 1)[1].split()))
+    except OSError:
+        pass
+    return platform.processor()
+
+
 def cpu_target(native: bool) -> str:
     """What GGML_NATIVE compiles for: the machine plus a hash of its CPU feature flags."""
     machine = platform.machine()
     if not native:
         return f"generic-{machine}"
-    flags = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                flags = " ".join(sorted(line.split(":", 1)[1].split()))
-                break
-    except OSError:
-        flags = platform.processor()
-    return f"native-{machine}-{hashlib.sha256(flags.encode()).hexdigest()[:12]}"
+    return f"native-{machine}-{hashlib.sha256(_cpu_flags().encode()).hexdigest()[:12]}"
+
+
+# Intel AMX: -march=native enables it whenever the CPU lists it, but some hosts (VMs, sandboxes)
+# grant the permission syscall and still trap the instruction: every quantized matmul then dies
+# with SIGILL. A 10-line probe, run once per CPU, tells us whether to compile AMX out.
+_AMX_PROBE = r"""
+#include <immintrin.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+int main(void) {
+    if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */)) return 2;
+    unsigned char cfg[64];
+    memset(cfg, 0, sizeof cfg);
+    cfg[0] = 1; cfg[16] = 64; cfg[48] = 16;
+    _tile_loadconfig(cfg);
+    _tile_zero(0);
+    _tile_release();
+    return 0;
+}
+"""
+_NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+
+
+def _amx_traps() -> bool:
+    """True when this CPU advertises AMX but executing it kills the process."""
+    if "amx_tile" not in _cpu_flags().split():
+        return False
+    probe_dir = paths.ggspec_home() / "probe"
+    probe_dir.mkdir(parents=True, exist_ok=True)
+    src, exe = probe_dir / "amx.c", probe_dir / "amx"
+    src.write_text(_AMX_PROBE)
+    compiled = subprocess.run(["cc", "-O1", "-mamx-tile", str(src), "-o", str(exe)], capture_output=True)
+    if compiled.returncode != 0:
+        return False  # a compiler without AMX support will not emit it either
+    return subprocess.run([str(exe)], capture_output=True).returncode < 0  # killed by a signal
+
+
+@cache
+def native_fixups() -> list[str]:
+    """Extra cmake flags GGML_NATIVE needs on this machine, probed once and remembered per CPU."""
+    record = paths.ggspec_home() / "probe" / f"native-{cpu_target(True)}.json"
+    if record.is_file():
+        return json.loads(record.read_text())
+    flags = []
+    if platform.machine() in ("x86_64", "AMD64") and _amx_traps():
+        flags = [f"-DCMAKE_C_FLAGS={_NO_AMX}", f"-DCMAKE_CXX_FLAGS={_NO_AMX}"]
+    record.parent.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps(flags))
+    return flags
 
 
 def build_key(options: BuildOptions) -> str:

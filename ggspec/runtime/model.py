@@ -20,6 +20,7 @@ class Model(OwnedHandle):
         self.lc = load_bindings()
         self.meta: GGUFMeta = read_meta(path, what)  # validates the file before llama.cpp reads it
         self.path = Path(path)
+        self.n_gpu_layers = n_gpu_layers
         params = self.lc.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
         ptr = self.lc.llama_model_load_from_file(str(self.path).encode(), params)
