@@ -131,11 +131,11 @@ class DFlashProposer:
         exactly the positions before `pos`: call `flush()` first."""
         block = np.full(n + 1, self.info.mask_token, dtype=np.int32)
         block[0] = id_last
-        outputs = np.ones(n + 1, dtype=np.int8)
-        outputs[0] = 0  # row 0 (the anchor) predicts nothing we use
-        self._batch.clear().add_tokens(block, pos, outputs=outputs)
+        # Every row is an output, as in llama.cpp's own loop: the DFlash graph returns logits for
+        # all block rows whatever the flags say, so asking for rows 1..n only would misalign them.
+        self._batch.clear().add_tokens(block, pos, outputs="all")
         self.draft.decode(self._batch)
-        tokens = self.draft.argmax_rows()
+        tokens = self.draft.argmax_rows()[1:]  # row i predicts the token at position pos + i
         self.draft.remove(pos)  # the noise block must not stay in the draft cache
         return tokens
 
