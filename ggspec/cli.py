@@ -67,18 +67,22 @@ def run(
     model: Annotated[Optional[Path], typer.Option("-m", "--model", help="Target model (GGUF).")] = None,
     draft: Annotated[Optional[Path], typer.Option("-md", "--model-draft", help="Draft model (GGUF).")] = None,
     pair: Annotated[Optional[str], typer.Option(
-        "--pair", help="A built-in pair instead of -m/-md: tiny-dense or tiny-hybrid (random weights).")] = None,
+        "--pair", help="A named pair from models.toml instead of -m/-md (see `ggspec models`).")] = None,
+    models_dir: Annotated[Optional[Path], typer.Option(
+        "--models-dir", help="Where your copies of the public pairs' files are.")] = None,
     dflash: Annotated[Optional[bool], typer.Option(
         "--dflash/--no-dflash", help="Draft with DFlash (auto-detected from the draft when omitted).")] = None,
     no_spec: Annotated[bool, typer.Option("--no-spec", help="Plain greedy decoding on the target (A/B baseline).")] = False,
     prompt: Annotated[str, typer.Option("-p", "--prompt", help="Prompt text.")] = "def fibonacci(n):",
     n_predict: Annotated[int, typer.Option("-n", "--n-predict", help="Tokens to generate.")] = 128,
-    n_max: Annotated[int, typer.Option("--spec-draft-n-max", help="Most draft tokens per step.")] = 15,
-    n_ctx: Annotated[int, typer.Option("-c", "--ctx-size", help="Context size.")] = 4096,
+    n_max: Annotated[Optional[int], typer.Option(
+        "--spec-draft-n-max", help="Most draft tokens per step [default: the pair's, else 15].")] = None,
+    n_ctx: Annotated[Optional[int], typer.Option("-c", "--ctx-size", help="Context size [default: 4096].")] = None,
     n_batch: Annotated[int, typer.Option("-b", "--batch-size", help="Logical batch size.")] = 512,
     n_ubatch: Annotated[int, typer.Option("-ub", "--ubatch-size", help="Physical batch size.")] = 512,
-    type_k: Annotated[str, typer.Option("-ctk", "--cache-type-k", help="K cache type (f32, f16, bf16, q8_0, q4_0, ...).")] = "f16",
-    type_v: Annotated[str, typer.Option("-ctv", "--cache-type-v", help="V cache type.")] = "f16",
+    type_k: Annotated[Optional[str], typer.Option(
+        "-ctk", "--cache-type-k", help="K cache type: f32, f16, bf16, q8_0, q4_0, ... [default: f16].")] = None,
+    type_v: Annotated[Optional[str], typer.Option("-ctv", "--cache-type-v", help="V cache type [default: f16].")] = None,
     flash_attn: Annotated[str, typer.Option("-fa", "--flash-attn", help="Flash attention: on, off or auto (auto = off for a model on the CPU, where it slows verify batches).")] = "auto",
     threads: Annotated[int, typer.Option("-t", "--threads", help="CPU threads (use 1 for tiny models on few cores).")] = 1,
     n_gpu_layers: Annotated[int, typer.Option("-ngl", "--n-gpu-layers", help="Target layers to offload.")] = 0,
@@ -91,38 +95,44 @@ def run(
 
     if n_predict < 1:
         fail("-n must be at least 1")
-    target, draft = _resolve_models(model, draft, pair, no_spec)
+    target, draft, rec = _resolve_models(model, draft, pair, models_dir, no_spec)
     cfg = PairConfig(
         target=target,
         draft=None if no_spec else draft,
         dflash=False if no_spec else dflash,
-        n_max=n_max,
-        ctx=ContextParams(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=threads,
-                          type_k=type_k, type_v=type_v, flash_attn=flash_attn),
+        n_max=_pick(n_max, rec, "n_max", 15),
+        ctx=ContextParams(n_ctx=_pick(n_ctx, rec, "ctx", 4096), n_batch=n_batch, n_ubatch=n_ubatch,
+                          n_threads=threads, type_k=_pick(type_k, rec, "ctk", "f16"),
+                          type_v=_pick(type_v, rec, "ctv", "f16"), flash_attn=flash_attn),
         n_gpu_layers=n_gpu_layers,
         n_gpu_layers_draft=n_gpu_layers_draft,
     )
     _run(cfg, prompt, n_predict, ignore_eos)
 
 
-def _resolve_models(model: Path | None, draft: Path | None, pair: str | None,
-                    no_spec: bool) -> tuple[Path, Path | None]:
+def _pick(given, recommended: dict, key: str, default):
+    """A flag the user gave wins over the pair's recommendation, which wins over the default."""
+    if given is not None:
+        return given
+    return recommended.get(key, default)
+
+
+def _resolve_models(model: Path | None, draft: Path | None, pair: str | None, models_dir: Path | None,
+                    no_spec: bool) -> tuple[Path, Path | None, dict]:
+    """Target, draft and the recommended settings (empty unless a named pair is used)."""
     if pair is not None:
         if model is not None or draft is not None:
             fail("--pair replaces -m/-md: give one or the other")
-        from ggspec.fixtures.tiny import KINDS, ensure_tiny_pair
-        from ggspec.native.paths import fixtures_dir
+        from ggspec.pairs import get_entry, resolve
 
-        kind = pair.removeprefix("tiny-")
-        if not pair.startswith("tiny-") or kind not in KINDS:
-            fail(f"unknown pair '{pair}' (built-in: {', '.join('tiny-' + k for k in KINDS)})")
-        tiny = ensure_tiny_pair(fixtures_dir(), kind)
-        return tiny.target, tiny.draft
+        entry = get_entry(pair)
+        files = resolve(entry, models_dir)
+        return files.target, files.draft, entry.settings
     if model is None:
         fail("no target model: give -m FILE (or --pair NAME)")
     if draft is None and not no_spec:
         fail("no draft model: give -md FILE, or --no-spec for plain decoding")
-    return model, draft
+    return model, draft, {}
 
 
 def _run(cfg, prompt: str, n_predict: int, ignore_eos: bool) -> None:
@@ -161,6 +171,32 @@ def _stats_line(s, speculative: bool, n_max: int) -> str:
             f"accept {100 * s.acceptance_rate:.1f}%  "
             f"time: draft {100 * sh['draft']:.0f}% verify {100 * sh['verify']:.0f}% "
             f"inject {100 * sh['inject']:.0f}% overhead {100 * sh['overhead']:.0f}%")
+
+
+# --- models ---------------------------------------------------------------------------------------
+
+
+@app.command()
+def models(
+    models_dir: Annotated[Optional[Path], typer.Option(
+        "--models-dir", help="Where your copies of the public pairs' files are.")] = None,
+) -> None:
+    """List the named pairs of models.toml and whether their files are present and match."""
+    from rich.table import Table
+
+    from ggspec.pairs import check_files, load_catalog
+
+    table = Table(title="models.toml pairs")
+    for col in ("name", "kind", "files", "n_max", "cache", "description"):
+        table.add_column(col)
+    for entry in load_catalog().values():
+        st = entry.settings
+        status = check_files(entry, models_dir)
+        color = "green" if status in ("ok", "generated") else "yellow"
+        cache = f"{st.get('ctk', 'f16')}/{st.get('ctv', 'f16')}"
+        table.add_row(entry.name, entry.kind, f"[{color}]{status}[/]", str(st.get("n_max", "")), cache,
+                      entry.description)
+    Console().print(table)
 
 
 # --- entry point ----------------------------------------------------------------------------------

@@ -7,7 +7,11 @@ near-tie); any larger margin means a real bug.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
+
+from ggspec.spec.loop import generate_greedy, generate_spec
+from ggspec.spec.stats import RunStats
 
 # A divergence at a position whose top-2 logit gap is below this counts as a rounding near-tie.
 # The gap between two logits is the gap between their log-probabilities, so this is seed 002's
@@ -40,3 +44,40 @@ def compare(plain: list[int], margins: list[float], spec: list[int]) -> Divergen
         if a != b:
             return Divergence(i, a, b, margins[i] if i < len(margins) else None)
     return None
+
+
+@dataclass
+class PromptRun:
+    """One prompt decoded plainly and speculatively on the same pair."""
+
+    plain: list[int]
+    margins: list[float]
+    spec: list[int]
+    plain_stats: RunStats
+    spec_stats: RunStats
+
+    @property
+    def divergence(self) -> Divergence | None:
+        return compare(self.plain, self.margins, self.spec)
+
+
+def run_prompts(sp, prompts: list[str], n_predict: int, make_proposer=None,
+                ignore_eos: bool = True) -> Iterator[PromptRun]:
+    """For each prompt: plain greedy (with margins), then speculative, alternating so that drift
+    on a noisy machine hits both alike. `make_proposer(prompt_tokens, plain_tokens)` may wrap
+    `sp.proposer` (e.g. forced acceptance); by default the pair's DFlash proposer is used."""
+    for text in prompts:
+        prompt = sp.target_model.tokenize(text)
+        sp.reset()
+        plain_stats, plain, margins = RunStats(), [], []
+        for step in generate_greedy(sp.target, prompt, n_predict, record_margins=True, ignore_eos=ignore_eos):
+            plain_stats.add(step)
+            plain += step.tokens
+            margins += step.margins
+        sp.reset()
+        proposer = make_proposer(prompt, plain) if make_proposer else sp.proposer
+        spec_stats, spec = RunStats(), []
+        for step in generate_spec(sp.target, proposer, prompt, n_predict, sp.n_max, ignore_eos=ignore_eos):
+            spec_stats.add(step)
+            spec += step.tokens
+        yield PromptRun(plain, margins, spec, plain_stats, spec_stats)

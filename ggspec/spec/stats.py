@@ -36,6 +36,7 @@ class RunStats:
     n_prompt: int = 0
     t_prompt: float = 0.0
     n_generated: int = 0
+    n_decoded: int = 0  # tokens committed after the prefill's first one
     t_decode: float = 0.0  # wall time of every step after the prefill
     spec_steps: int = 0
     drafted: int = 0
@@ -55,6 +56,7 @@ class RunStats:
             self.t_inject += step.t_inject
             return
         self.n_generated += len(step.tokens)
+        self.n_decoded += len(step.tokens)
         self.t_decode += step.t_total
         self.t_draft += step.t_draft
         self.t_verify += step.t_verify
@@ -72,8 +74,7 @@ class RunStats:
     @property
     def decode_tps(self) -> float:
         # the prefill commits the first token; decode speed counts the tokens after it
-        n = self.n_generated - 1
-        return n / self.t_decode if self.t_decode > 0 and n > 0 else 0.0
+        return self.n_decoded / self.t_decode if self.t_decode > 0 else 0.0
 
     @property
     def prompt_tps(self) -> float:
@@ -105,6 +106,20 @@ class RunStats:
         return {k: 1e3 * v / steps for k, v in (
             ("draft", self.t_draft), ("verify", self.t_verify),
             ("inject", self.t_inject), ("overhead", self.t_overhead))}
+
+
+def merge(runs) -> RunStats:
+    """Pool several runs' statistics (sums of counts and times)."""
+    total = RunStats()
+    for r in runs:
+        for name in ("n_prompt", "t_prompt", "n_generated", "n_decoded", "t_decode", "spec_steps", "drafted", "accepted",
+                     "committed_spec", "t_draft", "t_verify", "t_inject", "t_overhead"):
+            setattr(total, name, getattr(total, name) + getattr(r, name))
+        if len(total.accept_hist) < len(r.accept_hist):
+            total.accept_hist.extend([0] * (len(r.accept_hist) - len(total.accept_hist)))
+        for i, c in enumerate(r.accept_hist):
+            total.accept_hist[i] += c
+    return total
 
 
 def summarize(steps) -> RunStats:

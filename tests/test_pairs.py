@@ -1,0 +1,62 @@
+"""models.toml: named pairs, shipped files and their checksums, `--pair` and `ggspec models`."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import run_cli
+from ggspec.errors import InputError
+from ggspec.pairs import check_files, file_sha256, get_entry, load_catalog, resolve
+
+
+def test_catalog_has_every_kind():
+    catalog = load_catalog()
+    kinds = {e.kind for e in catalog.values()}
+    assert {"shipped", "generated", "public"} <= kinds, kinds
+    for entry in catalog.values():
+        assert entry.description, entry.name
+        if entry.kind != "generated":
+            assert entry.target and entry.draft, entry.name
+
+
+def test_shipped_files_match_their_checksums():
+    shipped = [e for e in load_catalog().values() if e.kind == "shipped"]
+    assert shipped
+    for entry in shipped:
+        assert check_files(entry, None) == "ok", entry.name
+        files = resolve(entry)
+        assert file_sha256(files.target) == entry.target_sha256
+        assert file_sha256(files.draft) == entry.draft_sha256
+
+
+def test_public_pairs_need_a_models_dir(tmp_path):
+    public = next(e for e in load_catalog().values() if e.kind == "public")
+    with pytest.raises(InputError, match="--models-dir"):
+        resolve(public)
+    assert check_files(public, tmp_path).startswith("missing")
+
+
+def test_a_corrupted_shipped_file_is_refused(tmp_path, monkeypatch):
+    entry = next(e for e in load_catalog().values() if e.kind == "shipped")
+    files = resolve(entry)
+    # a catalog next to a copy of the files, one of them altered
+    (tmp_path / "models.toml").write_text(
+        f'[pairs.copy]\ndescription = "x"\ntarget = "t.gguf"\ndraft = "d.gguf"\n'
+        f'target_sha256 = "{entry.target_sha256}"\ndraft_sha256 = "{entry.draft_sha256}"\n')
+    (tmp_path / "t.gguf").write_bytes(files.target.read_bytes()[:-1] + b"\0")
+    (tmp_path / "d.gguf").write_bytes(files.draft.read_bytes())
+    monkeypatch.setenv("GGSPEC_MODELS_TOML", str(tmp_path / "models.toml"))
+    with pytest.raises(InputError, match="mismatch: t.gguf"):
+        resolve(get_entry("copy"))
+
+
+def test_models_command_lists_pairs(build_info):
+    proc = run_cli("models")
+    assert proc.returncode == 0, proc.stderr
+    for name in load_catalog():
+        assert name in proc.stdout
+
+
+def test_unknown_pair_is_one_line():
+    proc = run_cli("run", "--pair", "no-such-pair")
+    assert proc.returncode == 1 and "unknown pair" in proc.stderr and "Traceback" not in proc.stderr
