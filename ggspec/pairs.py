@@ -9,7 +9,6 @@ Three kinds of entries:
 
 from __future__ import annotations
 
-import hashlib
 import os
 import tomllib
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ggspec.errors import InputError
+from ggspec.fixtures.tiny import file_sha256
 from ggspec.native.paths import REPO_ROOT, fixtures_dir
 
 SETTING_KEYS = ("n_max", "ctk", "ctv", "ctx", "planes", "lead")
@@ -77,14 +77,6 @@ def get_entry(name: str, path: Path | None = None) -> PairEntry:
     return catalog[name]
 
 
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _locate(entry: PairEntry, models_dir: Path | None) -> tuple[Path, Path]:
     assert entry.target and entry.draft
     if entry.kind == "shipped":
@@ -116,7 +108,7 @@ def check_files(entry: PairEntry, models_dir: Path | None) -> str:
 def resolve(entry: PairEntry, models_dir: Path | None = None) -> ResolvedPair:
     """The pair's files, generated or verified as needed; raises InputError when unusable."""
     if entry.kind == "generated":
-        from ggspec.fixtures.tiny import KINDS, ensure_tiny_pair
+        from ggspec.fixtures.tiny import KINDS, ensure_tiny_pair  # noqa: PLC0415
 
         if entry.generated not in KINDS:
             raise InputError(f"pair '{entry.name}': generated must be one of {', '.join(KINDS)}")

@@ -1,7 +1,7 @@
 """Train ggspec's built-in tiny pair: a Qwen3 target and a DFlash drafter that really speculate.
 
     pip install -e '.[train]'
-    python scripts/train_tiny_pair.py --out models/tiny          # ~15 min on one CPU thread
+    python scripts/train_tiny_pair.py --out models/tiny          # ~20 min on one CPU thread
     python scripts/train_tiny_pair.py --out /tmp/smoke --smoke   # seconds: checks the pipeline
 
 Corpus: the running interpreter's stdlib sources (every 16th file held out). Tokenizer: a 1k
@@ -55,8 +55,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch threads (the bytes depend on it)")
     ap.add_argument("--vocab", type=int, default=1024)
     ap.add_argument("--target-steps", type=int, default=700)
-    ap.add_argument("--draft-steps", type=int, default=1500)
-    ap.add_argument("--n-seq", type=int, default=512, help="target continuations for the drafter")
+    ap.add_argument("--draft-steps", type=int, default=3000)
+    ap.add_argument("--n-seq", type=int, default=1536, help="target continuations for the drafter")
     ap.add_argument("--smoke", action="store_true", help="a few steps of everything (pipeline check)")
     ap.add_argument("--no-check", action="store_true", help="skip the llama.cpp parity check")
     args = ap.parse_args()
