@@ -88,6 +88,15 @@ def run(
     n_gpu_layers: Annotated[int, typer.Option("-ngl", "--n-gpu-layers", help="Target layers to offload.")] = 0,
     n_gpu_layers_draft: Annotated[int, typer.Option("-ngld", "--n-gpu-layers-draft", help="Draft layers to offload.")] = 0,
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="Keep generating past end-of-generation tokens.")] = False,
+    rs_planes: Annotated[Optional[str], typer.Option(
+        "--spec-draft-rs-planes", "--spec-mtp-rs-planes", envvar="LLAMA_ARG_SPEC_DRAFT_RS_PLANES",
+        help="Recurrent-state planes per sequence for hybrid targets: 2..n_max+1 or 'uncapped' "
+             "[default: the pair's, else uncapped]. Fewer planes save memory; missed rollbacks replay.")] = None,
+    rs_lead: Annotated[Optional[str], typer.Option(
+        "--spec-draft-rs-planes-lead",
+        help="How many capped planes keep the states after the first draft tokens: 0 (old layout: newest "
+             "only), a number up to planes-2, 'default' (planes-2 for DFlash) or 'auto' (chosen from the "
+             "running acceptance histogram).")] = None,
 ) -> None:
     """Generate from a prompt, speculatively (DFlash) or plain greedy with --no-spec."""
     from ggspec.runtime import ContextParams
@@ -96,6 +105,9 @@ def run(
     if n_predict < 1:
         fail("-n must be at least 1")
     target, draft, rec = _resolve_models(model, draft, pair, models_dir, no_spec)
+    from ggspec.spec.planes import PlaneOptions
+
+    planes = PlaneOptions.parse(_pick(rs_planes, rec, "planes", None), _pick(rs_lead, rec, "lead", None))
     cfg = PairConfig(
         target=target,
         draft=None if no_spec else draft,
@@ -106,6 +118,7 @@ def run(
                           type_v=_pick(type_v, rec, "ctv", "f16"), flash_attn=flash_attn),
         n_gpu_layers=n_gpu_layers,
         n_gpu_layers_draft=n_gpu_layers_draft,
+        planes=planes,
     )
     _run(cfg, prompt, n_predict, ignore_eos)
 
@@ -145,7 +158,8 @@ def _run(cfg, prompt: str, n_predict: int, ignore_eos: bool) -> None:
             err.print(f"[yellow]warning:[/] {w}", soft_wrap=True)
         tokens = sp.target_model.tokenize(prompt)
         if sp.speculative:
-            steps = generate_spec(sp.target, sp.proposer, tokens, n_predict, sp.n_max, ignore_eos=ignore_eos)
+            steps = generate_spec(sp.target, sp.proposer, tokens, n_predict, sp.n_max, ignore_eos=ignore_eos,
+                                  on_accept=sp.on_accept)
         else:
             steps = generate_greedy(sp.target, tokens, n_predict, ignore_eos=ignore_eos)
         stats = RunStats()
@@ -158,19 +172,23 @@ def _run(cfg, prompt: str, n_predict: int, ignore_eos: bool) -> None:
             out.flush()
         out.write(text.decode(b"", final=True) + "\n")
         out.flush()
-        err.print(_stats_line(stats, sp.speculative, sp.n_max), soft_wrap=True)
+        err.print(_stats_line(stats, sp), soft_wrap=True)
 
 
-def _stats_line(s, speculative: bool, n_max: int) -> str:
+def _stats_line(s, sp) -> str:
     line = (f"[bold]{s.n_generated} tokens[/]  decode {s.decode_tps:.1f} t/s  "
             f"prompt {s.prompt_tps:.1f} t/s ({s.n_prompt} tokens)")
-    if not speculative:
+    if not sp.speculative:
         return line + "  (no speculation)"
     sh = s.time_shares()
-    return (line + f"  τ {s.tau:.2f} (pooled: committed/steps, n_max {n_max})  "
-            f"accept {100 * s.acceptance_rate:.1f}%  "
-            f"time: draft {100 * sh['draft']:.0f}% verify {100 * sh['verify']:.0f}% "
-            f"inject {100 * sh['inject']:.0f}% overhead {100 * sh['overhead']:.0f}%")
+    line += (f"  τ {s.tau:.2f} (pooled: committed/steps, n_max {sp.n_max})  "
+             f"accept {100 * s.acceptance_rate:.1f}%  "
+             f"time: draft {100 * sh['draft']:.0f}% verify {100 * sh['verify']:.0f}% "
+             f"inject {100 * sh['inject']:.0f}% overhead {100 * sh['overhead']:.0f}%")
+    if sp.target_model.is_recurrent:
+        line += (f"  replay {100 * s.replay_share:.0f}% of steps ({100 * sh['replay']:.0f}% of time)  "
+                 f"planes: {sp.plane_layout}, {sp.recurrent_bytes() / 1024:.0f} KiB recurrent state")
+    return line
 
 
 # --- models ---------------------------------------------------------------------------------------

@@ -116,3 +116,36 @@ def test_no_build_gives_a_clear_message(tmp_path, dense_pair, monkeypatch):
     monkeypatch.setenv("GGSPEC_HOME", str(tmp_path / "empty-home"))
     proc = run_cli("run", "-m", str(dense_pair.target), "--no-spec")
     _assert_one_line_error(proc, "ggspec build")
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--spec-draft-rs-planes", "1"], "must be 2..8"),
+    (["--spec-draft-rs-planes", "9"], "must be 2..8"),
+    (["--spec-draft-rs-planes", "many"], "expected a number or 'uncapped'"),
+    (["--spec-draft-rs-planes", "4", "--spec-draft-rs-planes-lead", "3"], "must be 0..2"),
+    (["--spec-draft-rs-planes-lead", "sometimes"], "expected a number, 'default' or 'auto'"),
+])
+def test_impossible_plane_settings(hybrid_pair, args, needle):
+    proc = run_cli("run", "-m", str(hybrid_pair.target), "-md", str(hybrid_pair.draft), "-n", "4", *args)
+    _assert_one_line_error(proc, needle)
+
+
+def test_plane_options_on_a_dense_target_warn(dense_pair):
+    proc = run_cli("run", "-m", str(dense_pair.target), "-md", str(dense_pair.draft), "-n", "4",
+                   "--spec-draft-rs-planes", "4")
+    assert proc.returncode == 0, proc.stderr
+    assert "warning:" in proc.stderr and "do nothing" in proc.stderr
+
+
+def test_old_flag_name_and_env_var(hybrid_pair):
+    import os
+
+    for args, env in ((["--spec-mtp-rs-planes", "3"], {}), ([], {"LLAMA_ARG_SPEC_DRAFT_RS_PLANES": "3"})):
+        os.environ.update(env)
+        try:
+            proc = run_cli("run", "-m", str(hybrid_pair.target), "-md", str(hybrid_pair.draft), "-n", "8", *args)
+        finally:
+            for k in env:
+                os.environ.pop(k)
+        assert proc.returncode == 0, proc.stderr
+        assert "planes: 3 planes" in proc.stderr, proc.stderr

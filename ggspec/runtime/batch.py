@@ -21,13 +21,11 @@ class Batch(OwnedHandle):
         if not self.ptr:
             raise LlamaError("llama_batch_ext_init failed")
         self.capacity: int = ctx.n_batch
-        self._rows: dict[int, int] = {}
         self.n_tokens = 0
         self.n_outputs = 0
 
     def clear(self) -> "Batch":
         self.lc.llama_batch_ext_clear(self.ptr)
-        self._rows.clear()
         self.n_tokens = 0
         self.n_outputs = 0
         return self
@@ -49,7 +47,7 @@ class Batch(OwnedHandle):
             self.ptr, seq_id, ids.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), n, pos0,
             flags.ctypes.data_as(ctypes.POINTER(ctypes.c_int8)),
         )
-        self._added(rc, n, seq_id, int(np.count_nonzero(flags)))
+        self._added(rc, n, int(np.count_nonzero(flags)))
         return self
 
     def add_embd_rows(self, rows: np.ndarray, pos0: int, seq_id: int = 0) -> "Batch":
@@ -60,20 +58,16 @@ class Batch(OwnedHandle):
         rc = self.lc._lib.ggspec_batch_add_embd_rows(
             self.ptr, seq_id, data.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), n, width, pos0
         )
-        self._added(rc, n, seq_id, 0)
+        self._added(rc, n, 0)
         return self
-
-    def rows_per_seq(self) -> dict[int, int]:
-        return dict(self._rows)
 
     def _check_room(self, n: int) -> None:
         if self.n_tokens + n > self.capacity:
             raise LlamaError(f"batch overflow: {self.n_tokens} + {n} rows > n_batch {self.capacity}")
 
-    def _added(self, rc: int, n: int, seq_id: int, n_out: int) -> None:
+    def _added(self, rc: int, n: int, n_out: int) -> None:
         if rc != n:
             raise LlamaError(f"could not fill the batch: {_ADD_ERRORS.get(rc, f'error {rc}')}")
-        self._rows[seq_id] = self._rows.get(seq_id, 0) + n
         self.n_tokens += n
         self.n_outputs += n_out
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -96,8 +98,6 @@ class Context(OwnedHandle):
         self.n_ubatch: int = self.lc.llama_n_ubatch(ptr)
         self.n_rs_seq: int = self.lc.llama_n_rs_seq(ptr)
         self.n_vocab = model.n_vocab
-        self._last_batch_rows: dict[int, int] = {}  # per sequence, for the rollback guard
-        self._rolled_back = False
         self._n_outputs = 0
 
     # --- decoding --------------------------------------------------------------------------------
@@ -107,10 +107,7 @@ class Context(OwnedHandle):
         rc = self.lc.llama_process(self.ptr, self.lc.LLAMA_PROCESS_TYPE_DECODE, batch.ptr)
         if rc != 0:
             raise LlamaError(f"llama_process failed (rc={rc}): {last_log_error()}")
-        for seq_id, n in batch.rows_per_seq().items():
-            self._last_batch_rows[seq_id] = n
         self._n_outputs = batch.n_outputs
-        self._rolled_back = False
 
     def logits(self) -> np.ndarray:
         """Logits of the last decode's output rows, shape (n_outputs, n_vocab), copied."""
@@ -154,36 +151,52 @@ class Context(OwnedHandle):
 
     def clear(self) -> None:
         self.lc.llama_memory_clear(self.memory, True)
-        self._last_batch_rows.clear()
+
+    def can_truncate(self, p0: int, seq_id: int = 0) -> bool:
+        """Whether `truncate(p0)` would be exact now. Always for attention caches; for recurrent
+        models only when a state plane holds the state after position p0 - 1 (patch 0002)."""
+        if not self.model.is_recurrent or p0 > self.pos_max(seq_id):
+            return True
+        return self.lc._lib.ggspec_rs_can_rollback(self.ptr, seq_id, p0) == 1
 
     def truncate(self, p0: int, seq_id: int = 0) -> None:
         """Drop positions >= p0 of a sequence (roll back rejected tokens).
 
-        For recurrent/hybrid models the state comes from a saved plane, and llama.cpp has a trap:
-        rolling back the *whole* last batch returns success with a wrong state (the pre-batch
-        state is never stored). This method refuses every rollback the planes cannot serve
-        exactly, so the trap cannot be reached through it.
+        Recurrent/hybrid models restore the state from a saved plane. The patched llama.cpp
+        (0002) refuses, changing nothing, any rollback whose state no plane holds, including the
+        old trap of rolling back a whole last batch without a kept input state; we check first so
+        the refusal is a clear error.
         """
-        pos_max = self.pos_max(seq_id)
-        if p0 > pos_max:
+        if p0 > self.pos_max(seq_id):
             return
-        if self.model.is_recurrent:
-            r = pos_max - (p0 - 1)
-            last_rows = self._last_batch_rows.get(seq_id, 0)
-            if self._rolled_back:
-                raise LlamaError("only one recurrent rollback is possible per decode")
-            if r >= last_rows:
-                raise LlamaError(
-                    f"cannot roll back {r} tokens: the last batch had {last_rows} rows and the "
-                    "recurrent state before a batch is not kept"
-                )
-            if r > self.n_rs_seq:
-                raise LlamaError(f"cannot roll back {r} tokens with {self.n_rs_seq} recurrent planes")
-        ok = self.lc.llama_memory_seq_rm(self.memory, seq_id, p0, -1)
-        if not ok:
+        if not self.can_truncate(p0, seq_id):
+            raise LlamaError(f"no recurrent state plane holds the state before position {p0}")
+        if not self.lc.llama_memory_seq_rm(self.memory, seq_id, p0, -1):
             raise LlamaError(f"llama.cpp refused to remove positions >= {p0} of sequence {seq_id}")
-        if self.model.is_recurrent:
-            self._rolled_back = True
+
+    # --- recurrent state planes (patch 0002) -----------------------------------------------------
+
+    def set_rs_layout(self, planes: int, lead: int) -> None:
+        """Keep `planes` recurrent-state planes per sequence, `lead` of them holding the states
+        after the first 1..lead tokens of a batch (plus one newest and one input plane);
+        lead -1 is llama.cpp's default trailing layout. See ggspec.spec.planes."""
+        rc = self.lc._lib.ggspec_set_rs_planes(self.ptr, planes, lead)
+        if rc != 0:
+            why = {-1: "the context has no recurrent state planes", -2: "this model only supports the default layout",
+                   -3: f"{planes} planes is out of range (2..{1 + self.n_rs_seq})",
+                   -4: f"lead {lead} is out of range (0..{planes - 2})"}
+            raise InputError(f"cannot set the recurrent plane layout: {why.get(rc, f'error {rc}')}")
+
+    def rs_kept_counts(self, n_tokens: int) -> tuple[int, ...]:
+        """After a batch of n_tokens, the token counts k whose state a plane keeps
+        (0 = the input state, n_tokens = the newest)."""
+        buf = (ctypes.c_int32 * (n_tokens + 1))()
+        n = self.lc._lib.ggspec_rs_kept_counts(self.ptr, n_tokens, buf, n_tokens + 1)
+        return tuple(buf[:n]) if n > 0 else ()
+
+    def recurrent_state_bytes(self, seq_id: int = 0) -> int:
+        """Bytes of one recurrent state (one plane) of a sequence."""
+        return int(self.lc.llama_state_seq_get_size_ext(self.ptr, seq_id, self.lc.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY))
 
     def remove(self, p0: int, seq_id: int = 0) -> None:
         """Drop positions >= p0 from a non-recurrent cache (e.g. the draft's noise block)."""

@@ -47,3 +47,25 @@ def cycle_lengths(n_max: int) -> Iterator[int]:
     """0, 1, ..., n_max, 0, 1, ... so every acceptance length occurs."""
     while True:
         yield from range(n_max + 1)
+
+
+# Benchmark acceptance profiles: share of verify steps by accepted draft count 0..n_max (n_max 7).
+# Used only by benchmarks and tests to replay a realistic acceptance pattern on any target.
+PROFILES: dict[str, tuple[float, ...]] = {
+    # seed 000: DFlash, uncapped, n-max 7, 1422 verifications (bimodal: reject early or accept all)
+    "dflash": (24.5, 19.5, 15.0, 9.9, 7.7, 5.0, 3.6, 14.7),
+    # MTP-like: most drafts accepted in full
+    "mtp": (4.0, 3.0, 3.0, 4.0, 5.0, 8.0, 13.0, 60.0),
+    "uniform": (1.0,) * 8,
+}
+
+
+def profile_lengths(profile: str | tuple[float, ...], n_max: int, seed: int = 0) -> Iterator[int]:
+    """Accepted counts drawn i.i.d. from a profile (a name of PROFILES or n_max + 1 weights)."""
+    weights = np.asarray(PROFILES[profile] if isinstance(profile, str) else profile, dtype=np.float64)
+    if len(weights) != n_max + 1:
+        raise ValueError(f"acceptance profile has {len(weights)} entries, n_max {n_max} needs {n_max + 1}")
+    rng = np.random.default_rng(seed)
+    p = weights / weights.sum()
+    while True:
+        yield int(rng.choice(n_max + 1, p=p))

@@ -12,7 +12,7 @@ Each step is one transaction on the target:
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -55,6 +55,17 @@ def _margins(target: Context, record: bool) -> list[float]:
     return [top2_margin(target.logits_view()[-1])] if record else []
 
 
+def _replay(target: Context, batch: Batch, committed: np.ndarray, pos: int) -> float:
+    """Rebuild a recurrent state no plane kept: restore the input plane (the state before this
+    verify batch) and decode the committed tokens again. No outputs are needed: the bonus token
+    is already known, and the draft gets these rows' features from the verify batch."""
+    t = time.perf_counter()
+    target.truncate(pos)
+    batch.clear().add_tokens(committed, pos, outputs="none")
+    target.decode(batch)
+    return time.perf_counter() - t
+
+
 def _finish(tokens: list[int], budget: int, is_eog) -> tuple[list[int], bool]:
     """Cut a step's tokens at the budget or after an end-of-generation token."""
     out = []
@@ -91,11 +102,13 @@ def generate_greedy(target: Context, prompt: np.ndarray, n_predict: int,
 
 
 def generate_spec(target: Context, proposer, prompt: np.ndarray, n_predict: int,
-                  n_max: int, ignore_eos: bool = False) -> Iterator[Step]:
+                  n_max: int, ignore_eos: bool = False,
+                  on_accept: Callable[[int, int], None] | None = None) -> Iterator[Step]:
     """Speculative greedy decoding; output equals `generate_greedy`'s token for token.
 
     `proposer` provides `capture(n_rows, pos0)`, `flush() -> rows` and
-    `propose(id_last, pos, n) -> tokens` (see DFlashProposer).
+    `propose(id_last, pos, n) -> tokens` (see DFlashProposer). `on_accept(accepted, drafted)` is
+    told every step's outcome (the `auto` plane layout learns from it).
     """
     if n_max < 1:
         raise InputError("--spec-draft-n-max must be at least 1")
@@ -135,9 +148,15 @@ def generate_spec(target: Context, proposer, prompt: np.ndarray, n_predict: int,
 
             a = accept_greedy(draft, argmax)
             step.accepted = a
+            proposer.capture(a + 1, pos)  # committed rows [id_last, d1..da], before any replay
             if a < n:
-                target.truncate(pos + a + 1)  # roll back the rejected drafts d(a+1)..dn
-            proposer.capture(a + 1, pos)  # committed rows [id_last, d1..da]
+                if target.can_truncate(pos + a + 1):
+                    target.truncate(pos + a + 1)  # roll back the rejected drafts d(a+1)..dn
+                else:
+                    step.t_replay = _replay(target, batch, block[:a + 1], pos)
+                    step.replayed = True
+            if on_accept is not None and n > 0:
+                on_accept(a, n)
             committed = [int(x) for x in draft[:a]] + [int(argmax[a])]
 
             step.tokens, done = _finish(committed, left, is_eog)

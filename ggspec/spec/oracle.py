@@ -77,7 +77,8 @@ def run_prompts(sp, prompts: list[str], n_predict: int, make_proposer=None,
         sp.reset()
         proposer = make_proposer(prompt, plain) if make_proposer else sp.proposer
         spec_stats, spec = RunStats(), []
-        for step in generate_spec(sp.target, proposer, prompt, n_predict, sp.n_max, ignore_eos=ignore_eos):
+        for step in generate_spec(sp.target, proposer, prompt, n_predict, sp.n_max, ignore_eos=ignore_eos,
+                                  on_accept=sp.on_accept):
             spec_stats.add(step)
             spec += step.tokens
         yield PromptRun(plain, margins, spec, plain_stats, spec_stats)

@@ -9,6 +9,7 @@ from ggspec.errors import InputError
 from ggspec.runtime import Context, ContextParams, Model
 from ggspec.runtime.gguf_meta import read_meta
 from ggspec.spec.dflash import DFlashInfo, DFlashProposer, check_compatible, dflash_info, is_dflash
+from ggspec.spec.planes import AutoLead, PlaneOptions, default_lead
 
 
 @dataclass
@@ -20,6 +21,7 @@ class PairConfig:
     ctx: ContextParams = field(default_factory=ContextParams)
     n_gpu_layers: int = 0
     n_gpu_layers_draft: int = 0
+    planes: PlaneOptions = field(default_factory=PlaneOptions)  # hybrid targets only
 
 
 class SpecPair:
@@ -31,21 +33,61 @@ class SpecPair:
         self.draft_model: Model | None = None
         self.draft_ctx: Context | None = None
         self.proposer: DFlashProposer | None = None
+        self.auto_lead: AutoLead | None = None
         self.info: DFlashInfo | None = self._validate()
         self.n_max = self._clamp_n_max()
+        if self.info is not None:
+            cfg.planes.check(self.n_max)
 
         self.target_model = Model(cfg.target, cfg.n_gpu_layers, what="target")
         target_params = replace(cfg.ctx)
+        planes = cfg.planes.n_planes(self.n_max)
         if self.info is not None and self.target_model.is_recurrent:
-            # uncapped planes: one recurrent-state snapshot per draft position
-            target_params.n_rs_seq = max(target_params.n_rs_seq, self.n_max)
+            # one plane per sequence holds the working state; the others are rollback snapshots
+            target_params.n_rs_seq = planes - 1
+        elif cfg.planes.given:
+            self.warnings.append("recurrent plane options do nothing here (the target has no recurrent layers)"
+                                 if self.info is not None else "recurrent plane options do nothing without a draft")
         self.target = Context(self.target_model, target_params, what="target")
+        if self.info is not None and self.target_model.is_recurrent and cfg.planes.capped(self.n_max):
+            self._set_layout(planes, cfg.planes.lead)
         if self.info is not None:
             self.draft_model = Model(cfg.draft, cfg.n_gpu_layers_draft, what="draft")
             draft_params = replace(cfg.ctx, n_rs_seq=0)
             # the draft borrows the target's embeddings / output head through ctx_other
             self.draft_ctx = Context(self.draft_model, draft_params, ctx_other=self.target, what="draft")
             self.proposer = DFlashProposer(self.target, self.draft_ctx, self.info)
+
+    def _set_layout(self, planes: int, lead: int | str) -> None:
+        if lead == "auto":
+            self.auto_lead = AutoLead(self.target, planes, self.n_max)
+            self.auto_lead.start()
+        else:
+            self.target.set_rs_layout(planes, default_lead(planes) if lead == "default" else lead)
+
+    @property
+    def plane_layout(self) -> str:
+        """The recurrent-state layout in words, for stats lines."""
+        if not (self.speculative and self.target_model.is_recurrent):
+            return "none"
+        planes = self.cfg.planes.n_planes(self.n_max)
+        if not self.cfg.planes.capped(self.n_max):
+            return f"{planes} planes (uncapped)"
+        if self.auto_lead is not None:
+            return f"{planes} planes, lead auto (now {self.auto_lead.lead}, {self.auto_lead.changes} changes)"
+        kept = sorted(k - 1 for k in self.target.rs_kept_counts(self.n_max + 1) if k >= 1)
+        return f"{planes} planes, lead {self.cfg.planes.lead} (keeps accepted {kept})"
+
+    def recurrent_bytes(self) -> int:
+        """Recurrent state memory per sequence: planes x bytes per plane (0 for dense targets)."""
+        if not self.target_model.is_recurrent:
+            return 0
+        return (1 + self.target.n_rs_seq) * self.target.recurrent_state_bytes()
+
+    def on_accept(self, accepted: int, drafted: int) -> None:
+        """Feed each step's outcome to the `auto` layout (a no-op otherwise)."""
+        if self.auto_lead is not None:
+            self.auto_lead.observe(accepted, drafted)
 
     @property
     def speculative(self) -> bool:
@@ -89,7 +131,7 @@ class SpecPair:
 
     def reset(self) -> None:
         """Empty every cache so the pair can serve a new, unrelated prompt."""
-        self.target.clear()
+        self.target.clear()  # also drops every recurrent plane: no state leaks across prompts
         if self.draft_ctx is not None:
             self.draft_ctx.clear()
         if self.proposer is not None:

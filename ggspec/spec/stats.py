@@ -19,13 +19,15 @@ class Step:
     t_draft: float = 0.0  # seconds in the draft's noise-block decode
     t_verify: float = 0.0  # seconds in the target decode (prefill: prompt processing)
     t_inject: float = 0.0  # seconds injecting target features into the draft cache
+    t_replay: float = 0.0  # seconds re-decoding committed tokens no recurrent plane kept
+    replayed: bool = False
     t_total: float = 0.0  # wall time of the whole step
     margins: list[float] = field(default_factory=list)  # top-2 logit gap per token (optional)
 
     @property
     def t_overhead(self) -> float:
         """Everything that is not a llama.cpp call: Python bookkeeping, argmax, accept."""
-        return max(0.0, self.t_total - self.t_draft - self.t_verify - self.t_inject)
+        return max(0.0, self.t_total - self.t_draft - self.t_verify - self.t_inject - self.t_replay)
 
 
 @dataclass
@@ -45,7 +47,9 @@ class RunStats:
     t_draft: float = 0.0
     t_verify: float = 0.0
     t_inject: float = 0.0
+    t_replay: float = 0.0
     t_overhead: float = 0.0
+    replays: int = 0
     accept_hist: list[int] = field(default_factory=list)  # steps by number of accepted drafts
 
     def add(self, step: Step) -> None:
@@ -61,6 +65,8 @@ class RunStats:
         self.t_draft += step.t_draft
         self.t_verify += step.t_verify
         self.t_inject += step.t_inject
+        self.t_replay += step.t_replay
+        self.replays += step.replayed
         self.t_overhead += step.t_overhead
         if step.kind == "spec":
             self.spec_steps += 1
@@ -89,23 +95,24 @@ class RunStats:
     def acceptance_rate(self) -> float:
         return self.accepted / self.drafted if self.drafted else 0.0
 
+    @property
+    def replay_share(self) -> float:
+        """Share of speculative steps that had to replay (capped recurrent planes)."""
+        return self.replays / self.spec_steps if self.spec_steps else 0.0
+
+    def _phases(self) -> dict[str, float]:
+        return {"draft": self.t_draft, "verify": self.t_verify, "inject": self.t_inject,
+                "replay": self.t_replay, "overhead": self.t_overhead}
+
     def time_shares(self) -> dict[str, float]:
-        total = self.t_draft + self.t_verify + self.t_inject + self.t_overhead
-        if total <= 0:
-            return {"draft": 0.0, "verify": 0.0, "inject": 0.0, "overhead": 0.0}
-        return {
-            "draft": self.t_draft / total,
-            "verify": self.t_verify / total,
-            "inject": self.t_inject / total,
-            "overhead": self.t_overhead / total,
-        }
+        phases = self._phases()
+        total = sum(phases.values())
+        return {k: (v / total if total > 0 else 0.0) for k, v in phases.items()}
 
     def per_step_ms(self) -> dict[str, float]:
         """Mean milliseconds per decode step, by phase."""
         steps = max(1, self.spec_steps)
-        return {k: 1e3 * v / steps for k, v in (
-            ("draft", self.t_draft), ("verify", self.t_verify),
-            ("inject", self.t_inject), ("overhead", self.t_overhead))}
+        return {k: 1e3 * v / steps for k, v in self._phases().items()}
 
 
 def merge(runs) -> RunStats:
@@ -113,7 +120,7 @@ def merge(runs) -> RunStats:
     total = RunStats()
     for r in runs:
         for name in ("n_prompt", "t_prompt", "n_generated", "n_decoded", "t_decode", "spec_steps", "drafted", "accepted",
-                     "committed_spec", "t_draft", "t_verify", "t_inject", "t_overhead"):
+                     "committed_spec", "t_draft", "t_verify", "t_inject", "t_replay", "t_overhead", "replays"):
             setattr(total, name, getattr(total, name) + getattr(r, name))
         if len(total.accept_hist) < len(r.accept_hist):
             total.accept_hist.extend([0] * (len(r.accept_hist) - len(total.accept_hist)))
