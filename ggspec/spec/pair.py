@@ -27,8 +27,11 @@ class PairConfig:
 class SpecPair:
     """Owns the target model/context and, when speculating, the draft model/context/proposer."""
 
-    def __init__(self, cfg: PairConfig) -> None:
+    def __init__(self, cfg: PairConfig, share_models: "SpecPair | None" = None) -> None:
+        """`share_models`: reuse another pair's loaded models (same files) instead of loading
+        them again; benchmarks comparing context settings then run on the very same weights."""
         self.cfg = cfg
+        self._shared = share_models
         self.warnings: list[str] = []
         self.draft_model: Model | None = None
         self.draft_ctx: Context | None = None
@@ -39,7 +42,8 @@ class SpecPair:
         if self.info is not None:
             cfg.planes.check(self.n_max)
 
-        self.target_model = Model(cfg.target, cfg.n_gpu_layers, what="target")
+        self.target_model = (share_models.target_model if share_models
+                             else Model(cfg.target, cfg.n_gpu_layers, what="target"))
         target_params = replace(cfg.ctx)
         planes = cfg.planes.n_planes(self.n_max)
         if self.info is not None and self.target_model.is_recurrent:
@@ -52,7 +56,8 @@ class SpecPair:
         if self.info is not None and self.target_model.is_recurrent and cfg.planes.capped(self.n_max):
             self._set_layout(planes, cfg.planes.lead)
         if self.info is not None:
-            self.draft_model = Model(cfg.draft, cfg.n_gpu_layers_draft, what="draft")
+            self.draft_model = (share_models.draft_model if share_models
+                                else Model(cfg.draft, cfg.n_gpu_layers_draft, what="draft"))
             draft_params = replace(cfg.ctx, n_rs_seq=0)
             # the draft borrows the target's embeddings / output head through ctx_other
             self.draft_ctx = Context(self.draft_model, draft_params, ctx_other=self.target, what="draft")
@@ -138,8 +143,8 @@ class SpecPair:
             self.proposer.reset()
 
     def close(self) -> None:
-        for obj in (self.proposer, self.draft_ctx, self.draft_model,
-                    getattr(self, "target", None), getattr(self, "target_model", None)):
+        owned_models = () if self._shared else (self.draft_model, getattr(self, "target_model", None))
+        for obj in (self.proposer, self.draft_ctx, getattr(self, "target", None), *owned_models):
             if obj is not None:
                 obj.close()
 

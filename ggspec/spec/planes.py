@@ -75,7 +75,10 @@ def default_lead(planes: int) -> int:
 
 
 def kept_counts(planes: int, lead: int, n_tokens: int) -> set[int]:
-    """Token counts whose state survives a batch of n_tokens (mirrors patch 0002's slot map)."""
+    """Token counts whose state survives a batch of n_tokens (mirrors patch 0002's slot map).
+    lead -1 is llama.cpp's default layout: the newest states only, no input state."""
+    if lead < 0:
+        return {n_tokens - j for j in range(min(n_tokens, planes))}
     if n_tokens + 1 <= planes:
         return set(range(n_tokens + 1))
     lead_states = range(1, lead + 1)
@@ -100,24 +103,29 @@ class AutoLead:
     it switches only when the best layout is clearly cheaper, and not more often than every
     `min_steps` steps."""
 
-    def __init__(self, target, planes: int, n_max: int, decay: float = 0.97, margin: float = 0.15,
-                 min_steps: int = 16) -> None:
+    def __init__(self, target, planes: int, n_max: int, decay: float = 0.99, margin: float = 0.2,
+                 first: int = 12, cooldown: int = 48, period: int = 4) -> None:
+        """decay: per-step forgetting of the histogram (0.99: about the last 100 steps count);
+        margin: how much cheaper the best layout must be to switch; first / cooldown: steps
+        before the first decision and between changes; period: steps between evaluations."""
         self.target = target  # the Context whose layout this controls
         self.planes, self.n_max = planes, n_max
-        self.decay, self.margin, self.min_steps = decay, margin, min_steps
+        self.decay, self.margin, self.period = decay, margin, period
+        self.first, self.cooldown = first, cooldown
         self.hist = np.zeros(n_max + 1)
         self.lead = default_lead(planes)
         self.changes = 0
         self._since_change = 0
-        self._costs = np.array([replay_cost(a) for a in range(n_max + 1)])
-        self._uncovered = {
-            lead: np.array([a not in covered_accepts(planes, lead, n_max) for a in range(n_max + 1)])
+        # weights[lead, a]: replay cost of accepted count a under that lead (0 where a is kept)
+        self._weights = np.array([
+            [0.0 if a in covered_accepts(planes, lead, n_max) else replay_cost(a) for a in range(n_max + 1)]
             for lead in range(planes - 1)
-        }
+        ])
 
-    def expected_cost(self, lead: int) -> float:
+    def expected_costs(self) -> np.ndarray:
+        """Expected replay cost per step for every lead 0..planes-2, under the histogram."""
         total = self.hist.sum()
-        return float((self.hist * self._costs * self._uncovered[lead]).sum() / total) if total else 0.0
+        return self._weights @ self.hist / total if total else np.zeros(len(self._weights))
 
     def start(self) -> None:
         self.target.set_rs_layout(self.planes, self.lead)
@@ -129,10 +137,12 @@ class AutoLead:
         self.hist *= self.decay
         self.hist[accepted] += 1.0
         self._since_change += 1
-        if self._since_change < self.min_steps:
+        wait = self.cooldown if self.changes else self.first
+        if self._since_change < wait or self._since_change % self.period:
             return
-        best = min(self._uncovered, key=self.expected_cost)
-        if self.expected_cost(best) < (1 - self.margin) * self.expected_cost(self.lead):
+        costs = self.expected_costs()
+        best = int(costs.argmin())
+        if costs[best] < (1 - self.margin) * costs[self.lead]:
             self.lead = best
             self.changes += 1
             self._since_change = 0
