@@ -88,6 +88,11 @@ def run(
     n_gpu_layers: Annotated[int, typer.Option("-ngl", "--n-gpu-layers", help="Target layers to offload.")] = 0,
     n_gpu_layers_draft: Annotated[int, typer.Option("-ngld", "--n-gpu-layers-draft", help="Draft layers to offload.")] = 0,
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="Keep generating past end-of-generation tokens.")] = False,
+    inject: Annotated[str, typer.Option(
+        "--spec-dflash-inject",
+        help="How target features reach the draft cache: pruned (only committed rows, in one call before "
+             "the next draft), deferred (seed 004: all verify rows before the next draft) or immediate "
+             "(upstream: all verify rows at once, rejected ones removed after).")] = "pruned",
     rs_planes: Annotated[Optional[str], typer.Option(
         "--spec-draft-rs-planes", "--spec-mtp-rs-planes", envvar="LLAMA_ARG_SPEC_DRAFT_RS_PLANES",
         help="Recurrent-state planes per sequence for hybrid targets: 2..n_max+1 or 'uncapped' "
@@ -119,6 +124,7 @@ def run(
         n_gpu_layers=n_gpu_layers,
         n_gpu_layers_draft=n_gpu_layers_draft,
         planes=planes,
+        inject=inject,
     )
     _run(cfg, prompt, n_predict, ignore_eos)
 

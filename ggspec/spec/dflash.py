@@ -5,9 +5,16 @@ the target's layer-input features of that position (an embedding batch). To prop
 the noise block `[id_last, MASK x n]` at the next positions in one non-causal pass, reads the n
 greedy tokens from rows 1..n, and removes the block again.
 
-Feature rows of committed tokens are queued and injected in one call just before the next
-draft (only committed rows ever reach the draft cache, so nothing has to be removed after a
-rejection), chunked to the draft's n_ubatch because a larger non-causal call aborts llama.cpp.
+How the target's feature rows reach the draft cache (`inject`):
+- "pruned" (default): rows are queued, the rejected ones dropped at acceptance, and the committed
+  ones injected in one call just before the next draft: never more work than the others, and
+  nothing has to be removed from the draft cache after a rejection;
+- "deferred": seed 004's stash: every verify row is queued and injected before the next draft,
+  then the rejected ones are removed;
+- "immediate": upstream llama.cpp: every verify row is injected right away, and the rejected
+  ones removed at acceptance.
+Draft proposals are bit-identical in every mode (injection is a per-row transform). Calls are
+chunked to the draft's n_ubatch because a larger non-causal call aborts llama.cpp.
 """
 
 from __future__ import annotations
@@ -19,6 +26,8 @@ import numpy as np
 from ggspec.errors import InputError
 from ggspec.runtime import Batch, Context
 from ggspec.runtime.gguf_meta import GGUFMeta
+
+INJECT_MODES = ("pruned", "deferred", "immediate")
 
 
 @dataclass(frozen=True)
@@ -84,32 +93,51 @@ def check_compatible(target: GGUFMeta, draft: GGUFMeta, info: DFlashInfo) -> Non
 class DFlashProposer:
     """Proposes up to block_size - 1 tokens per step from the draft context."""
 
-    def __init__(self, target: Context, draft: Context, info: DFlashInfo) -> None:
+    def __init__(self, target: Context, draft: Context, info: DFlashInfo, inject: str = "pruned") -> None:
+        if inject not in INJECT_MODES:
+            raise InputError(f"--spec-dflash-inject {inject}: expected one of {', '.join(INJECT_MODES)}")
         self.target = target
         self.draft = draft
         self.info = info
+        self.inject = inject
         target.enable_layer_inputs(info.target_layers)
         draft.set_causal_attn(info.causal)
         self._batch = Batch(draft)
         self._pending: list[tuple[int, np.ndarray]] = []  # (first position, feature rows)
+        self._drop_from: int | None = None  # deferred mode: rejected rows to remove after a flush
 
-    # --- feature rows of committed target positions ----------------------------------------------
+    # --- feature rows of target positions ---------------------------------------------------------
 
     def capture(self, n_rows: int, pos0: int) -> None:
-        """Queue the target's features of the last decode's first n_rows rows (positions pos0...).
+        """Take the target's features of the last decode's first n_rows rows (positions pos0...).
 
         Called right after the target decode, because the next target call overwrites them.
         """
-        if n_rows:
-            if self._pending:
-                last_pos, last_rows = self._pending[-1]
-                if pos0 != last_pos + len(last_rows):
-                    raise RuntimeError(f"feature rows must be contiguous: {pos0} after {last_pos}+{len(last_rows)}")
-            self._pending.append((pos0, self.target.layer_inputs(self.info.target_layers, n_rows)))
+        if not n_rows:
+            return
+        if self._pending:
+            last_pos, last_rows = self._pending[-1]
+            if pos0 != last_pos + len(last_rows):
+                raise RuntimeError(f"feature rows must be contiguous: {pos0} after {last_pos}+{len(last_rows)}")
+        self._pending.append((pos0, self.target.layer_inputs(self.info.target_layers, n_rows)))
+        if self.inject == "immediate":
+            self.flush()
+
+    def accept(self, n_committed: int, pos0: int) -> None:
+        """The verify batch captured at pos0 keeps only its first n_committed rows."""
+        drop_from = pos0 + n_committed
+        if self.inject == "pruned":
+            first, rows = self._pending[-1]
+            self._pending[-1] = (first, rows[:drop_from - first])
+        elif self.inject == "deferred":
+            self._drop_from = drop_from
+        elif self.draft.pos_max() >= drop_from:  # immediate: the rows are in the cache already
+            self.draft.remove(drop_from)
 
     def reset(self) -> None:
         """Forget queued rows (the caller clears the draft cache)."""
         self._pending.clear()
+        self._drop_from = None
 
     def flush(self) -> int:
         """Inject every queued row into the draft cache; returns the number of rows injected."""
@@ -122,6 +150,9 @@ class DFlashProposer:
         for off in range(0, len(rows), chunk):
             self._batch.clear().add_embd_rows(rows[off:off + chunk], pos0 + off)
             self.draft.decode(self._batch)
+        if self._drop_from is not None:
+            self.draft.remove(self._drop_from)
+            self._drop_from = None
         return len(rows)
 
     # --- drafting --------------------------------------------------------------------------------

@@ -26,6 +26,9 @@ class ForcedAcceptance:
     def capture(self, n_rows: int, pos0: int) -> None:
         self.inner.capture(n_rows, pos0)
 
+    def accept(self, n_committed: int, pos0: int) -> None:
+        self.inner.accept(n_committed, pos0)
+
     def flush(self) -> int:
         return self.inner.flush()
 

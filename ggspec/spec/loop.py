@@ -106,8 +106,8 @@ def generate_spec(target: Context, proposer, prompt: np.ndarray, n_predict: int,
                   on_accept: Callable[[int, int], None] | None = None) -> Iterator[Step]:
     """Speculative greedy decoding; output equals `generate_greedy`'s token for token.
 
-    `proposer` provides `capture(n_rows, pos0)`, `flush() -> rows` and
-    `propose(id_last, pos, n) -> tokens` (see DFlashProposer). `on_accept(accepted, drafted)` is
+    `proposer` provides `capture(n_rows, pos0)`, `accept(n_committed, pos0)`, `flush() -> rows`
+    and `propose(id_last, pos, n) -> tokens` (see DFlashProposer). `on_accept(accepted, drafted)` is
     told every step's outcome (the `auto` plane layout learns from it).
     """
     if n_max < 1:
@@ -148,7 +148,10 @@ def generate_spec(target: Context, proposer, prompt: np.ndarray, n_predict: int,
 
             a = accept_greedy(draft, argmax)
             step.accepted = a
-            proposer.capture(a + 1, pos)  # committed rows [id_last, d1..da], before any replay
+            t = time.perf_counter()
+            proposer.capture(n + 1, pos)  # the verify rows' features, before any replay decode
+            proposer.accept(a + 1, pos)  # committed: [id_last, d1..da]
+            step.t_inject += time.perf_counter() - t
             if a < n:
                 if target.can_truncate(pos + a + 1):
                     target.truncate(pos + a + 1)  # roll back the rejected drafts d(a+1)..dn

@@ -22,6 +22,7 @@ class PairConfig:
     n_gpu_layers: int = 0
     n_gpu_layers_draft: int = 0
     planes: PlaneOptions = field(default_factory=PlaneOptions)  # hybrid targets only
+    inject: str = "pruned"  # how target features reach the draft: pruned | deferred | immediate
 
 
 class SpecPair:
@@ -61,7 +62,7 @@ class SpecPair:
             draft_params = replace(cfg.ctx, n_rs_seq=0)
             # the draft borrows the target's embeddings / output head through ctx_other
             self.draft_ctx = Context(self.draft_model, draft_params, ctx_other=self.target, what="draft")
-            self.proposer = DFlashProposer(self.target, self.draft_ctx, self.info)
+            self.proposer = DFlashProposer(self.target, self.draft_ctx, self.info, inject=cfg.inject)
 
     def _set_layout(self, planes: int, lead: int | str) -> None:
         if lead == "auto":
