@@ -14,10 +14,11 @@ from ggspec.native import paths
 def test_patch_series_applies_to_the_pristine_pin(tmp_path, build_info):
     patches = nb.patch_files()
     assert [p.name for p in patches] == build_info.patches
-    assert [p.name[:5] for p in patches] == ["0001-", "0002-"]
+    assert [p.name[:5] for p in patches] == ["0001-", "0002-", "0003-"]
     tree = nb.prepare_tree(tmp_path, patches)
     assert (tree / "src" / "ggspec-shim.cpp").is_file()
     assert "ggml_gated_delta_net_set_snapshot_map" in (tree / "ggml" / "include" / "ggml.h").read_text()
+    assert "LLAMA_ARG_SPEC_DFLASH_DEFER" in (tree / "common" / "arg.cpp").read_text()
 
 
 def test_a_patch_that_does_not_apply_names_patch_and_hunk(tmp_path, monkeypatch, build_info):

@@ -275,8 +275,11 @@ def compile_tree(tree: Path, build_dir: Path, options: BuildOptions,
     jobs = str(os.cpu_count() or 1)
     cmd = ["cmake", "--build", str(build_dir), "-j", jobs, "--target", *options.targets()]
     log_path = build_dir / "compile.log"
+    # ccache hashes absolute include paths; with the builds folder as base dir, a build under a
+    # new key (say, a changed patch) reuses every object whose sources did not change
+    env = dict(os.environ, CCACHE_BASEDIR=str(paths.builds_dir()))
     with open(log_path, "w") as log, subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, env=env
     ) as proc:
         assert proc.stdout is not None
         for line in proc.stdout:
