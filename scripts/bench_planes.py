@@ -56,7 +56,9 @@ def run_profile(profile: str, pair, n_predict: int, n_prompts: int, n_max: int) 
             plain_stats.add(step)
             ref += step.tokens
         reference = np.concatenate([prompt, ref])
-        for row in rows.values():
+        order = list(rows.values())
+        k = i % len(order)  # rotate which configuration goes first: no fixed position in the cycle
+        for row in order[k:] + order[:k]:
             sp = row.sp
             sp.reset()
             forced = ForcedAcceptance(sp.proposer, reference, profile_lengths(profile, n_max, seed=i),
