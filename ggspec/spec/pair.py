@@ -8,7 +8,7 @@ from pathlib import Path
 from ggspec.errors import InputError
 from ggspec.runtime import Context, ContextParams, Model
 from ggspec.runtime.gguf_meta import read_meta
-from ggspec.spec.dflash import DFlashInfo, DFlashProposer, check_compatible, dflash_info, is_dflash
+from ggspec.spec.dflash import INJECT_MODES, DFlashInfo, DFlashProposer, check_compatible, dflash_info, is_dflash
 from ggspec.spec.planes import AutoLead, PlaneOptions, default_lead
 
 
@@ -103,6 +103,8 @@ class SpecPair:
         cfg = self.cfg
         if cfg.n_max < 1:
             raise InputError(f"--spec-draft-n-max must be at least 1 (got {cfg.n_max})")
+        if cfg.inject not in INJECT_MODES:
+            raise InputError(f"--spec-dflash-inject {cfg.inject}: expected one of {', '.join(INJECT_MODES)}")
         target = read_meta(cfg.target, "target")
         if is_dflash(target):
             raise InputError(f"the target is a DFlash draft model, not a target: {cfg.target}")
