@@ -1,12 +1,18 @@
 """DFlash feature injection modes at fixed acceptance levels: pruned deferral vs seed 004's
-deferral vs upstream's immediate injection, in ggspec's loop.
+deferral vs upstream's immediate injection, in ggspec's loop and (--native) in llama.cpp's.
 
-    python scripts/bench_inject.py [--pair tiny-coder] [-r 5] [-n 128] [--prompts 4]
+    python scripts/bench_inject.py [--pair tiny-coder] [-r 5] [-n 128] [--prompts 4] [--native]
 
 BENCHMARK DEVICE: each step runs the real DFlash draft and then proposes the target's own
 greedy continuation corrupted so that exactly round(level x n_max) drafts are accepted
-(ggspec.spec.forced). Modes are interleaved per repetition; the table gives the median decode
-t/s over repetitions and the ratio of each mode to immediate injection, from this one run.
+(ggspec.spec.forced). With --native the same is done inside llama-speculative-simple from the
+same patched build (patch 0005, GGSPEC_BENCH_FORCED) with upstream's immediate injection and
+with patch 0003's deferral; it needs `ggspec build --tools`.
+
+Every configuration runs each prompt once per repetition, interleaved (the order rotates from
+prompt to prompt) so drift hits all alike. Ratios are per repetition (all prompts pooled), then
+the median over repetitions with the range in brackets. Every run's text is checked against
+plain greedy decoding.
 """
 
 from __future__ import annotations
@@ -15,13 +21,16 @@ import argparse
 import itertools
 import statistics
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from conftest import PROMPTS  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_native import CppResult, run_cpp  # noqa: E402
+from tinypair.corpus import heldout_prompts  # noqa: E402
 
+from ggspec.native import build as nb  # noqa: E402
 from ggspec.pairs import get_entry, resolve  # noqa: E402
 from ggspec.runtime import ContextParams  # noqa: E402
 from ggspec.spec.dflash import INJECT_MODES  # noqa: E402
@@ -31,6 +40,14 @@ from ggspec.spec.pair import PairConfig, SpecPair  # noqa: E402
 from ggspec.spec.stats import RunStats  # noqa: E402
 
 LEVELS = (0.0, 0.25, 0.5, 0.75, 1.0)
+N_MAX = 7
+# (numerator, denominator) of the reported ratios
+RATIOS = (("pruned", "immediate"), ("deferred", "immediate"), ("cpp-deferred", "cpp-immediate"))
+
+
+def ratio_cell(num: list[float], den: list[float]) -> str:
+    r = np.asarray(num) / np.asarray(den)
+    return f"{np.median(r):.3f} ({r.min():.3f}..{r.max():.3f})"
 
 
 def main() -> None:
@@ -39,43 +56,70 @@ def main() -> None:
     ap.add_argument("-r", type=int, default=5, help="repetitions")
     ap.add_argument("-n", type=int, default=128)
     ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--native", action="store_true", help="add llama.cpp's C++ loop (needs `ggspec build --tools`)")
     args = ap.parse_args()
     files = resolve(get_entry(args.pair))
-    n_max = 7
+    tool = Path(nb.build(nb.BuildOptions(tools=True)).lib_dir) / "llama-speculative-simple" if args.native else None
+    ctx = ContextParams(n_ctx=2048, flash_attn="off")  # as the C++ tool runs (-fa off)
     pairs: dict[str, SpecPair] = {}
     for mode in INJECT_MODES:  # all modes on the same loaded weights
-        cfg = PairConfig(target=files.target, draft=files.draft, n_max=n_max, ctx=ContextParams(n_ctx=1024),
-                         inject=mode)
+        cfg = PairConfig(target=files.target, draft=files.draft, n_max=N_MAX, ctx=ctx, inject=mode)
         pairs[mode] = SpecPair(cfg, share_models=pairs.get(INJECT_MODES[0]))
     base = pairs[INJECT_MODES[0]]
-    texts = PROMPTS[:args.prompts]
-    refs = []
+    texts = heldout_prompts(args.prompts)
+    refs = []  # (prompt tokens, prompt + greedy continuation); the C++ tool may run n_max tokens past -n
     for text in texts:
         prompt = base.target_model.tokenize(text)
         base.reset()
-        plain = [t for s in generate_greedy(base.target, prompt, args.n, ignore_eos=True) for t in s.tokens]
+        plain = [t for s in generate_greedy(base.target, prompt, args.n + N_MAX + 1, ignore_eos=True) for t in s.tokens]
         refs.append((prompt, np.concatenate([prompt, plain])))
 
-    tps = {(level, mode): [] for level in LEVELS for mode in INJECT_MODES}
-    for _ in range(args.r):
-        for level in LEVELS:
-            accept = round(level * n_max)
-            for mode, sp in pairs.items():
-                stats = RunStats()
-                for prompt, reference in refs:
-                    sp.reset()
-                    forced = ForcedAcceptance(sp.proposer, reference, itertools.repeat(accept), sp.target_model.n_vocab)
-                    for step in generate_spec(sp.target, forced, prompt, args.n, n_max, ignore_eos=True):
-                        stats.add(step)
-                tps[(level, mode)].append(stats.decode_tps)
-    print(f"pair {args.pair}, n_max {n_max}, {len(texts)} prompts x {args.n} tokens, {args.r} repetitions "
-          f"(median decode t/s), one thread\n")
-    print("| accepted | " + " | ".join(INJECT_MODES) + " | pruned / immediate | deferred / immediate |")
-    print("|---|" + "---|" * (len(INJECT_MODES) + 2))
+    configs = list(INJECT_MODES) + (["cpp-immediate", "cpp-deferred"] if tool else [])
+    tps: dict[tuple[float, str], list[float]] = {(lv, c): [] for lv in LEVELS for c in configs}
+    mismatches = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for rep in range(args.r):
+            for level in LEVELS:
+                accept = round(level * N_MAX)
+                stats = {c: RunStats() for c in INJECT_MODES}
+                cpp = {c: CppResult() for c in configs if c.startswith("cpp")}
+                for i, ((prompt, reference), text) in enumerate(zip(refs, texts)):
+                    forced_file = Path(tmp) / f"forced-{i}.txt"
+                    forced_file.write_text(" ".join(map(str, reference)) + f"\n{accept}\n")
+                    k = (i + rep) % len(configs)
+                    for c in configs[k:] + configs[:k]:
+                        if c.startswith("cpp"):
+                            res = run_cpp(tool, files, text, args.n, N_MAX, defer=c == "cpp-deferred",
+                                          forced=forced_file)
+                            cpp[c].add(res)
+                            want = text + base.target_model.detokenize(reference[len(prompt):])
+                            m = min(len(res.text), len(want))  # the tool may stop a few tokens later
+                            mismatches += int(res.text[:m] != want[:m])
+                            continue
+                        sp = pairs[c]
+                        sp.reset()
+                        forced = ForcedAcceptance(sp.proposer, reference, itertools.repeat(accept), sp.target_model.n_vocab)
+                        got = []
+                        for step in generate_spec(sp.target, forced, prompt, args.n, N_MAX, ignore_eos=True):
+                            stats[c].add(step)
+                            got += step.tokens
+                        mismatches += int(not np.array_equal(got, reference[len(prompt):len(prompt) + args.n]))
+                for c in INJECT_MODES:
+                    tps[(level, c)].append(stats[c].decode_tps)
+                for c, res in cpp.items():
+                    tps[(level, c)].append(res.tps)
+
+    print(f"pair {args.pair}, n_max {N_MAX}, {len(texts)} held-out prompts x {args.n} tokens, {args.r} repetitions, "
+          "one thread, flash attention off\n")
+    ratios = [(a, b) for a, b in RATIOS if a in configs]
+    print("| accepted | " + " | ".join(f"{c} t/s" for c in configs) + " | "
+          + " | ".join(f"{a} / {b}" for a, b in ratios) + " |")
+    print("|---|" + "---|" * (len(configs) + len(ratios)))
     for level in LEVELS:
-        med = {m: statistics.median(tps[(level, m)]) for m in INJECT_MODES}
-        print(f"| {100 * level:.0f} % | " + " | ".join(f"{med[m]:.0f}" for m in INJECT_MODES)
-              + f" | {med['pruned'] / med['immediate']:.3f} | {med['deferred'] / med['immediate']:.3f} |")
+        cells = [f"{statistics.median(tps[(level, c)]):.0f}" for c in configs]
+        cells += [ratio_cell(tps[(level, a)], tps[(level, b)]) for a, b in ratios]
+        print(f"| {100 * level:.0f} % ({round(level * N_MAX)}/{N_MAX}) | " + " | ".join(cells) + " |")
+    print(f"\noutputs equal to plain greedy: {'all' if not mismatches else f'NO ({mismatches} runs differ)'}")
     for sp in reversed(pairs.values()):
         sp.close()
 

@@ -14,7 +14,7 @@ from ggspec.native import paths
 def test_patch_series_applies_to_the_pristine_pin(tmp_path, build_info):
     patches = nb.patch_files()
     assert [p.name for p in patches] == build_info.patches
-    assert [p.name[:5] for p in patches] == ["0001-", "0002-", "0003-"]
+    assert [p.name[:5] for p in patches] == ["0001-", "0002-", "0003-", "0005-"]
     tree = nb.prepare_tree(tmp_path, patches)
     assert (tree / "src" / "ggspec-shim.cpp").is_file()
     assert "ggml_gated_delta_net_set_snapshot_map" in (tree / "ggml" / "include" / "ggml.h").read_text()
@@ -45,12 +45,12 @@ def test_shim_functions_resolve(lc):
     lib = lc._lib
     from ggspec.native.bindings import SHIM_ABI_VERSION
 
-    assert lib.ggspec_shim_abi_version() == SHIM_ABI_VERSION == 2
+    assert lib.ggspec_shim_abi_version() == SHIM_ABI_VERSION == 3
     for name in ("ggspec_set_embeddings_layer_inp", "ggspec_get_embeddings_layer_inp",
                  "ggspec_model_target_layer_ids", "ggspec_model_target_layer_ids_n",
                  "ggspec_set_embeddings_nextn", "ggspec_get_embeddings_nextn",
                  "ggspec_get_embeddings_nextn_ith", "ggspec_model_dflash_selector_top_k",
-                 "ggspec_batch_add_tokens", "ggspec_batch_add_embd_rows",
+                 "ggspec_batch_add_tokens", "ggspec_batch_add_embd_rows", "ggspec_batch_add_layer_inputs",
                  "ggspec_set_rs_planes", "ggspec_get_rs_planes", "ggspec_rs_kept_counts", "ggspec_rs_can_rollback"):
         assert getattr(lib, name) is not None
 

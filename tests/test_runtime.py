@@ -53,6 +53,38 @@ def test_layer_inputs_shape(dense_model, dense_pair):
         assert not np.array_equal(rows[:, :128], rows[:, 128:])  # two different layers
 
 
+def test_layer_input_rows_go_straight_into_a_batch(dense_pair, build_info):
+    """The shim's zero-copy filler injects exactly what a copy through numpy would."""
+    cfg = PairConfig(target=dense_pair.target, draft=dense_pair.draft, n_max=7)
+    with SpecPair(cfg) as a, SpecPair(cfg, share_models=a) as b:
+        layers = a.info.target_layers
+        prompt = a.target_model.tokenize("def main():\n    print('hi')\n")
+        n = len(prompt)
+        drafts = []
+        for sp, zero_copy in ((a, False), (b, True)):
+            with Batch(sp.target) as tb, Batch(sp.draft_ctx) as db:
+                sp.target.decode(tb.add_tokens(prompt, 0, outputs="last"))
+                if zero_copy:
+                    db.add_layer_inputs(sp.target, layers, 1, n - 1, 1)  # rows 1.. only: row offsets count
+                else:
+                    db.add_embd_rows(sp.target.layer_inputs(layers, n)[1:], 1)
+                sp.draft_ctx.decode(db)
+            drafts.append(sp.proposer.propose(int(prompt[-1]), n, 7))
+            drafts.append(sp.draft_ctx.logits().copy())
+        assert np.array_equal(drafts[0], drafts[2]) and np.array_equal(drafts[1], drafts[3])
+
+
+def test_layer_input_rows_need_extracted_layers(dense_model):
+    with Context(dense_model, ContextParams(n_ctx=256)) as ctx, Batch(ctx) as b:
+        ctx.decode(b.add_tokens([5, 6, 7, 8], 0))
+        with Batch(ctx) as other, pytest.raises(LlamaError, match="not extracted"):
+            other.add_layer_inputs(ctx, [1], 0, 2, 0)
+        ctx.enable_layer_inputs([1])
+        ctx.decode(b.clear().add_tokens([5, 6, 7, 8], 0))
+        with Batch(ctx) as other, pytest.raises(LlamaError, match="the last decode had 4"):
+            other.add_layer_inputs(ctx, [1], 3, 2, 0)  # llama.cpp would read past its buffer
+
+
 @pytest.mark.parametrize("draft, target, want", [
     ([5, 6, 7], [5, 6, 7, 8], 3),
     ([5, 6, 7], [5, 9, 7, 8], 1),

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ggspec.native import build, paths
 
-SHIM_ABI_VERSION = 2
+SHIM_ABI_VERSION = 3
 GGML_LOG_LEVEL_ERROR = 4
 
 # llama.cpp logs a great deal to stderr. We keep its recent lines (errors explain NULL returns)
@@ -117,6 +117,8 @@ def _declare_shim(lib: ctypes.CDLL) -> None:
              [c_void_p, c_int32, i32p, c_int32, c_int32, POINTER(c_int8)], c_int32)
     _declare(lib, "ggspec_batch_add_embd_rows",
              [c_void_p, c_int32, f32p, c_int32, c_int64, c_int32], c_int32)
+    _declare(lib, "ggspec_batch_add_layer_inputs",
+             [c_void_p, c_int32, c_void_p, i32p, c_int32, c_int64, c_int32, c_int32, c_int32], c_int32)
     # patch 0002: recurrent-state plane layout (capped planes, leading snapshots)
     _declare(lib, "ggspec_set_rs_planes", [c_void_p, c_int32, c_int32], c_int32)
     _declare(lib, "ggspec_get_rs_planes", [c_void_p, i32p, i32p], c_int32)

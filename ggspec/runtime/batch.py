@@ -23,6 +23,7 @@ class Batch(OwnedHandle):
         self.capacity: int = ctx.n_batch
         self.n_tokens = 0
         self.n_outputs = 0
+        self._layer_ids: dict[tuple, ctypes.Array] = {}  # ctypes copies of layer id lists
 
     def clear(self) -> "Batch":
         self.lc.llama_batch_ext_clear(self.ptr)
@@ -59,6 +60,20 @@ class Batch(OwnedHandle):
             self.ptr, seq_id, data.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), n, width, pos0
         )
         self._added(rc, n, 0)
+        return self
+
+    def add_layer_inputs(self, src, layer_ids, row0: int, n_rows: int, pos0: int, seq_id: int = 0) -> "Batch":
+        """Append rows made of `src` context's extracted inputs of `layer_ids` (concatenated per
+        row) for rows row0.. of its last decode, at positions pos0, pos0+1, ...; no outputs.
+        Copied inside llama.cpp, straight from src's buffers (see Context.layer_inputs)."""
+        ids = self._layer_ids.get(tuple(layer_ids))
+        if ids is None:
+            ids = self._layer_ids[tuple(layer_ids)] = (ctypes.c_int32 * len(layer_ids))(*layer_ids)
+        src.check_layer_inputs(layer_ids, row0, n_rows)
+        self._check_room(n_rows)
+        rc = self.lc._lib.ggspec_batch_add_layer_inputs(self.ptr, seq_id, src.ptr, ids, len(ids), src.model.n_embd,
+                                                        row0, n_rows, pos0)
+        self._added(rc, n_rows, 0)
         return self
 
     def _check_room(self, n: int) -> None:

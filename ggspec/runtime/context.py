@@ -99,6 +99,9 @@ class Context(OwnedHandle):
         self.n_rs_seq: int = self.lc.llama_n_rs_seq(ptr)
         self.n_vocab = model.n_vocab
         self._n_outputs = 0
+        self._n_rows = 0  # rows of the last decode
+        self._layer_inputs_on: frozenset[int] = frozenset()  # layers whose inputs decodes extract
+        self._extracted: frozenset[int] = frozenset()  # ... and which the last decode did extract
 
     # --- decoding --------------------------------------------------------------------------------
 
@@ -108,6 +111,8 @@ class Context(OwnedHandle):
         if rc != 0:
             raise LlamaError(f"llama_process failed (rc={rc}): {last_log_error()}")
         self._n_outputs = batch.n_outputs
+        self._n_rows = batch.n_tokens
+        self._extracted = self._layer_inputs_on
 
     def logits(self) -> np.ndarray:
         """Logits of the last decode's output rows, shape (n_outputs, n_vocab), copied."""
@@ -127,10 +132,22 @@ class Context(OwnedHandle):
     def enable_layer_inputs(self, layer_ids) -> None:
         for il in layer_ids:
             self.lc._lib.ggspec_set_embeddings_layer_inp(self.ptr, int(il), True)
+        self._layer_inputs_on = self._layer_inputs_on | {int(il) for il in layer_ids}
+
+    def check_layer_inputs(self, layer_ids, row0: int, n_rows: int) -> None:
+        """Raise unless the last decode extracted these layers' inputs for rows row0..row0+n_rows-1
+        (llama.cpp aborts the process on a read of anything else)."""
+        missing = [il for il in layer_ids if il not in self._extracted]
+        if missing:
+            raise LlamaError(f"the inputs of layer(s) {missing} were not extracted by the last decode "
+                             f"(enable_layer_inputs before decoding)")
+        if row0 < 0 or row0 + n_rows > self._n_rows:
+            raise LlamaError(f"rows {row0}..{row0 + n_rows - 1} requested, the last decode had {self._n_rows}")
 
     def layer_inputs(self, layer_ids, n_rows: int) -> np.ndarray:
         """Inputs of the given layers for the last decode's first `n_rows` batch rows,
         concatenated per row: shape (n_rows, len(layer_ids) * n_embd), float32, copied."""
+        self.check_layer_inputs(layer_ids, 0, n_rows)
         n_embd = self.model.n_embd
         out = np.empty((n_rows, len(layer_ids) * n_embd), dtype=np.float32)
         for k, il in enumerate(layer_ids):

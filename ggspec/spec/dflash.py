@@ -103,23 +103,23 @@ class DFlashProposer:
         target.enable_layer_inputs(info.target_layers)
         draft.set_causal_attn(info.causal)
         self._batch = Batch(draft)
-        self._pending: list[tuple[int, np.ndarray]] = []  # (first position, feature rows)
+        # Feature rows captured but not injected yet: (first position, row count). They are never
+        # copied out: they stay in the target's extraction buffer and go straight into the draft's
+        # batch (shim), so they must be injected before the target's next decode overwrites them.
+        self._rows: tuple[int, int] | None = None
         self._drop_from: int | None = None  # deferred mode: rejected rows to remove after a flush
 
     # --- feature rows of target positions ---------------------------------------------------------
 
     def capture(self, n_rows: int, pos0: int) -> None:
-        """Take the target's features of the last decode's first n_rows rows (positions pos0...).
-
-        Called right after the target decode, because the next target call overwrites them.
-        """
+        """The target's last decode computed the features of positions pos0.. in its first n_rows
+        rows. The caller must `flush()` before the target decodes again (loop.py does)."""
         if not n_rows:
             return
-        if self._pending:
-            last_pos, last_rows = self._pending[-1]
-            if pos0 != last_pos + len(last_rows):
-                raise RuntimeError(f"feature rows must be contiguous: {pos0} after {last_pos}+{len(last_rows)}")
-        self._pending.append((pos0, self.target.layer_inputs(self.info.target_layers, n_rows)))
+        if self._rows is not None:
+            raise RuntimeError(f"feature rows of positions {self._rows[0]}.. were never injected "
+                               f"and the target has decoded again since (flush before every target decode)")
+        self._rows = (pos0, n_rows)
         if self.inject == "immediate":
             self.flush()
 
@@ -127,33 +127,33 @@ class DFlashProposer:
         """The verify batch captured at pos0 keeps only its first n_committed rows."""
         drop_from = pos0 + n_committed
         if self.inject == "pruned":
-            first, rows = self._pending[-1]
-            self._pending[-1] = (first, rows[:drop_from - first])
+            if self._rows is not None:
+                first, n = self._rows
+                self._rows = (first, min(n, drop_from - first))
         elif self.inject == "deferred":
             self._drop_from = drop_from
         elif self.draft.pos_max() >= drop_from:  # immediate: the rows are in the cache already
             self.draft.remove(drop_from)
 
     def reset(self) -> None:
-        """Forget queued rows (the caller clears the draft cache)."""
-        self._pending.clear()
+        """Forget captured rows (the caller clears the draft cache)."""
+        self._rows = None
         self._drop_from = None
 
     def flush(self) -> int:
-        """Inject every queued row into the draft cache; returns the number of rows injected."""
-        if not self._pending:
+        """Inject the captured rows into the draft cache; returns the number of rows injected."""
+        if self._rows is None:
             return 0
-        pos0 = self._pending[0][0]
-        rows = np.concatenate([r for _, r in self._pending]) if len(self._pending) > 1 else self._pending[0][1]
-        self._pending.clear()
-        chunk = self.draft.n_ubatch
-        for off in range(0, len(rows), chunk):
-            self._batch.clear().add_embd_rows(rows[off:off + chunk], pos0 + off)
+        pos0, n = self._rows
+        self._rows = None
+        chunk = self.draft.n_ubatch  # a non-causal call with more rows than n_ubatch aborts llama.cpp
+        for off in range(0, n, chunk):
+            self._batch.clear().add_layer_inputs(self.target, self.info.target_layers, off, min(chunk, n - off), pos0 + off)
             self.draft.decode(self._batch)
         if self._drop_from is not None:
             self.draft.remove(self._drop_from)
             self._drop_from = None
-        return len(rows)
+        return n
 
     # --- drafting --------------------------------------------------------------------------------
 

@@ -51,6 +51,17 @@ def _prefill(target: Context, batch: Batch, prompt: np.ndarray, capture=None) ->
     return first, time.perf_counter() - t0
 
 
+def _inject_now(proposer) -> Callable[[int, int], None]:
+    """Prompt rows have nothing to verify: they are committed, so they reach the draft during
+    the prefill whatever the injection mode (deferring them would save nothing and only move the
+    prompt's injection into the first decode step); and each chunk's features must be injected
+    before the next chunk's decode overwrites them."""
+    def capture(n_rows: int, pos0: int) -> None:
+        proposer.capture(n_rows, pos0)
+        proposer.flush()
+    return capture
+
+
 def _margins(target: Context, record: bool) -> list[float]:
     return [top2_margin(target.logits_view()[-1])] if record else []
 
@@ -116,7 +127,7 @@ def generate_spec(target: Context, proposer, prompt: np.ndarray, n_predict: int,
     is_eog = (lambda _t: False) if ignore_eos else target.model.is_eog
     with Batch(target) as batch:
         t0 = time.perf_counter()
-        id_last, t_prompt = _prefill(target, batch, prompt, capture=proposer.capture)
+        id_last, t_prompt = _prefill(target, batch, prompt, capture=_inject_now(proposer))
         tokens, done = _finish([id_last], n_predict, is_eog)
         yield Step(tokens, "prefill", n_prompt=len(prompt), t_verify=t_prompt,
                    t_total=time.perf_counter() - t0)
@@ -149,13 +160,16 @@ def generate_spec(target: Context, proposer, prompt: np.ndarray, n_predict: int,
             a = accept_greedy(draft, argmax)
             step.accepted = a
             t = time.perf_counter()
-            proposer.capture(n + 1, pos)  # the verify rows' features, before any replay decode
+            proposer.capture(n + 1, pos)  # the verify rows' features (flushed before the next target decode)
             proposer.accept(a + 1, pos)  # committed: [id_last, d1..da]
             step.t_inject += time.perf_counter() - t
             if a < n:
                 if target.can_truncate(pos + a + 1):
                     target.truncate(pos + a + 1)  # roll back the rejected drafts d(a+1)..dn
                 else:
+                    t = time.perf_counter()
+                    proposer.flush()  # the replay decode overwrites the captured features
+                    step.t_inject += time.perf_counter() - t
                     step.t_replay = _replay(target, batch, block[:a + 1], pos)
                     step.replayed = True
             if on_accept is not None and n > 0:
