@@ -80,7 +80,7 @@ def test_layer_input_rows_need_extracted_layers(dense_model):
         with Batch(ctx) as other, pytest.raises(LlamaError, match="not extracted"):
             other.add_layer_inputs(ctx, [1], 0, 2, 0)
         ctx.enable_layer_inputs([1])
-        ctx.decode(b.clear().add_tokens([5, 6, 7, 8], 0))
+        ctx.decode(b.clear().add_tokens([5, 6, 7, 8], 4))
         with Batch(ctx) as other, pytest.raises(LlamaError, match="the last decode had 4"):
             other.add_layer_inputs(ctx, [1], 3, 2, 0)  # llama.cpp would read past its buffer
 
