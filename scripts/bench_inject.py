@@ -9,8 +9,8 @@ greedy continuation corrupted so that exactly round(level x n_max) drafts are ac
 same patched build (patch 0005, GGSPEC_BENCH_FORCED) with upstream's immediate injection and
 with patch 0003's deferral; it needs `ggspec build --tools`.
 
-Every configuration runs each prompt once per repetition, interleaved (the order rotates from
-prompt to prompt) so drift hits all alike. Ratios are per repetition (all prompts pooled), then
+Every configuration runs each prompt once per repetition, interleaved in a random order (a fixed
+cycle would always put the same configuration right after a C++ process, on cold caches). Ratios are per repetition (all prompts pooled), then
 the median over repetitions with the range in brackets. Every run's text is checked against
 plain greedy decoding.
 """
@@ -77,6 +77,7 @@ def main() -> None:
     configs = list(INJECT_MODES) + (["cpp-immediate", "cpp-deferred"] if tool else [])
     tps: dict[tuple[float, str], list[float]] = {(lv, c): [] for lv in LEVELS for c in configs}
     mismatches = 0
+    rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(args.r):
             for level in LEVELS:
@@ -86,8 +87,7 @@ def main() -> None:
                 for i, ((prompt, reference), text) in enumerate(zip(refs, texts)):
                     forced_file = Path(tmp) / f"forced-{i}.txt"
                     forced_file.write_text(" ".join(map(str, reference)) + f"\n{accept}\n")
-                    k = (i + rep) % len(configs)
-                    for c in configs[k:] + configs[:k]:
+                    for c in [configs[j] for j in rng.permutation(len(configs))]:  # none always follows a C++ process
                         if c.startswith("cpp"):
                             res = run_cpp(tool, files, text, args.n, N_MAX, defer=c == "cpp-deferred",
                                           forced=forced_file)

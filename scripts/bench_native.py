@@ -2,7 +2,7 @@
 
     ggspec build --tools && python scripts/bench_native.py [--pair tiny-coder] [-r 3] [-n 256]
 
-Five configurations, alternated per prompt and repetition so drift hits all alike:
+Five configurations, in a random order per prompt and repetition so drift hits all alike:
   (1) cpp-immediate  llama-speculative-simple --spec-type draft-dflash (upstream injection)
   (2) cpp-deferred   the same with patch 0003's deferral on (LLAMA_ARG_SPEC_DFLASH_DEFER=1)
   (3) ggspec-immediate, (4) ggspec-pruned (the default), (5) plain greedy (ggspec --no-spec)
@@ -19,6 +19,8 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tinypair.corpus import heldout_prompts  # noqa: E402
@@ -107,6 +109,7 @@ def main() -> None:
     prompts = heldout_prompts(args.prompts)
     speeds = {c: [] for c in CONFIGS}
     texts: dict[tuple[int, str], str] = {}
+    rng = np.random.default_rng(0)
     for _ in range(args.r):
         for i, prompt in enumerate(prompts):
             runs = {
@@ -116,8 +119,8 @@ def main() -> None:
                 "ggspec-pruned": lambda: run_ggspec(pairs["pruned"], prompt, args.n, True),
                 "plain": lambda: run_ggspec(pairs["pruned"], prompt, args.n, False),
             }
-            for name, fn in runs.items():
-                text, tps = fn()
+            for name in [CONFIGS[j] for j in rng.permutation(len(CONFIGS))]:  # none always follows a C++ process
+                text, tps = runs[name]()
                 speeds[name].append(tps)
                 texts[(i, name)] = text
     # llama-speculative-simple stops after the step that crosses -n, so it may print up to n_max

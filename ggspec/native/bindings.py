@@ -113,10 +113,12 @@ def _declare_shim(lib: ctypes.CDLL) -> None:
     _declare(lib, "ggspec_model_dflash_selector_top_k", [c_void_p], c_int32)
     _declare(lib, "ggspec_model_n_devices", [c_void_p], c_int32)
     _declare(lib, "ggspec_get_ctx_other", [c_void_p], c_void_p)
+    # the bulk fillers run every step: they take numpy's raw data addresses (ndarray.ctypes.data),
+    # which costs a fraction of building typed pointers with data_as()
     _declare(lib, "ggspec_batch_add_tokens",
-             [c_void_p, c_int32, i32p, c_int32, c_int32, POINTER(c_int8)], c_int32)
+             [c_void_p, c_int32, c_void_p, c_int32, c_int32, c_void_p], c_int32)
     _declare(lib, "ggspec_batch_add_embd_rows",
-             [c_void_p, c_int32, f32p, c_int32, c_int64, c_int32], c_int32)
+             [c_void_p, c_int32, c_void_p, c_int32, c_int64, c_int32], c_int32)
     _declare(lib, "ggspec_batch_add_layer_inputs",
              [c_void_p, c_int32, c_void_p, i32p, c_int32, c_int64, c_int32, c_int32, c_int32], c_int32)
     # patch 0002: recurrent-state plane layout (capped planes, leading snapshots)

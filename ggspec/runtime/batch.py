@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 
 import numpy as np
 
@@ -10,6 +11,20 @@ from ggspec.errors import LlamaError
 from ggspec.runtime.handle import OwnedHandle
 
 _ADD_ERRORS = {-1: "batch is full", -2: "invalid token or embedding row", -3: "invalid sequence id"}
+
+
+@functools.cache
+def _output_flags(which: str, n: int) -> np.ndarray:
+    """Read-only output flags for n rows: "all", "last" or "none" (cached: built once per size)."""
+    flags = np.zeros(n, dtype=np.int8)
+    if which == "all":
+        flags[:] = 1
+    elif which == "last" and n:
+        flags[-1] = 1
+    elif which not in ("last", "none"):
+        raise ValueError(f"outputs={which!r}: expected 'all', 'last', 'none' or flags")
+    flags.flags.writeable = False
+    return flags
 
 
 class Batch(OwnedHandle):
@@ -36,19 +51,12 @@ class Batch(OwnedHandle):
         ids = np.ascontiguousarray(tokens, dtype=np.int32)
         n = len(ids)
         if isinstance(outputs, str):
-            flags = np.zeros(n, dtype=np.int8)
-            if outputs == "all":
-                flags[:] = 1
-            elif outputs == "last" and n:
-                flags[-1] = 1
+            flags = _output_flags(outputs, n)
         else:
             flags = np.ascontiguousarray(outputs, dtype=np.int8)
         self._check_room(n)
-        rc = self.lc._lib.ggspec_batch_add_tokens(
-            self.ptr, seq_id, ids.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), n, pos0,
-            flags.ctypes.data_as(ctypes.POINTER(ctypes.c_int8)),
-        )
-        self._added(rc, n, int(np.count_nonzero(flags)))
+        rc = self.lc._lib.ggspec_batch_add_tokens(self.ptr, seq_id, ids.ctypes.data, n, pos0, flags.ctypes.data)
+        self._added(rc, n, n if outputs == "all" else int(np.count_nonzero(flags)))
         return self
 
     def add_embd_rows(self, rows: np.ndarray, pos0: int, seq_id: int = 0) -> "Batch":
@@ -56,9 +64,7 @@ class Batch(OwnedHandle):
         data = np.ascontiguousarray(rows, dtype=np.float32)
         n, width = data.shape
         self._check_room(n)
-        rc = self.lc._lib.ggspec_batch_add_embd_rows(
-            self.ptr, seq_id, data.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), n, width, pos0
-        )
+        rc = self.lc._lib.ggspec_batch_add_embd_rows(self.ptr, seq_id, data.ctypes.data, n, width, pos0)
         self._added(rc, n, 0)
         return self
 

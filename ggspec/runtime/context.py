@@ -100,6 +100,8 @@ class Context(OwnedHandle):
         self.n_vocab = model.n_vocab
         self._n_outputs = 0
         self._n_rows = 0  # rows of the last decode
+        self._logits_key: tuple[int | None, int] = (None, -1)  # (buffer address, rows) of _logits
+        self._logits = np.empty((0, model.n_vocab), dtype=np.float32)
         self._layer_inputs_on: frozenset[int] = frozenset()  # layers whose inputs decodes extract
         self._extracted: frozenset[int] = frozenset()  # ... and which the last decode did extract
 
@@ -120,8 +122,16 @@ class Context(OwnedHandle):
 
     def logits_view(self) -> np.ndarray:
         """Like `logits()` but a view into llama.cpp's buffer: valid until the next decode."""
-        ptr = self.lc.llama_get_logits(self.ptr)
-        return np.ctypeslib.as_array(ptr, shape=(self._n_outputs, self.n_vocab))
+        # np.ctypeslib.as_array costs ~10 us a call; the buffer rarely moves, so keep the view of
+        # the current (address, rows) and rebuild it only when llama.cpp hands out another one
+        addr = ctypes.cast(self.lc.llama_get_logits(self.ptr), ctypes.c_void_p).value
+        key = (addr, self._n_outputs)
+        if self._logits_key != key:
+            n = self._n_outputs * self.n_vocab
+            self._logits = np.frombuffer((ctypes.c_float * n).from_address(addr), dtype=np.float32).reshape(
+                self._n_outputs, self.n_vocab) if n else np.empty((0, self.n_vocab), dtype=np.float32)
+            self._logits_key = key
+        return self._logits
 
     def argmax_rows(self) -> np.ndarray:
         """Greedy token of every output row of the last decode."""
