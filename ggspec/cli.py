@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import codecs
+import json
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -195,6 +196,142 @@ def _stats_line(s, sp) -> str:
         line += (f"  replay {100 * s.replay_share:.0f}% of steps ({100 * sh['replay']:.0f}% of time)  "
                  f"planes: {sp.plane_layout}, {sp.recurrent_bytes() / 1024:.0f} KiB recurrent state")
     return line
+
+
+# --- bench ----------------------------------------------------------------------------------------
+
+FORMATS = ("md", "csv", "json", "jsonl")
+
+
+@app.command()
+def bench(
+    model: Annotated[Optional[Path], typer.Option("-m", "--model", help="Target model (GGUF).")] = None,
+    draft: Annotated[Optional[Path], typer.Option("-md", "--model-draft", help="DFlash draft model (GGUF).")] = None,
+    pair: Annotated[Optional[str], typer.Option("--pair", help="A named pair from models.toml instead of -m/-md.")] = None,
+    models_dir: Annotated[Optional[Path], typer.Option(
+        "--models-dir", help="Where your copies of the public pairs' files are.")] = None,
+    dflash: Annotated[bool, typer.Option("--dflash", help="Draft with DFlash (the only method so far).")] = True,
+    prompts: Annotated[Optional[Path], typer.Option(
+        "--prompts", help="JSONL file of {\"prompt\": ..., \"category\": ...} [default: the built-in set: "
+                          "code-gen, code-edit, code-echo, prose].")] = None,
+    n_predict: Annotated[int, typer.Option("-n", "--n-predict", help="Tokens generated per prompt.")] = 128,
+    reps: Annotated[int, typer.Option("-r", "--repetitions", help="Repetitions of every configuration.")] = 5,
+    warmup: Annotated[bool, typer.Option("--warmup/--no-warmup", help="An untimed run before each configuration.")] = True,
+    matrix: Annotated[bool, typer.Option("--matrix", help="Run every combination of the comma-list axes.")] = False,
+    n_max: Annotated[Optional[str], typer.Option("--spec-draft-n-max", help="Draft lengths, e.g. 3,7,15.")] = None,
+    type_k: Annotated[Optional[str], typer.Option("-ctk", "--cache-type-k", help="K cache types, e.g. f16,q8_0.")] = None,
+    type_v: Annotated[Optional[str], typer.Option("-ctv", "--cache-type-v", help="V cache types.")] = None,
+    n_ctx: Annotated[Optional[str], typer.Option("-c", "--ctx-size", help="Context sizes, e.g. 1024,4096.")] = None,
+    rs_planes: Annotated[Optional[str], typer.Option(
+        "--spec-draft-rs-planes", help="Recurrent planes (hybrid targets), e.g. 3,4,5,uncapped.")] = None,
+    rs_lead: Annotated[Optional[str], typer.Option(
+        "--spec-draft-rs-planes-lead", help="Plane layouts, e.g. 0,default,auto.")] = None,
+    inject: Annotated[Optional[str], typer.Option(
+        "--spec-dflash-inject", help="Injection modes, e.g. immediate,deferred,pruned.")] = None,
+    native: Annotated[bool, typer.Option(
+        "--native", help="Add rows from llama.cpp's own C++ loop of the same build (needs `ggspec build --tools`).")] = False,
+    profile: Annotated[Optional[str], typer.Option(
+        "--acceptance-profile",
+        help="BENCHMARK DEVICE: replay a histogram of accepted counts (dflash, mtp, uniform or a file of "
+             "weights) instead of the draft's own proposals; every row says so.")] = None,
+    threads: Annotated[int, typer.Option("-t", "--threads", help="CPU threads.")] = 1,
+    output: Annotated[str, typer.Option("-o", "--output", help="Output format: md, csv, json or jsonl.")] = "md",
+    save: Annotated[Optional[Path], typer.Option(
+        "--save", help="Also save the JSON document here (after every configuration), plots next to it.")] = None,
+    resume: Annotated[Optional[Path], typer.Option(
+        "--resume", help="Continue the benchmark saved in this file (its own settings), and save there.")] = None,
+    plot: Annotated[bool, typer.Option("--plot/--no-plot", help="Write PNG plots next to the saved JSON.")] = True,
+) -> None:
+    """Benchmark speculative decoding: A/B against --no-spec, or a --matrix of settings."""
+    from ggspec.bench import report
+    from ggspec.bench.configs import Axes, split_list
+    from ggspec.bench.prompts import load_prompts
+    from ggspec.bench.runner import Settings
+    from ggspec.bench.session import BenchSession, Plan, parse_profile
+
+    if output not in FORMATS:
+        fail(f"-o {output}: expected one of {', '.join(FORMATS)}")
+    if resume is not None:
+        given = [flag for flag, v in (("-m", model), ("-md", draft), ("--pair", pair), ("--prompts", prompts),
+                                      ("--spec-draft-n-max", n_max), ("-ctk", type_k), ("-ctv", type_v), ("-c", n_ctx),
+                                      ("--spec-draft-rs-planes", rs_planes), ("--spec-draft-rs-planes-lead", rs_lead),
+                                      ("--spec-dflash-inject", inject), ("--acceptance-profile", profile)) if v]
+        if given:
+            fail(f"--resume continues with the saved settings: drop {', '.join(given)}")
+        if save is not None and save != resume:
+            fail("--resume saves into the file it continues: drop --save")
+        doc = report.load(resume)
+        plan = Plan(report.settings_from(doc), None, save_path=resume, resume=doc)
+    else:
+        if n_predict < 1 or reps < 1:
+            fail("-n and -r must be at least 1")
+        if not dflash:
+            fail("ggspec bench drafts with DFlash: --dflash is the only method so far")
+        target, draft_path, rec = _resolve_models(model, draft, pair, models_dir, no_spec=False)
+        axes = Axes(
+            ctk=split_list("-ctk", type_k, (rec.get("ctk", "f16"),)),
+            ctv=split_list("-ctv", type_v, (rec.get("ctv", "f16"),)),
+            n_ctx=split_list("-c", n_ctx, (int(rec.get("ctx", 4096)),), int),
+            n_max=split_list("--spec-draft-n-max", n_max, (int(rec.get("n_max", 15)),), int),
+            planes=split_list("--spec-draft-rs-planes", rs_planes, (str(rec.get("planes", "uncapped")),)),
+            lead=split_list("--spec-draft-rs-planes-lead", rs_lead, (str(rec.get("lead", "default")),)),
+            inject=split_list("--spec-dflash-inject", inject, ("pruned",)),
+        )
+        if axes.is_matrix and not matrix:
+            fail(f"the comma lists make {axes.size} combinations: add --matrix to run them")
+        name, weights = parse_profile(profile)
+        settings = Settings(target=str(target), draft=str(draft_path), n_predict=n_predict, reps=reps, threads=threads,
+                            warmup=warmup, profile=name, profile_weights=weights, prompts=tuple(load_prompts(prompts)))
+        plan = Plan(settings, axes, native=native, save_path=save)
+    _bench(BenchSession(plan), output, plot)
+
+
+def _bench(session, output: str, plot: bool) -> None:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from ggspec.bench import report
+    from ggspec.bench.plots import write_plots
+
+    interrupted = False
+    try:
+        for s in session.skipped:
+            err.print(f"[yellow]skipped:[/] {s.label}: {s.reason}", soft_wrap=True)
+        todo = session.todo()
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   TextColumn("eta"), TimeRemainingColumn())
+        with Progress(*columns, console=err, transient=True) as progress:
+            overall = progress.add_task(f"{len(todo)} configurations", total=session.remaining_pairs())
+            for cfg in todo:
+                task = progress.add_task(f"  {cfg.label}", total=session.runs_per_config - len(session._done.get(cfg.key, ())))
+                for run in session.config_runs(cfg):
+                    if run.paired_with:  # the second run of a pair: one step done
+                        progress.advance(task)
+                        progress.advance(overall)
+                progress.remove_task(task)
+                session.save()
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        doc = session.save()
+        session.close()
+    rows = doc["rows"]
+    if output == "md":
+        sys.stdout.write(report.to_markdown(rows, session.settings))
+    elif output == "csv":
+        sys.stdout.write(report.to_csv(rows))
+    elif output == "jsonl":
+        sys.stdout.write(report.to_jsonl(rows))
+    else:
+        sys.stdout.write(json.dumps(doc, indent=1) + "\n")
+    path = session.plan.save_path
+    if path is not None and plot and rows:
+        for png in write_plots(doc, path):
+            err.print(f"plot: {png}", soft_wrap=True)
+    if interrupted:
+        where = f"; continue with --resume {path}" if path else " (nothing saved: use --save FILE)"
+        err.print(f"interrupted: {sum(1 for c in session.configs if c not in session.todo())} of "
+                  f"{len(session.configs)} configurations complete{where}", soft_wrap=True)
+        raise typer.Exit(130)
 
 
 # --- models ---------------------------------------------------------------------------------------

@@ -27,10 +27,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_native import CppResult, run_cpp  # noqa: E402
 from tinypair.corpus import heldout_prompts  # noqa: E402
 
-from ggspec.native import build as nb  # noqa: E402
+from ggspec.bench.native import CppResult, find_tool, run_cpp  # noqa: E402
 from ggspec.pairs import get_entry, resolve  # noqa: E402
 from ggspec.runtime import ContextParams  # noqa: E402
 from ggspec.spec.dflash import INJECT_MODES  # noqa: E402
@@ -59,7 +58,7 @@ def main() -> None:
     ap.add_argument("--native", action="store_true", help="add llama.cpp's C++ loop (needs `ggspec build --tools`)")
     args = ap.parse_args()
     files = resolve(get_entry(args.pair))
-    tool = Path(nb.build(nb.BuildOptions(tools=True)).lib_dir) / "llama-speculative-simple" if args.native else None
+    tool = find_tool() if args.native else None
     ctx = ContextParams(n_ctx=2048, flash_attn="off")  # as the C++ tool runs (-fa off)
     pairs: dict[str, SpecPair] = {}
     for mode in INJECT_MODES:  # all modes on the same loaded weights
@@ -89,8 +88,8 @@ def main() -> None:
                     forced_file.write_text(" ".join(map(str, reference)) + f"\n{accept}\n")
                     for c in [configs[j] for j in rng.permutation(len(configs))]:  # none always follows a C++ process
                         if c.startswith("cpp"):
-                            res = run_cpp(tool, files, text, args.n, N_MAX, defer=c == "cpp-deferred",
-                                          forced=forced_file)
+                            res = run_cpp(tool, files.target, files.draft, text, args.n, N_MAX,
+                                          defer=c == "cpp-deferred", forced=forced_file)
                             cpp[c].add(res)
                             want = text + base.target_model.detokenize(reference[len(prompt):])
                             m = min(len(res.text), len(want))  # the tool may stop a few tokens later

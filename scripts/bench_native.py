@@ -12,12 +12,8 @@ Reports median decode t/s as ratios to (1), and checks that all five produce the
 from __future__ import annotations
 
 import argparse
-import os
-import re
 import statistics
-import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -25,56 +21,18 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tinypair.corpus import heldout_prompts  # noqa: E402
 
-from ggspec.native import build as nb  # noqa: E402
+from ggspec.bench.native import find_tool, run_cpp  # noqa: E402
 from ggspec.pairs import get_entry, resolve  # noqa: E402
 from ggspec.runtime import ContextParams  # noqa: E402
 from ggspec.spec.loop import generate_greedy, generate_spec  # noqa: E402
 from ggspec.spec.pair import PairConfig, SpecPair  # noqa: E402
 from ggspec.spec.stats import RunStats  # noqa: E402
 
-SPEED_RE = re.compile(r"ggspec-bench: decoded (\d+) tokens in (\d+) us")  # patch 0005: full resolution
 CONFIGS = ("cpp-immediate", "cpp-deferred", "ggspec-immediate", "ggspec-pruned", "plain")
 
 
-@dataclass
-class CppResult:
-    """Decoded text and speed of llama-speculative-simple runs (added up over several runs)."""
-    text: str = ""
-    n_decoded: int = 0
-    seconds: float = 0.0
-
-    def add(self, other: "CppResult") -> None:
-        self.n_decoded += other.n_decoded
-        self.seconds += other.seconds
-
-    @property
-    def tps(self) -> float:
-        return self.n_decoded / self.seconds if self.seconds else 0.0
-
-
-def run_cpp(tool: Path, files, prompt: str, n: int, n_max: int, defer: bool, forced: Path | None = None) -> CppResult:
-    """One run of llama.cpp's own DFlash loop; `forced`: a GGSPEC_BENCH_FORCED file (patch 0005)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("LLAMA_ARG_SPEC_DFLASH_DEFER", "GGSPEC_BENCH_FORCED")}
-    if defer:
-        env["LLAMA_ARG_SPEC_DFLASH_DEFER"] = "1"
-    if forced is not None:
-        env["GGSPEC_BENCH_FORCED"] = str(forced)
-    cmd = [str(tool), "-m", str(files.target), "-md", str(files.draft), "--spec-type", "draft-dflash",
-           "--spec-draft-n-max", str(n_max), "-p", prompt, "-n", str(n), "--temp", "0", "-t", "1", "-td", "1",
-           "-c", "2048", "--ignore-eos", "-fa", "off"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
-    if proc.returncode != 0:
-        raise SystemExit(f"{tool.name} failed: {proc.stderr.strip().splitlines()[-1:]}")
-    m = SPEED_RE.search(proc.stderr)
-    if not m:
-        raise SystemExit(f"could not read the decode speed from {tool.name}'s output")
-    # the tool prints "\n\n" before the prompt, and twice after the generated text
-    text = proc.stdout[proc.stdout.find(prompt[:32]):]
-    text = text[:-4] if text.endswith("\n\n\n\n") else text
-    return CppResult(text, int(m.group(1)), int(m.group(2)) / 1e6)
-
-
-def astuple_text(res: CppResult) -> tuple[str, float]:
+def run_native(tool: Path, files, prompt: str, n: int, n_max: int, defer: bool) -> tuple[str, float]:
+    res = run_cpp(tool, files.target, files.draft, prompt, n, n_max, defer=defer)
     return res.text, res.tps
 
 
@@ -97,8 +55,7 @@ def main() -> None:
     ap.add_argument("-n", type=int, default=256)
     ap.add_argument("--prompts", type=int, default=4)
     args = ap.parse_args()
-    info = nb.build(nb.BuildOptions(tools=True))  # cached after `ggspec build --tools`
-    tool = Path(info.lib_dir) / "llama-speculative-simple"
+    tool = find_tool()
     files = resolve(get_entry(args.pair))
     n_max = 7
     ctx = ContextParams(n_ctx=2048, flash_attn="off")
@@ -113,8 +70,8 @@ def main() -> None:
     for _ in range(args.r):
         for i, prompt in enumerate(prompts):
             runs = {
-                "cpp-immediate": lambda: astuple_text(run_cpp(tool, files, prompt, args.n, n_max, defer=False)),
-                "cpp-deferred": lambda: astuple_text(run_cpp(tool, files, prompt, args.n, n_max, defer=True)),
+                "cpp-immediate": lambda: run_native(tool, files, prompt, args.n, n_max, defer=False),
+                "cpp-deferred": lambda: run_native(tool, files, prompt, args.n, n_max, defer=True),
                 "ggspec-immediate": lambda: run_ggspec(pairs["immediate"], prompt, args.n, True),
                 "ggspec-pruned": lambda: run_ggspec(pairs["pruned"], prompt, args.n, True),
                 "plain": lambda: run_ggspec(pairs["pruned"], prompt, args.n, False),

@@ -54,7 +54,7 @@ class NotBuiltError(RuntimeError):
     """No usable build: the message tells the user what to run."""
 
 
-def _current_build() -> build.BuildInfo:
+def current_build() -> build.BuildInfo:
     options = build.current_options()
     if options is None:
         raise NotBuiltError("ggspec has no llama.cpp build yet: run `ggspec build` first")
@@ -134,7 +134,7 @@ def load() -> types.ModuleType:
 
     Shim functions are called as `lc._lib.ggspec_*`.
     """
-    info = _current_build()
+    info = current_build()
     lc = _import_bindings(info.lib_dir)
     _declare_shim(lc._lib)
     _install_log_callback(lc)
@@ -143,4 +143,4 @@ def load() -> types.ModuleType:
 
 
 def library_path() -> Path:
-    return Path(_current_build().lib_dir)
+    return Path(current_build().lib_dir)

@@ -51,6 +51,8 @@ class RunStats:
     t_overhead: float = 0.0
     replays: int = 0
     accept_hist: list[int] = field(default_factory=list)  # steps by number of accepted drafts
+    pos_drafted: list[int] = field(default_factory=list)  # steps that drafted a token at position i
+    pos_accepted: list[int] = field(default_factory=list)  # ... and had it accepted
 
     def add(self, step: Step) -> None:
         if step.kind == "prefill":
@@ -76,6 +78,8 @@ class RunStats:
             if len(self.accept_hist) <= step.accepted:
                 self.accept_hist.extend([0] * (step.accepted + 1 - len(self.accept_hist)))
             self.accept_hist[step.accepted] += 1
+            _bump(self.pos_drafted, step.drafted)
+            _bump(self.pos_accepted, step.accepted)
 
     @property
     def decode_tps(self) -> float:
@@ -94,6 +98,11 @@ class RunStats:
     @property
     def acceptance_rate(self) -> float:
         return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def position_acceptance(self) -> list[float]:
+        """P(draft position i is accepted | it was drafted), i = 0..n_max-1."""
+        return [a / d if d else 0.0 for a, d in zip(self.pos_accepted + [0] * len(self.pos_drafted), self.pos_drafted)]
 
     @property
     def replay_share(self) -> float:
@@ -122,11 +131,20 @@ def merge(runs) -> RunStats:
         for name in ("n_prompt", "t_prompt", "n_generated", "n_decoded", "t_decode", "spec_steps", "drafted", "accepted",
                      "committed_spec", "t_draft", "t_verify", "t_inject", "t_replay", "t_overhead", "replays"):
             setattr(total, name, getattr(total, name) + getattr(r, name))
-        if len(total.accept_hist) < len(r.accept_hist):
-            total.accept_hist.extend([0] * (len(r.accept_hist) - len(total.accept_hist)))
-        for i, c in enumerate(r.accept_hist):
-            total.accept_hist[i] += c
+        for name in ("accept_hist", "pos_drafted", "pos_accepted"):
+            mine, theirs = getattr(total, name), getattr(r, name)
+            mine.extend([0] * (len(theirs) - len(mine)))
+            for i, c in enumerate(theirs):
+                mine[i] += c
     return total
+
+
+def _bump(counts: list[int], n: int) -> None:
+    """counts[i] += 1 for i < n, growing the list as needed."""
+    if len(counts) < n:
+        counts.extend([0] * (n - len(counts)))
+    for i in range(n):
+        counts[i] += 1
 
 
 def summarize(steps) -> RunStats:

@@ -1,0 +1,172 @@
+"""Benchmark configurations: the matrix of axes, its baselines, and what is skipped and why.
+
+Axes are comma lists, as in llama-bench (`-ctk f16,q8_0 --spec-draft-n-max 3,7`). Every
+speculative configuration is paired with a `--no-spec` baseline that has the same target-side
+settings (cache types, context size), so its speedup compares like with like.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import asdict, dataclass, replace
+
+from ggspec.errors import InputError
+from ggspec.runtime.context import CACHE_TYPES
+from ggspec.spec.dflash import INJECT_MODES
+from ggspec.spec.planes import UNCAPPED, PlaneOptions
+
+NATIVE_MODES = ("immediate", "deferred")  # llama.cpp's own loop: upstream, and patch 0003's deferral
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    kind: str  # "spec" | "baseline" (ggspec --no-spec) | "native" (llama-speculative-simple)
+    ctk: str = "f16"
+    ctv: str = "f16"
+    n_ctx: int = 4096
+    n_max: int = 0  # 0 for baselines
+    planes: str = ""  # "uncapped" or a number (hybrid targets); "" where it does not apply
+    lead: str = ""  # "default", "auto" or a number; "" where it does not apply
+    inject: str = ""  # pruned | deferred | immediate (ggspec); immediate | deferred (native)
+
+    @property
+    def key(self) -> str:
+        """Stable identity (used by --resume)."""
+        return "|".join(f"{k}={v}" for k, v in asdict(self).items() if v not in ("", 0))
+
+    @property
+    def label(self) -> str:
+        """Short human name: only what distinguishes configurations is worth reading."""
+        parts = {"spec": [], "baseline": ["no-spec"], "native": ["llama.cpp"]}[self.kind]
+        if self.kind != "baseline":
+            parts.append(f"n{self.n_max}")
+        parts.append(f"{self.ctk}/{self.ctv}")
+        if self.n_ctx != Axes.n_ctx[0]:
+            parts.append(f"-c {self.n_ctx}")
+        if self.planes and self.planes != UNCAPPED:
+            parts.append(f"planes {self.planes} lead {self.lead}")
+        if self.inject:
+            parts.append(self.inject)
+        return " ".join(parts)
+
+    def baseline(self) -> "BenchConfig":
+        return BenchConfig("baseline", ctk=self.ctk, ctv=self.ctv, n_ctx=self.n_ctx)
+
+    @property
+    def plane_options(self) -> PlaneOptions:
+        return PlaneOptions.parse(self.planes or None, self.lead or None)
+
+
+@dataclass(frozen=True)
+class Axes:
+    """Comma-list values of every axis, as given on the command line."""
+
+    ctk: tuple[str, ...] = ("f16",)
+    ctv: tuple[str, ...] = ("f16",)
+    n_ctx: tuple[int, ...] = (4096,)
+    n_max: tuple[int, ...] = (15,)
+    planes: tuple[str, ...] = (UNCAPPED,)
+    lead: tuple[str, ...] = ("default",)
+    inject: tuple[str, ...] = ("pruned",)
+
+    @property
+    def size(self) -> int:
+        return len(list(itertools.product(*asdict(self).values())))
+
+    @property
+    def is_matrix(self) -> bool:
+        return any(len(v) > 1 for v in asdict(self).values())
+
+
+def split_list(flag: str, text: str | None, default: tuple, cast=str) -> tuple:
+    """'a,b,c' -> ('a', 'b', 'c'), cast to ints where needed; one line of error otherwise."""
+    if text is None:
+        return default
+    items = [t.strip() for t in str(text).split(",")]
+    if not all(items):
+        raise InputError(f"{flag} {text}: empty item in the list")
+    try:
+        values = tuple(cast(t) for t in items)
+    except ValueError:
+        raise InputError(f"{flag} {text}: expected a comma list of numbers") from None
+    if len(set(values)) != len(values):
+        raise InputError(f"{flag} {text}: a value is listed twice")
+    return values
+
+
+def check_axes(axes: Axes) -> None:
+    """Values that are wrong whatever they are combined with: one error before anything runs."""
+    for flag, values in (("-ctk", axes.ctk), ("-ctv", axes.ctv)):
+        for v in values:
+            if v not in CACHE_TYPES:
+                raise InputError(f"{flag} {v}: unknown cache type (one of {', '.join(CACHE_TYPES)})")
+    for v in axes.inject:
+        if v not in INJECT_MODES:
+            raise InputError(f"--spec-dflash-inject {v}: expected one of {', '.join(INJECT_MODES)}")
+    for v in axes.n_max:
+        if v < 1:
+            raise InputError(f"--spec-draft-n-max {v}: must be at least 1")
+    for v in axes.n_ctx:
+        if v < 64:
+            raise InputError(f"-c {v}: too small for a benchmark (at least 64)")
+    for p in axes.planes:
+        for lead in axes.lead:
+            PlaneOptions.parse(p, lead)  # spelling only; ranges depend on n_max (skipped per config)
+
+
+@dataclass(frozen=True)
+class Skipped:
+    label: str
+    reason: str
+
+
+def expand(axes: Axes, recurrent: bool, n_tokens: int, native: bool = False,
+           profile_len: int | None = None) -> tuple[list[BenchConfig], list[Skipped]]:
+    """Every valid speculative configuration of the matrix (plus llama.cpp's own loop where
+    asked), and the invalid combinations with the reason each was skipped. n_tokens: the longest
+    prompt plus the tokens to generate (the context must hold them and a draft block)."""
+    check_axes(axes)
+    configs: list[BenchConfig] = []
+    skipped: list[Skipped] = []
+    for ctk, ctv, n_ctx, n_max, planes, lead, inject in itertools.product(
+            axes.ctk, axes.ctv, axes.n_ctx, axes.n_max, axes.planes, axes.lead, axes.inject):
+        cfg = BenchConfig("spec", ctk, ctv, n_ctx, n_max, planes if recurrent else "", lead if recurrent else "", inject)
+        reason = _why_invalid(cfg, recurrent, planes, lead, profile_len, n_tokens)
+        if reason:
+            skipped.append(Skipped(f"n{n_max} {ctk}/{ctv} -c {n_ctx} planes {planes} lead {lead} {inject}", reason))
+        elif cfg not in configs:
+            configs.append(cfg)
+    if native:
+        for cfg in list(configs):
+            for mode in NATIVE_MODES:
+                nat = replace(cfg, kind="native", planes="", lead="", inject=mode)
+                if nat not in configs:
+                    configs.append(nat)
+    return configs, _dedup(skipped)
+
+
+def _why_invalid(cfg: BenchConfig, recurrent: bool, planes: str, lead: str, profile_len: int | None,
+                 n_tokens: int) -> str:
+    if not recurrent and (planes != UNCAPPED or lead != "default"):
+        return "recurrent planes apply to hybrid targets only (this target has no recurrent layers)"
+    if recurrent and planes == UNCAPPED and lead != "default":
+        return "uncapped planes keep every state: the lead changes nothing"
+    try:
+        cfg.plane_options.check(cfg.n_max) if recurrent else None
+    except InputError as exc:
+        return str(exc)
+    if cfg.n_ctx < n_tokens + cfg.n_max + 1:
+        return f"-c {cfg.n_ctx} is too small: the longest prompt plus -n needs {n_tokens + cfg.n_max + 1}"
+    if profile_len is not None and profile_len != cfg.n_max + 1:
+        return (f"the acceptance profile has {profile_len} entries; --spec-draft-n-max {cfg.n_max} "
+                f"needs {cfg.n_max + 1}")
+    return ""
+
+
+def _dedup(skipped: list[Skipped]) -> list[Skipped]:
+    seen, out = set(), []
+    for s in skipped:
+        if s not in seen:
+            seen.add(s)
+            out.append(s)
+    return out

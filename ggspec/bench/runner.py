@@ -1,0 +1,223 @@
+"""Runs benchmark configurations and yields one record per measured run.
+
+Configurations run one after another; inside each, every (repetition, prompt) runs the
+configuration and its `--no-spec` baseline back to back, in alternating order (A B, B A, ...),
+so machine drift hits both alike and every speedup is a ratio of paired runs. Models are loaded
+once; each configuration gets its own contexts, closed before the next one starts (a matrix of
+18 configurations must not hold 18 KV caches). Like mlx-lm's `generate`, this is a generator:
+the CLI shows progress and saves what has been measured, and stops cleanly on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import itertools
+import resource
+import tempfile
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ggspec.bench.configs import BenchConfig
+from ggspec.bench.native import find_tool, run_cpp
+from ggspec.bench.prompts import Prompt
+from ggspec.runtime import ContextParams
+from ggspec.runtime.context import resolve_flash_attn
+from ggspec.spec.forced import ForcedAcceptance, profile_lengths
+from ggspec.spec.loop import generate_greedy, generate_spec
+from ggspec.spec.pair import PairConfig, SpecPair
+from ggspec.spec.stats import RunStats
+
+WARMUP_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What every configuration shares; a --resume file must have been made with the same."""
+    target: str
+    draft: str
+    n_predict: int
+    reps: int
+    threads: int
+    warmup: bool
+    profile: str | None  # acceptance profile (benchmark device) or None: the real draft
+    profile_weights: tuple[float, ...] | None
+    prompts: tuple[Prompt, ...]
+
+
+@dataclass
+class Run:
+    """One measured generation: a configuration (or its paired baseline) on one prompt."""
+    config: str  # BenchConfig.key
+    rep: int
+    prompt: int  # index into Settings.prompts
+    category: str
+    stats: RunStats
+    identical: bool | None = None  # output equal to the paired baseline run's (None: baseline itself)
+    paired_with: str = ""  # for baseline runs: the configuration they were paired with
+    rss_mib: float = 0.0
+    peak_rss_mib: float = 0.0
+    plane_bytes: int = 0  # recurrent state memory per sequence (hybrid targets)
+    plane_layout: str = ""
+    tokens: list[int] = field(default_factory=list, repr=False)  # not saved
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d.pop("tokens")
+        return d
+
+    @staticmethod
+    def from_json(d: dict) -> "Run":
+        return Run(**{**d, "stats": RunStats(**d["stats"])})
+
+
+def rss_mib() -> tuple[float, float]:
+    """(resident now, process peak so far) in MiB."""
+    with open("/proc/self/statm") as f:
+        resident = int(f.read().split()[1]) * resource.getpagesize()
+    return resident / 2**20, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+class Runner:
+    def __init__(self, settings: Settings) -> None:
+        self.s = settings
+        # owns the loaded models for the whole benchmark; tiny contexts, never used to measure
+        self.anchor = SpecPair(PairConfig(target=Path(settings.target), draft=Path(settings.draft), n_max=1,
+                                          ctx=ContextParams(n_ctx=256, n_threads=settings.threads)))
+        self.recurrent = self.anchor.target_model.is_recurrent
+        self.tokens = [self.anchor.target_model.tokenize(p.text) for p in settings.prompts]
+        self._baselines: dict[str, SpecPair] = {}
+        self._references: dict[tuple[str, int], np.ndarray] = {}
+        self._tool: Path | None = None
+        self._tmp = tempfile.TemporaryDirectory(prefix="ggspec-bench-")
+
+    @property
+    def longest_prompt(self) -> int:
+        return max(len(t) for t in self.tokens)
+
+    def close(self) -> None:
+        for sp in self._baselines.values():
+            sp.close()
+        self._baselines.clear()
+        self.anchor.close()
+        self._tmp.cleanup()
+
+    # --- pairs -----------------------------------------------------------------------------------
+
+    def _ctx(self, cfg: BenchConfig) -> ContextParams:
+        return ContextParams(n_ctx=cfg.n_ctx, n_threads=self.s.threads, type_k=cfg.ctk, type_v=cfg.ctv)
+
+    def _pair(self, cfg: BenchConfig) -> SpecPair:
+        pc = PairConfig(target=Path(self.s.target), draft=Path(self.s.draft), n_max=cfg.n_max, ctx=self._ctx(cfg),
+                        planes=cfg.plane_options, inject=cfg.inject or "pruned")
+        return SpecPair(pc, share_models=self.anchor)
+
+    def _baseline(self, cfg: BenchConfig) -> SpecPair:
+        base = cfg.baseline()
+        if base.key not in self._baselines:
+            pc = PairConfig(target=Path(self.s.target), ctx=self._ctx(base))
+            self._baselines[base.key] = SpecPair(pc, share_models=self.anchor)
+        return self._baselines[base.key]
+
+    def _reference(self, cfg: BenchConfig, i: int, n_max: int) -> np.ndarray:
+        """Prompt + greedy continuation (long enough for a last full draft block), per baseline
+        context: the forced-acceptance proposer replays it."""
+        key = (cfg.baseline().key, i)
+        need = len(self.tokens[i]) + self.s.n_predict + n_max + 1
+        if key not in self._references or len(self._references[key]) < need:
+            sp = self._baseline(cfg)
+            sp.reset()
+            n = self.s.n_predict + n_max + 1
+            out = [t for st in generate_greedy(sp.target, self.tokens[i], n, ignore_eos=True) for t in st.tokens]
+            self._references[key] = np.concatenate([self.tokens[i], np.asarray(out, dtype=np.int32)])
+        return self._references[key]
+
+    # --- single runs -------------------------------------------------------------------------------
+
+    def _lengths(self, i: int, n_max: int):
+        return profile_lengths(self.s.profile_weights, n_max, seed=i)
+
+    def _generate(self, sp: SpecPair, cfg: BenchConfig, i: int, n: int) -> tuple[RunStats, list[int]]:
+        sp.reset()
+        prompt = self.tokens[i]
+        if sp.speculative:
+            proposer = sp.proposer
+            if self.s.profile_weights is not None:
+                proposer = ForcedAcceptance(sp.proposer, self._reference(cfg, i, cfg.n_max), self._lengths(i, cfg.n_max),
+                                            sp.target_model.n_vocab)
+            steps = generate_spec(sp.target, proposer, prompt, n, sp.n_max, ignore_eos=True, on_accept=sp.on_accept)
+        else:
+            steps = generate_greedy(sp.target, prompt, n, ignore_eos=True)
+        stats, tokens = RunStats(), []
+        for step in steps:
+            stats.add(step)
+            tokens += step.tokens
+        return stats, tokens
+
+    def _native(self, cfg: BenchConfig, i: int, n: int) -> tuple[RunStats, str]:
+        if self._tool is None:
+            self._tool = find_tool()
+        forced = None
+        if self.s.profile_weights is not None:
+            forced = Path(self._tmp.name) / f"forced-{i}-{cfg.n_max}.txt"
+            ref = self._reference(cfg, i, cfg.n_max)
+            counts = itertools.islice(self._lengths(i, cfg.n_max), n + 1)
+            forced.write_text(" ".join(map(str, ref)) + "\n" + " ".join(map(str, counts)) + "\n")
+        res = run_cpp(self._tool, Path(self.s.target), Path(self.s.draft), self.s.prompts[i].text, n, cfg.n_max,
+                      defer=cfg.inject == "deferred", n_ctx=cfg.n_ctx, ctk=cfg.ctk, ctv=cfg.ctv,
+                      flash_attn=resolve_flash_attn("auto", 0, cfg.ctv), threads=self.s.threads, forced=forced)
+        stats = RunStats(n_decoded=res.n_decoded, n_generated=res.n_decoded, t_decode=res.seconds,
+                         drafted=res.drafted, accepted=res.accepted)
+        return stats, res.text
+
+    # --- a configuration ---------------------------------------------------------------------------
+
+    def run_config(self, cfg: BenchConfig, done: set[tuple[int, int]] = frozenset()) -> Iterator[Run]:
+        """Every (rep, prompt) not in `done`: the configuration's run, then its paired baseline
+        run (or the other way round), as two Run records."""
+        base_sp = self._baseline(cfg)
+        base_key = cfg.baseline().key
+        sp = self._pair(cfg) if cfg.kind == "spec" else None
+        try:
+            if self.s.warmup:
+                self._generate(base_sp, cfg.baseline(), 0, WARMUP_TOKENS)
+                if sp is not None:
+                    self._generate(sp, cfg, 0, WARMUP_TOKENS)
+            for rep in range(self.s.reps):
+                for i, prompt in enumerate(self.s.prompts):
+                    if (rep, i) in done:
+                        continue
+                    first_is_config = (rep + i) % 2 == 0
+                    runs = {}
+                    for which in (("config", "base") if first_is_config else ("base", "config")):
+                        if which == "base":
+                            stats, tokens = self._generate(base_sp, cfg.baseline(), i, self.s.n_predict)
+                            runs["base"] = Run(base_key, rep, i, prompt.category, stats, paired_with=cfg.key,
+                                               tokens=tokens)
+                        elif sp is not None:
+                            stats, tokens = self._generate(sp, cfg, i, self.s.n_predict)
+                            runs["config"] = Run(cfg.key, rep, i, prompt.category, stats, tokens=tokens,
+                                                 plane_bytes=sp.recurrent_bytes(), plane_layout=sp.plane_layout)
+                        else:
+                            stats, text = self._native(cfg, i, self.s.n_predict)
+                            runs["config"] = Run(cfg.key, rep, i, prompt.category, stats)
+                            runs["config"].tokens = [text]  # compared as text below
+                    c, b = runs["config"], runs["base"]
+                    c.identical = self._same(c, b, prompt.text, base_sp)
+                    for r in (c, b):
+                        r.rss_mib, r.peak_rss_mib = rss_mib()
+                    yield c
+                    yield b
+        finally:
+            if sp is not None:
+                sp.close()
+
+    @staticmethod
+    def _same(c: Run, b: Run, prompt: str, base_sp: SpecPair) -> bool:
+        if c.tokens and isinstance(c.tokens[0], str):  # llama.cpp's tool: text, and it may run a few tokens on
+            want = prompt + base_sp.target_model.detokenize(b.tokens)
+            got = c.tokens[0]
+            n = min(len(want), len(got))
+            return n > len(prompt) and got[:n] == want[:n]
+        return c.tokens == b.tokens

@@ -1,0 +1,138 @@
+"""A benchmark from start (or --resume) to its saved document: the plan, the runs, the saves.
+
+The CLI is a thin shell over this: it builds a `Plan`, shows progress from the `Run` records
+`BenchSession.runs()` yields, and saves with `save()` (after every configuration, and on Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from ggspec.bench import report
+from ggspec.bench.configs import Axes, BenchConfig, Skipped, expand
+from ggspec.bench.meta import collect
+from ggspec.bench.runner import Run, Runner, Settings
+from ggspec.errors import InputError
+from ggspec.spec.forced import PROFILES
+
+
+def parse_profile(spec: str | None) -> tuple[str | None, tuple[float, ...] | None]:
+    """--acceptance-profile NAME|FILE -> (name for the rows, weights of accepted counts 0..n_max).
+    A FILE holds the weights as numbers (JSON list or whitespace/comma separated)."""
+    if spec is None:
+        return None, None
+    if spec in PROFILES:
+        return spec, tuple(PROFILES[spec])
+    path = Path(spec)
+    if not path.is_file():
+        raise InputError(f"--acceptance-profile {spec}: neither a built-in profile ({', '.join(PROFILES)}) nor a file")
+    text = path.read_text().strip()
+    try:
+        values = json.loads(text) if text.startswith("[") else [float(x) for x in text.replace(",", " ").split()]
+        weights = tuple(float(v) for v in values)
+    except (ValueError, TypeError):
+        raise InputError(f"--acceptance-profile {spec}: expected numbers (weights of accepted counts 0..n_max)") from None
+    if len(weights) < 2 or min(weights) < 0 or sum(weights) <= 0:
+        raise InputError(f"--acceptance-profile {spec}: needs at least 2 non-negative weights, not all zero")
+    return path.name, weights
+
+
+@dataclass
+class Plan:
+    settings: Settings
+    axes: Axes | None  # None when resuming (the configurations come from the file)
+    native: bool = False
+    save_path: Path | None = None
+    resume: dict | None = None  # a loaded document
+
+
+class BenchSession:
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.settings = plan.settings
+        self.runner = Runner(self.settings)
+        try:
+            if plan.resume is not None:
+                doc = plan.resume
+                self.meta = doc["meta"]
+                self.configs = [BenchConfig(**c) for c in doc["configs"]]
+                self.skipped = [Skipped(**s) for s in doc["skipped"]]
+                self.done_runs = report.runs_from(doc)
+                self._check_same_models()
+            else:
+                self.meta = collect(Path(self.settings.target), Path(self.settings.draft), self.settings.threads)
+                profile_len = len(self.settings.profile_weights) if self.settings.profile_weights else None
+                self.configs, self.skipped = expand(plan.axes, self.runner.recurrent,
+                                                    self.runner.longest_prompt + self.settings.n_predict,
+                                                    native=plan.native, profile_len=profile_len)
+                self.done_runs = []
+            if not self.configs:
+                raise InputError("no configuration left to run: " + "; ".join(
+                    f"{s.label}: {s.reason}" for s in self.skipped[:3]))
+        except BaseException:
+            self.runner.close()
+            raise
+        self.runs: list[Run] = list(self.done_runs)
+        self._done = self._completed_pairs(self.done_runs)
+
+    def _check_same_models(self) -> None:
+        from ggspec.bench.meta import file_sha256
+
+        for which in ("target", "draft"):
+            if file_sha256(Path(self.meta[which])) != self.meta[f"{which}_sha256"]:
+                raise InputError(f"--resume: the {which} file {self.meta[which]} changed since the benchmark started")
+
+    @staticmethod
+    def _completed_pairs(runs: list[Run]) -> dict[str, set[tuple[int, int]]]:
+        """(rep, prompt) measured with its paired baseline, per configuration; a half-measured
+        pair (Ctrl-C between the two runs) is dropped and measured again."""
+        config_runs = {(r.config, r.rep, r.prompt) for r in runs if not r.paired_with}
+        done: dict[str, set[tuple[int, int]]] = defaultdict(set)
+        for r in runs:
+            if r.paired_with and (r.paired_with, r.rep, r.prompt) in config_runs:
+                done[r.paired_with].add((r.rep, r.prompt))
+        return done
+
+    def paired_runs(self) -> list[Run]:
+        """The runs whose pair is complete (what the saved document keeps)."""
+        pairs = self._completed_pairs(self.runs)
+        return [r for r in self.runs if (r.rep, r.prompt) in pairs.get(r.paired_with or r.config, set())]
+
+    @property
+    def runs_per_config(self) -> int:
+        return self.settings.reps * len(self.settings.prompts)
+
+    def todo(self) -> list[BenchConfig]:
+        return [c for c in self.configs if len(self._done.get(c.key, ())) < self.runs_per_config]
+
+    def remaining_pairs(self) -> int:
+        return sum(self.runs_per_config - len(self._done.get(c.key, ())) for c in self.configs)
+
+    def config_runs(self, cfg: BenchConfig) -> Iterator[Run]:
+        """Measure what is missing of one configuration; every record is kept as it arrives."""
+        for run in self.runner.run_config(cfg, done=self._done.get(cfg.key, set())):
+            self.runs.append(run)
+            if run.paired_with:
+                self._done[cfg.key].add((run.rep, run.prompt))
+            yield run
+
+    @property
+    def complete(self) -> bool:
+        return not self.todo()
+
+    def document(self) -> dict:
+        return report.document(self.settings, self.meta, self.configs, self.skipped, self.paired_runs(),
+                               self.complete)
+
+    def save(self) -> dict:
+        doc = self.document()
+        if self.plan.save_path is not None:
+            report.save(self.plan.save_path, doc)
+        return doc
+
+    def close(self) -> None:
+        self.runner.close()
