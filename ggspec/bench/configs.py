@@ -43,8 +43,8 @@ class BenchConfig:
         parts.append(f"{self.ctk}/{self.ctv}")
         if self.n_ctx != Axes.n_ctx[0]:
             parts.append(f"-c {self.n_ctx}")
-        if self.planes and self.planes != UNCAPPED:
-            parts.append(f"planes {self.planes} lead {self.lead}")
+        if self.planes:  # hybrid targets only
+            parts.append("planes uncapped" if self.planes == UNCAPPED else f"planes {self.planes} lead {self.lead}")
         if self.inject:
             parts.append(self.inject)
         return " ".join(parts)

@@ -208,13 +208,12 @@ def _fmt(x, spec: str) -> str:
 def to_markdown(rows: list[dict], settings: Settings) -> str:
     """llama-bench-like table: the figures people compare; csv / json carry everything."""
     head = ["configuration", "category", "decode t/s", "speedup", "τ pooled", "accept", "S_max", "replay",
-            "draft/verify/inject/other %", "identical"]
+            "time: draft/verify/inject/replay/other %", "identical"]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         label = r["label"] + (f" [forced: {r['acceptance_profile']}]" if r["acceptance_profile"] else "")
         shares = "" if r["share_draft"] is None else "/".join(
-            f"{100 * r[f'share_{k}']:.0f}" for k in ("draft", "verify", "inject")) + \
-            f"/{100 * (r['share_overhead'] + r['share_replay']):.0f}"
+            f"{100 * r[f'share_{k}']:.0f}" for k in ("draft", "verify", "inject", "replay", "overhead"))
         out.append("| " + " | ".join([
             label, r["category"],
             f"{_fmt(r['decode_tps_mean'], '.1f')} ± {_fmt(r['decode_tps_sd'], '.1f')}",
@@ -222,7 +221,7 @@ def to_markdown(rows: list[dict], settings: Settings) -> str:
             _fmt(r["tau_pooled"], ".2f"),
             "" if r["acceptance_rate"] is None else f"{100 * r['acceptance_rate']:.0f}%",
             _fmt(r["s_max"], ".2f"),
-            "" if r["replay_share"] is None or r["planes"] in (None, "uncapped") else f"{100 * r['replay_share']:.0f}%",
+            "" if r["replay_share"] is None or r["planes"] is None else f"{100 * r['replay_share']:.0f}%",
             shares, r["identical"] or "",
         ]) + " |")
     lines = "\n".join(out)
