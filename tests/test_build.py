@@ -67,7 +67,7 @@ def test_target_layer_ids_through_the_shim(lc, dense_pair):
 
 def test_second_build_is_a_cache_hit(build_info):
     t0 = time.perf_counter()
-    info = nb.build(nb.BuildOptions())
+    info = nb.build(nb.current_options())
     assert info.cached and info.key == build_info.key
     assert time.perf_counter() - t0 < 1.0
 

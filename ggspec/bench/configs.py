@@ -121,7 +121,7 @@ class Skipped:
 
 
 def expand(axes: Axes, recurrent: bool, n_tokens: int, native: bool = False,
-           profile_len: int | None = None) -> tuple[list[BenchConfig], list[Skipped]]:
+           profile_len: int | None = None, n_max_limit: int | None = None) -> tuple[list[BenchConfig], list[Skipped]]:
     """Every valid speculative configuration of the matrix (plus llama.cpp's own loop where
     asked), and the invalid combinations with the reason each was skipped. n_tokens: the longest
     prompt plus the tokens to generate (the context must hold them and a draft block)."""
@@ -131,7 +131,7 @@ def expand(axes: Axes, recurrent: bool, n_tokens: int, native: bool = False,
     for ctk, ctv, n_ctx, n_max, planes, lead, inject in itertools.product(
             axes.ctk, axes.ctv, axes.n_ctx, axes.n_max, axes.planes, axes.lead, axes.inject):
         cfg = BenchConfig("spec", ctk, ctv, n_ctx, n_max, planes if recurrent else "", lead if recurrent else "", inject)
-        reason = _why_invalid(cfg, recurrent, planes, lead, profile_len, n_tokens)
+        reason = _why_invalid(cfg, recurrent, planes, lead, profile_len, n_tokens, n_max_limit)
         if reason:
             skipped.append(Skipped(f"n{n_max} {ctk}/{ctv} -c {n_ctx} planes {planes} lead {lead} {inject}", reason))
         elif cfg not in configs:
@@ -146,7 +146,9 @@ def expand(axes: Axes, recurrent: bool, n_tokens: int, native: bool = False,
 
 
 def _why_invalid(cfg: BenchConfig, recurrent: bool, planes: str, lead: str, profile_len: int | None,
-                 n_tokens: int) -> str:
+                 n_tokens: int, n_max_limit: int | None) -> str:
+    if n_max_limit is not None and cfg.n_max > n_max_limit:
+        return f"the draft's block allows at most {n_max_limit} draft tokens per step"
     if not recurrent and (planes != UNCAPPED or lead != "default"):
         return "recurrent planes apply to hybrid targets only (this target has no recurrent layers)"
     if recurrent and planes == UNCAPPED and lead != "default":

@@ -68,7 +68,8 @@ class BenchSession:
                 profile_len = len(self.settings.profile_weights) if self.settings.profile_weights else None
                 self.configs, self.skipped = expand(plan.axes, self.runner.recurrent,
                                                     self.runner.longest_prompt + self.settings.n_predict,
-                                                    native=plan.native, profile_len=profile_len)
+                                                    native=plan.native, profile_len=profile_len,
+                                                    n_max_limit=self.runner.anchor.info.n_max_limit)
                 self.done_runs = []
             if not self.configs:
                 raise InputError("no configuration left to run: " + "; ".join(

@@ -1,0 +1,202 @@
+"""`ggspec bench`: schema, row consistency, matrix expansion, Ctrl-C + --resume, native rows."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import run_cli
+from ggspec.bench import report
+from ggspec.bench.configs import Axes, expand, split_list
+from ggspec.errors import InputError
+
+SMALL = ("-r", "2", "-n", "12", "--no-warmup")
+
+
+def _rows_are_consistent(rows: list[dict], n_prompts: int) -> None:
+    for r in rows:
+        assert list(r) == list(report.ROW_FIELDS)
+        assert r["decode_tps_mean"] > 0 and r["decode_tps_sd"] >= 0
+        if r["kind"] == "baseline":
+            assert r["speedup_mean"] == 1.0 and r["tau_pooled"] is None
+            continue
+        assert 0 <= r["acceptance_rate"] <= 1  # accepted <= drafted
+        done, total = map(int, r["identical"].split("/"))
+        assert done == total  # every speculative run printed the plain greedy text
+        if r["kind"] == "native":
+            continue
+        hist = r["accept_hist"]
+        assert sum(hist) == r["steps"] and len(hist) <= r["n_max"] + 1
+        committed = sum((a + 1) * c for a, c in enumerate(hist))
+        assert r["tau_pooled"] == pytest.approx(committed / r["steps"], abs=1e-4)  # pooled = committed / steps
+        accepted = sum(a * c for a, c in enumerate(hist))
+        assert accepted <= r["acceptance_rate"] * r["steps"] * r["n_max"] + 1e-6
+        assert 1 <= r["tau_request_mean"] <= r["n_max"] + 1 and 1 <= r["tau_token_weighted"] <= r["n_max"] + 1
+        assert all(0 <= p <= 1 for p in r["position_acceptance"]) and len(r["position_acceptance"]) == r["n_max"]
+        shares = [r[f"share_{k}"] for k in ("draft", "verify", "inject", "replay", "overhead")]
+        assert sum(shares) == pytest.approx(1, abs=1e-3)
+        assert r["s_max"] > 0 and r["ms_target_1"] > 0
+        assert r["speedup_mean"] == pytest.approx(r["decode_tps_mean"] / r["baseline_tps_mean"], rel=0.25)
+    assert {r["n_prompts"] for r in rows if r["category"] == "all"} == {n_prompts}
+
+
+@pytest.fixture(scope="module")
+def matrix_2x2(tmp_path_factory, build_info):
+    """A 2x2 matrix (K cache type x draft length) on the built-in pair, saved and printed as jsonl."""
+    out = tmp_path_factory.mktemp("bench") / "m.json"
+    proc = run_cli("bench", "--pair", "tiny-coder", "--matrix", "-ctk", "f16,q8_0", "--spec-draft-n-max", "3,7",
+                   *SMALL, "-o", "jsonl", "--save", str(out), timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return out, proc
+
+
+def test_matrix_rows_follow_the_schema_and_add_up(matrix_2x2):
+    path, proc = matrix_2x2
+    rows = [json.loads(line) for line in proc.stdout.splitlines()]
+    doc = json.loads(path.read_text())
+    assert doc["schema"] == report.SCHEMA and doc["complete"] is True
+    assert rows == doc["rows"]
+    spec = {r["config"] for r in rows if r["kind"] == "spec"}
+    base = {r["config"] for r in rows if r["kind"] == "baseline"}
+    assert len(spec) == 4 and len(base) == 2  # one no-spec baseline per K cache type
+    n_prompts = len(doc["settings"]["prompts"])
+    assert len(doc["runs"]) == 4 * 2 * n_prompts * 2  # configs x reps x prompts x (run + paired baseline)
+    categories = {r["category"] for r in rows}
+    assert categories == {"all", "code-gen", "code-edit", "code-echo", "prose"}
+    _rows_are_consistent(rows, n_prompts)
+    meta = doc["meta"]
+    assert len(meta["target_sha256"]) == 64 and meta["patches"] and meta["machine"]
+    assert all(r["build"] == meta["build"] and r["target_sha256"] == meta["target_sha256"] for r in rows)
+
+
+def test_matrix_writes_plots_and_csv(matrix_2x2):
+    path, _ = matrix_2x2
+    for suffix in ("-decode.png", "-acceptance.png"):
+        png = path.with_name(path.stem + suffix)
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    doc = json.loads(path.read_text())
+    table = list(csv.reader(io.StringIO(report.to_csv(doc["rows"]))))
+    assert tuple(table[0]) == report.ROW_FIELDS and len(table) == len(doc["rows"]) + 1
+
+
+def test_interrupted_matrix_leaves_a_valid_file_and_resume_completes_it(tmp_path, build_info):
+    path = tmp_path / "partial.json"
+    args = ["bench", "--pair", "tiny-coder", "--matrix", "--spec-draft-n-max", "2,3,5,7", "-r", "3", "-n", "48",
+            "--no-warmup", "--no-plot", "--save", str(path)]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "ggspec.cli", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.time() + 240
+    while not path.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)  # the file appears once the first configuration is done
+    assert proc.poll() is None, "the matrix finished before it could be interrupted"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "continue with --resume" in err and "Traceback" not in err
+    doc = json.loads(path.read_text())
+    assert doc["complete"] is False
+    done = {r["config"] for r in doc["rows"] if r["kind"] == "spec"}
+    assert 1 <= len(done) < 4
+    n_before = len(doc["runs"])
+
+    proc = run_cli("bench", "--resume", str(path), "--no-plot", "-o", "json", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(path.read_text())
+    assert doc["complete"] is True and json.loads(proc.stdout)["complete"] is True
+    n_prompts = len(doc["settings"]["prompts"])
+    assert len(doc["runs"]) == 4 * 3 * n_prompts * 2 > n_before
+    keys = [(r["config"], r["rep"], r["prompt"], r["paired_with"]) for r in doc["runs"]]
+    assert len(keys) == len(set(keys))  # nothing measured twice
+    _rows_are_consistent(doc["rows"], n_prompts)
+
+
+def test_hybrid_planes_matrix_with_an_acceptance_profile(build_info):
+    proc = run_cli("bench", "--pair", "tiny-hybrid", "--matrix", "--spec-draft-rs-planes", "3,uncapped",
+                   "--spec-draft-rs-planes-lead", "0,default", "--spec-draft-n-max", "7",
+                   "--acceptance-profile", "dflash", *SMALL, "-o", "jsonl", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "skipped: n7 f16/f16 -c 4096 planes uncapped lead 0 pruned: uncapped planes keep every state" in proc.stderr
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if '"all"' in line]
+    _rows_are_consistent(rows, 12)
+    spec = {(r["planes"], r["lead"]): r for r in rows if r["kind"] == "spec"}
+    assert set(spec) == {("3", "0"), ("3", "default"), ("uncapped", "default")}
+    assert all(r["acceptance_profile"] == "dflash" for r in spec.values())
+    assert spec[("uncapped", "default")]["replay_share"] == 0
+    assert spec[("3", "0")]["replay_share"] > spec[("3", "default")]["replay_share"] > 0  # seed 000's shape
+    assert spec[("3", "0")]["plane_bytes"] < spec[("uncapped", "default")]["plane_bytes"]
+    # the same forced acceptance in every configuration
+    assert len({tuple(r["accept_hist"]) for r in spec.values()}) == 1
+
+
+def test_native_rows_from_llama_cpp_s_own_loop(build_info):
+    """llama-speculative-simple (immediate, and patch 0003's deferral) with patch 0005's forced
+    acceptance: the same text as plain greedy decoding, and the acceptance ggspec measured."""
+    proc = run_cli("bench", "--pair", "tiny-coder", "--native", "--acceptance-profile", "mtp", "-r", "1", "-n", "24",
+                   "--no-warmup", "-o", "jsonl", timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    rows = {(r["kind"], r["inject"]): r for r in map(json.loads, proc.stdout.splitlines()) if r["category"] == "all"}
+    assert set(rows) == {("baseline", None), ("spec", "pruned"), ("native", "immediate"), ("native", "deferred")}
+    _rows_are_consistent(list(rows.values()), 12)
+    ours = rows[("spec", "pruned")]["acceptance_rate"]
+    for mode in ("immediate", "deferred"):
+        assert rows[("native", mode)]["acceptance_rate"] == pytest.approx(ours, abs=0.05)
+
+
+@pytest.mark.parametrize("args, msg", [
+    (("--spec-draft-n-max", "3,7"), "add --matrix"),
+    (("-o", "xml"), "-o xml"),
+    (("--acceptance-profile", "nope"), "neither a built-in profile"),
+    (("-ctk", "f16,,q8_0", "--matrix"), "empty item"),
+    (("-ctk", "f17"), "unknown cache type"),
+    (("--spec-draft-n-max", "x"), "comma list of numbers"),
+    (("--resume", "/nonexistent.json"), "no such file"),
+    (("-r", "0"), "at least 1"),
+])
+def test_bad_bench_input_is_one_line(args, msg, build_info):
+    proc = run_cli("bench", "--pair", "tiny-coder", *args) if "--resume" not in args else run_cli("bench", *args)
+    assert proc.returncode != 0 and msg in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_resume_refuses_new_settings(tmp_path):
+    proc = run_cli("bench", "--resume", str(tmp_path / "x.json"), "-ctk", "q8_0")
+    assert proc.returncode == 1 and "--resume continues with the saved settings: drop -ctk" in proc.stderr
+
+
+def test_prompt_files_are_checked(tmp_path, build_info):
+    bad = tmp_path / "p.jsonl"
+    bad.write_text('{"prompt": "def f():", "category": "code"}\n{"text": "oops"}\n')
+    proc = run_cli("bench", "--pair", "tiny-coder", "--prompts", str(bad))
+    assert proc.returncode == 1 and f"{bad}:2: expected an object" in proc.stderr
+
+
+def test_expand_skips_invalid_combinations_with_a_reason():
+    axes = Axes(n_max=(3, 7), planes=("3", "5", "uncapped"), lead=("0", "auto"))
+    configs, skipped = expand(axes, recurrent=True, n_tokens=100)
+    reasons = {s.reason for s in skipped}
+    assert any("must be 2..4" in r for r in reasons)  # 5 planes > n_max + 1 = 4
+    assert any("the lead changes nothing" in r for r in reasons)
+    assert len(configs) == 2 * 2 + 2 * 1  # planes 3 x {0, auto} for both n_max, planes 5 x {0, auto} at n_max 7
+    dense, skipped = expand(axes, recurrent=False, n_tokens=100)
+    assert dense == [] and all("hybrid targets only" in s.reason for s in skipped)
+    configs, skipped = expand(Axes(n_ctx=(128, 4096)), recurrent=False, n_tokens=120)
+    assert [c.n_ctx for c in configs] == [4096] and "too small" in skipped[0].reason
+    configs, skipped = expand(Axes(n_max=(3, 7)), recurrent=False, n_tokens=10, profile_len=8)
+    assert [c.n_max for c in configs] == [7] and "needs 4" in skipped[0].reason
+    configs, skipped = expand(Axes(n_max=(7, 15)), recurrent=False, n_tokens=10, n_max_limit=7)
+    assert [c.n_max for c in configs] == [7] and "at most 7 draft tokens" in skipped[0].reason
+
+
+def test_split_list():
+    assert split_list("-c", "1024, 4096", (1,), int) == (1024, 4096)
+    assert split_list("-c", None, (1,), int) == (1,)
+    with pytest.raises(InputError, match="listed twice"):
+        split_list("-ctk", "f16,f16", ())
