@@ -55,10 +55,11 @@ def _decode_plot(plt, rows: list[dict], doc: dict, path: Path) -> None:
     ax.barh(y, tps, xerr=sd, color=colors, capsize=3)
     ax.set_yticks(list(y), labels, fontsize=8)
     ax.invert_yaxis()
+    starts = [i for i, r in enumerate(rows) if r["kind"] == "baseline"] + [len(rows)]
+    for start, end in zip(starts, starts[1:]):  # each baseline's line spans the rows it is paired with
+        ax.vlines(rows[start]["decode_tps_mean"], start - 0.45, end - 0.55, color="0.35", linestyle="--", linewidth=0.9)
     for yi, r in zip(y, rows):
-        if r["kind"] == "baseline":
-            ax.axvline(r["decode_tps_mean"], color="0.4", linestyle="--", linewidth=0.8)
-        elif r["speedup_mean"] is not None:
+        if r["kind"] != "baseline" and r["speedup_mean"] is not None:
             ax.text(r["decode_tps_mean"] + (r["decode_tps_sd"] or 0.0), yi, f"  {r['speedup_mean']:.2f}×", va="center", fontsize=8)
     ax.set_xlabel("decode tokens/s (mean ± sd over repetitions); grey = no-spec baseline (dashed), "
                   "orange = llama.cpp's loop", fontsize=8)
