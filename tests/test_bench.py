@@ -200,3 +200,12 @@ def test_split_list():
     assert split_list("-c", None, (1,), int) == (1,)
     with pytest.raises(InputError, match="listed twice"):
         split_list("-ctk", "f16,f16", ())
+
+
+def test_every_column_is_documented_in_the_readme():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    schema = readme[readme.index("**Output schema `ggspec-bench/1`.**"):]
+    missing = [f for f in report.ROW_FIELDS if f not in schema and not f.startswith("share_")]
+    assert not missing, missing
