@@ -35,7 +35,7 @@ def build(
     cuda: Annotated[bool, typer.Option("--cuda", help="Build the CUDA backend (GGML_CUDA=ON).")] = False,
     vulkan: Annotated[bool, typer.Option("--vulkan", help="Build the Vulkan backend (GGML_VULKAN=ON).")] = False,
     tools: Annotated[bool, typer.Option(
-        "--tools", help="Also build llama-server, llama-cli, llama-speculative-simple and ggml-rpc-server.")] = False,
+        "--tools", help="Also build llama-server, llama-cli and llama-speculative-simple (ggml-rpc-server is always built).")] = False,
     cuda_arch: Annotated[str, typer.Option(
         "--cuda-arch", help="CUDA architectures (CMAKE_CUDA_ARCHITECTURES), e.g. 90; default: the visible GPU.")] = "",
     native: Annotated[bool, typer.Option(
@@ -86,8 +86,19 @@ def run(
     type_v: Annotated[Optional[str], typer.Option("-ctv", "--cache-type-v", help="V cache type [default: f16].")] = None,
     flash_attn: Annotated[str, typer.Option("-fa", "--flash-attn", help="Flash attention: on, off or auto (auto = off for a model on the CPU, where it slows verify batches).")] = "auto",
     threads: Annotated[int, typer.Option("-t", "--threads", help="CPU threads (use 1 for tiny models on few cores).")] = 1,
-    n_gpu_layers: Annotated[int, typer.Option("-ngl", "--n-gpu-layers", help="Target layers to offload.")] = 0,
-    n_gpu_layers_draft: Annotated[int, typer.Option("-ngld", "--n-gpu-layers-draft", help="Draft layers to offload.")] = 0,
+    n_gpu_layers: Annotated[Optional[int], typer.Option(
+        "-ngl", "--n-gpu-layers", help="Target layers to offload, -1 = all [default: all with --rpc, else 0].")] = None,
+    n_gpu_layers_draft: Annotated[Optional[int], typer.Option(
+        "-ngld", "--n-gpu-layers-draft", help="Draft layers to offload [default: as -ngl].")] = None,
+    rpc: Annotated[Optional[str], typer.Option(
+        "--rpc", help="llama.cpp RPC workers host:port[,host:port...] to run on (see `ggspec rpc-server`).")] = None,
+    split_mode: Annotated[Optional[str], typer.Option(
+        "-sm", "--split-mode", help="How to spread the models over the devices: none, layer, row or tensor.")] = None,
+    tensor_split: Annotated[Optional[str], typer.Option(
+        "-ts", "--tensor-split", help="Proportions per device, e.g. 3,1.")] = None,
+    mirror_output: Annotated[bool, typer.Option(
+        "--mirror-output", help="-sm tensor: keep a full copy of the output head on every device (patch 0004; "
+                                "needed by drafts with their own head / d2t).")] = False,
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="Keep generating past end-of-generation tokens.")] = False,
     inject: Annotated[str, typer.Option(
         "--spec-dflash-inject",
@@ -114,6 +125,10 @@ def run(
     from ggspec.spec.planes import PlaneOptions
 
     planes = PlaneOptions.parse(_pick(rs_planes, rec, "planes", None), _pick(rs_lead, rec, "lead", None))
+    from ggspec.runtime.devices import Placement
+
+    placement = Placement.parse(split_mode, rpc, tensor_split, mirror_output)
+    ngl = n_gpu_layers if n_gpu_layers is not None else (-1 if placement.multi_device else 0)
     cfg = PairConfig(
         target=target,
         draft=None if no_spec else draft,
@@ -122,9 +137,10 @@ def run(
         ctx=ContextParams(n_ctx=_pick(n_ctx, rec, "ctx", 4096), n_batch=n_batch, n_ubatch=n_ubatch,
                           n_threads=threads, type_k=_pick(type_k, rec, "ctk", "f16"),
                           type_v=_pick(type_v, rec, "ctv", "f16"), flash_attn=flash_attn),
-        n_gpu_layers=n_gpu_layers,
-        n_gpu_layers_draft=n_gpu_layers_draft,
+        n_gpu_layers=ngl,
+        n_gpu_layers_draft=n_gpu_layers_draft if n_gpu_layers_draft is not None else ngl,
         planes=planes,
+        placement=placement,
         inject=inject,
     )
     _run(cfg, prompt, n_predict, ignore_eos)
@@ -180,6 +196,13 @@ def _run(cfg, prompt: str, n_predict: int, ignore_eos: bool) -> None:
         out.write(text.decode(b"", final=True) + "\n")
         out.flush()
         err.print(_stats_line(stats, sp), soft_wrap=True)
+        if cfg.placement.multi_device:
+            from ggspec.runtime.devices import memory_report
+
+            mirror = "mirrored" if sp.target_model.mirrored_output else "split by vocabulary rows"
+            head = f", output head {mirror}" if cfg.placement.split_mode == "tensor" else ""
+            err.print(f"devices (-sm {cfg.placement.split_mode}{head}): " + "; ".join(memory_report(cfg.placement)),
+                      soft_wrap=True)
 
 
 def _stats_line(s, sp) -> str:
@@ -196,6 +219,44 @@ def _stats_line(s, sp) -> str:
         line += (f"  replay {100 * s.replay_share:.0f}% of steps ({100 * sh['replay']:.0f}% of time)  "
                  f"planes: {sp.plane_layout}, {sp.recurrent_bytes() / 1024:.0f} KiB recurrent state")
     return line
+
+
+# --- rpc-server -------------------------------------------------------------------------------------
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+@app.command("rpc-server")
+def rpc_server(
+    host: Annotated[str, typer.Option("-H", "--host", help="Address to bind (default: loopback only).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("-p", "--port", help="Port to listen on.")] = 50052,
+    threads: Annotated[int, typer.Option("-t", "--threads", help="CPU threads of the worker.")] = 1,
+    cache: Annotated[bool, typer.Option("--cache/--no-cache", help="Let the worker cache tensors on disk.")] = False,
+) -> None:
+    """Start a llama.cpp RPC worker (ggml-rpc-server of this build) for --rpc runs."""
+    import os
+    import subprocess
+
+    from ggspec.native.bindings import library_path
+
+    if not 0 < port < 65536:
+        fail(f"-p {port}: expected a port number")
+    exe = library_path() / "ggml-rpc-server"
+    if not exe.is_file():
+        fail("ggml-rpc-server is not built: run `ggspec build`")
+    if host not in LOOPBACK:
+        err.print(f"[bold yellow]warning:[/] binding {host}:{port}: llama.cpp's RPC protocol has no authentication "
+                  "or encryption; anyone who can reach this port can run code on this worker's memory. "
+                  "Only do this on a trusted network.", soft_wrap=True)
+    cmd = [str(exe), "-H", host, "-p", str(port), "-t", str(threads)] + (["-c"] if cache else [])
+    err.print(f"RPC worker on {host}:{port} ({threads} thread{'s' if threads != 1 else ''}); Ctrl-C stops it",
+              soft_wrap=True)
+    try:
+        proc = subprocess.run(cmd, env=dict(os.environ))
+    except KeyboardInterrupt:
+        raise typer.Exit(0) from None
+    if proc.returncode not in (0, -2, 130):
+        fail(f"ggml-rpc-server exited with {proc.returncode}")
 
 
 # --- bench ----------------------------------------------------------------------------------------

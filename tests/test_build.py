@@ -14,7 +14,7 @@ from ggspec.native import paths
 def test_patch_series_applies_to_the_pristine_pin(tmp_path, build_info):
     patches = nb.patch_files()
     assert [p.name for p in patches] == build_info.patches
-    assert [p.name[:5] for p in patches] == ["0001-", "0002-", "0003-", "0005-"]
+    assert [p.name[:5] for p in patches] == ["0001-", "0002-", "0003-", "0004-", "0005-"]
     tree = nb.prepare_tree(tmp_path, patches)
     assert (tree / "src" / "ggspec-shim.cpp").is_file()
     assert "ggml_gated_delta_net_set_snapshot_map" in (tree / "ggml" / "include" / "ggml.h").read_text()
@@ -45,7 +45,7 @@ def test_shim_functions_resolve(lc):
     lib = lc._lib
     from ggspec.native.bindings import SHIM_ABI_VERSION
 
-    assert lib.ggspec_shim_abi_version() == SHIM_ABI_VERSION == 3
+    assert lib.ggspec_shim_abi_version() == SHIM_ABI_VERSION == 4
     for name in ("ggspec_set_embeddings_layer_inp", "ggspec_get_embeddings_layer_inp",
                  "ggspec_model_target_layer_ids", "ggspec_model_target_layer_ids_n",
                  "ggspec_set_embeddings_nextn", "ggspec_get_embeddings_nextn",
@@ -90,7 +90,7 @@ def test_gpu_options_produce_the_ggml_flags():
     args = nb.BuildOptions(cuda=True, vulkan=True, tools=True).cmake_args()
     assert "-DGGML_CUDA=ON" in args and "-DGGML_VULKAN=ON" in args and "-DGGML_RPC=ON" in args
     assert "-DLLAMA_CURL=OFF" in args  # nothing is fetched during a build
-    assert "ggml-rpc-server" in nb.BuildOptions(tools=True).targets()
+    assert "ggml-rpc-server" in nb.BuildOptions().targets() and "-DGGML_RPC=ON" in nb.BuildOptions().cmake_args()
     assert "-DCMAKE_CUDA_ARCHITECTURES=90" in nb.BuildOptions(cuda=True, cuda_arch="90").cmake_args()
 
 

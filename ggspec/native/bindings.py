@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ggspec.native import build, paths
 
-SHIM_ABI_VERSION = 3
+SHIM_ABI_VERSION = 4
 GGML_LOG_LEVEL_ERROR = 4
 
 # llama.cpp logs a great deal to stderr. We keep its recent lines (errors explain NULL returns)
@@ -121,6 +121,8 @@ def _declare_shim(lib: ctypes.CDLL) -> None:
              [c_void_p, c_int32, c_void_p, c_int32, c_int64, c_int32], c_int32)
     _declare(lib, "ggspec_batch_add_layer_inputs",
              [c_void_p, c_int32, c_void_p, i32p, c_int32, c_int64, c_int32, c_int32, c_int32], c_int32)
+    # patch 0004: mirrored output head under a tensor split
+    _declare(lib, "ggspec_model_meta_mirror_output", [c_void_p], c_bool)
     # patch 0002: recurrent-state plane layout (capped planes, leading snapshots)
     _declare(lib, "ggspec_set_rs_planes", [c_void_p, c_int32, c_int32], c_int32)
     _declare(lib, "ggspec_get_rs_planes", [c_void_p, i32p, i32p], c_int32)

@@ -33,7 +33,7 @@ class BuildError(RuntimeError):
 class BuildOptions:
     cuda: bool = False
     vulkan: bool = False
-    tools: bool = False  # llama-server, llama-cli, llama-speculative-simple, ggml-rpc-server
+    tools: bool = False  # llama-server, llama-cli, llama-speculative-simple (RPC is always built)
     native: bool = True  # GGML_NATIVE: tune for this CPU (part of the cache key)
     cuda_arch: str = ""  # CMAKE_CUDA_ARCHITECTURES, e.g. "90" or "86;89"; "" = native (needs a GPU)
 
@@ -44,9 +44,9 @@ class BuildOptions:
             "-DBUILD_SHARED_LIBS=ON",
             "-DLLAMA_BUILD_TESTS=OFF",
             f"-DLLAMA_BUILD_EXAMPLES={on(self.tools)}",
-            f"-DLLAMA_BUILD_TOOLS={on(self.tools)}",
+            "-DLLAMA_BUILD_TOOLS=ON",  # configures tools/rpc; only the targets below are compiled
             f"-DLLAMA_BUILD_SERVER={on(self.tools)}",
-            f"-DGGML_RPC={on(self.tools)}",
+            "-DGGML_RPC=ON",  # --rpc devices and ggml-rpc-server (multi-device runs, issue 7)
             # nothing may be fetched during the build
             "-DLLAMA_CURL=OFF",
             "-DLLAMA_OPENSSL=OFF",
@@ -66,9 +66,9 @@ class BuildOptions:
         return args
 
     def targets(self) -> list[str]:
-        targets = ["llama"]
+        targets = ["llama", "ggml-rpc-server"]
         if self.tools:
-            targets += ["llama-server", "llama-cli", "llama-speculative-simple", "ggml-rpc-server"]
+            targets += ["llama-server", "llama-cli", "llama-speculative-simple"]
         return targets
 
 

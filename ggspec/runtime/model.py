@@ -9,23 +9,32 @@ import numpy as np
 
 from ggspec.errors import LlamaError
 from ggspec.runtime.handle import OwnedHandle
+from ggspec.native.bindings import last_log_error
 from ggspec.native.bindings import load as load_bindings
+from ggspec.runtime.devices import DeviceParams, Placement
 from ggspec.runtime.gguf_meta import GGUFMeta, read_meta
 
 
 class Model(OwnedHandle):
     """A loaded GGUF model. Use as a context manager or call `close()`."""
 
-    def __init__(self, path: str | Path, n_gpu_layers: int = 0, what: str = "model") -> None:
+    def __init__(self, path: str | Path, n_gpu_layers: int = 0, what: str = "model",
+                 placement: Placement | None = None) -> None:
+        """n_gpu_layers: layers offloaded to the devices (-1: all); placement: split mode, RPC
+        workers, proportions, mirrored head (see ggspec.runtime.devices)."""
         self.lc = load_bindings()
         self.meta: GGUFMeta = read_meta(path, what)  # validates the file before llama.cpp reads it
         self.path = Path(path)
         self.n_gpu_layers = n_gpu_layers
+        self.placement = placement or Placement()
         params = self.lc.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
+        self._device_params = DeviceParams(self.lc, self.placement)  # lives as long as the model
+        self._device_params.apply(params)
         ptr = self.lc.llama_model_load_from_file(str(self.path).encode(), params)
         if not ptr:
-            raise LlamaError(f"llama.cpp could not load the {what} model: {self.path}")
+            why = last_log_error()
+            raise LlamaError(f"llama.cpp could not load the {what} model: {self.path}" + (f" ({why})" if why else ""))
         self.ptr = ptr
         self.vocab = self.lc.llama_model_get_vocab(ptr)
         self.n_embd: int = self.lc.llama_model_n_embd(ptr)
@@ -35,6 +44,11 @@ class Model(OwnedHandle):
         self.is_recurrent: bool = bool(
             self.lc.llama_model_is_recurrent(ptr) or self.lc.llama_model_is_hybrid(ptr)
         )
+
+    @property
+    def mirrored_output(self) -> bool:
+        """Whether llama.cpp keeps the output head whole on every device of a tensor split."""
+        return bool(self.lc._lib.ggspec_model_meta_mirror_output(self.ptr))
 
     @property
     def arch(self) -> str:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ggspec.errors import InputError
 from ggspec.runtime import Context, ContextParams, Model
+from ggspec.runtime.devices import Placement
 from ggspec.runtime.gguf_meta import read_meta
 from ggspec.spec.dflash import INJECT_MODES, DFlashInfo, DFlashProposer, check_compatible, dflash_info, is_dflash
 from ggspec.spec.planes import AutoLead, PlaneOptions, default_lead
@@ -22,6 +23,7 @@ class PairConfig:
     n_gpu_layers: int = 0
     n_gpu_layers_draft: int = 0
     planes: PlaneOptions = field(default_factory=PlaneOptions)  # hybrid targets only
+    placement: Placement = field(default_factory=Placement)  # devices (target and draft alike)
     inject: str = "pruned"  # how target features reach the draft: pruned | deferred | immediate
 
 
@@ -44,12 +46,17 @@ class SpecPair:
             cfg.planes.check(self.n_max)
 
         self.target_model = (share_models.target_model if share_models
-                             else Model(cfg.target, cfg.n_gpu_layers, what="target"))
+                             else Model(cfg.target, cfg.n_gpu_layers, what="target", placement=cfg.placement))
         target_params = replace(cfg.ctx)
         planes = cfg.planes.n_planes(self.n_max)
         if self.info is not None and self.target_model.is_recurrent:
             # one plane per sequence holds the working state; the others are rollback snapshots
             target_params.n_rs_seq = planes - 1
+        elif self.target_model.is_recurrent and cfg.placement.split_mode == "tensor":
+            # upstream bug: a hybrid target without snapshot planes, tensor-split over RPC workers,
+            # makes the workers assert on an out-of-buffer tensor (pinned llama.cpp, patches or not);
+            # one spare plane avoids it for one recurrent state of memory
+            target_params.n_rs_seq = 1
         elif cfg.planes.given:
             self.warnings.append("recurrent plane options do nothing here (the target has no recurrent layers)"
                                  if self.info is not None else "recurrent plane options do nothing without a draft")
@@ -58,7 +65,7 @@ class SpecPair:
             self._set_layout(planes, cfg.planes.lead)
         if self.info is not None:
             self.draft_model = (share_models.draft_model if share_models
-                                else Model(cfg.draft, cfg.n_gpu_layers_draft, what="draft"))
+                                else Model(cfg.draft, cfg.n_gpu_layers_draft, what="draft", placement=cfg.placement))
             draft_params = replace(cfg.ctx, n_rs_seq=0)
             # the draft borrows the target's embeddings / output head through ctx_other
             self.draft_ctx = Context(self.draft_model, draft_params, ctx_other=self.target, what="draft")
@@ -125,6 +132,10 @@ class SpecPair:
             )
         info = dflash_info(draft)
         check_compatible(target, draft, info)
+        own_head = {"d2t", "output.weight"} & draft.tensors
+        if own_head and cfg.placement.split_mode == "tensor" and not cfg.placement.mirror_output:
+            raise InputError(f"the draft has its own output head ({', '.join(sorted(own_head))}): under -sm tensor "
+                             "the head is split by vocabulary rows and llama.cpp aborts on it; add --mirror-output")
         return info
 
     def _clamp_n_max(self) -> int:

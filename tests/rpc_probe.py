@@ -1,0 +1,60 @@
+"""Subprocess side of test_rpc.py. An RPC worker serves one client at a time, and llama.cpp
+keeps its connection for the whole process, so every RPC run happens in a process of its own.
+
+    python tests/rpc_probe.py logits TARGET OUT.npy [--rpc A,B -sm tensor|layer]
+    python tests/rpc_probe.py own-head TARGET DRAFT --rpc A,B [--mirror]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from ggspec.runtime import Batch, Context, ContextParams, Model
+from ggspec.runtime.devices import Placement
+from ggspec.spec.dflash import DFlashProposer, dflash_info
+
+PROMPT = "def parse(path):\n    with open(path) as f:\n        return [line.split() for line in f]\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("what", choices=["logits", "own-head"])
+    ap.add_argument("files", nargs="+")
+    ap.add_argument("--rpc")
+    ap.add_argument("-sm", default="none")
+    ap.add_argument("--mirror", action="store_true")
+    args = ap.parse_args()
+    placement = Placement.parse(args.sm if args.rpc else "none", args.rpc, None, args.mirror)
+    ngl = -1 if args.rpc else 0
+    # tensor parallelism runs flash attention whatever is asked: compare like with like
+    params = ContextParams(n_ctx=512, type_k="f32", type_v="f32", flash_attn="on")
+    if args.what == "logits":
+        target, out = args.files
+        with Model(target, ngl, placement=placement) as m:
+            # one snapshot plane, as SpecPair gives a hybrid target under -sm tensor (see pair.py)
+            params = replace(params, n_rs_seq=1 if m.is_recurrent else 0)
+        with Model(target, ngl, placement=placement) as m, Context(m, params) as ctx, Batch(ctx) as b:
+            tokens = m.tokenize(PROMPT)
+            ctx.decode(b.add_tokens(tokens, 0, outputs="all"))
+            np.save(out, ctx.logits())
+        return
+    # own-head: drive the draft directly, past ggspec's own check, to show what llama.cpp does
+    target, draft = args.files
+    with Model(target, ngl, placement=placement) as tm, Model(draft, ngl, placement=placement) as dm:
+        with Context(tm, params) as tctx, Context(dm, params, ctx_other=tctx) as dctx, Batch(tctx) as b:
+            proposer = DFlashProposer(tctx, dctx, dflash_info(dm.meta))
+            tokens = tm.tokenize(PROMPT)
+            tctx.decode(b.add_tokens(tokens, 0, outputs="last"))
+            proposer.capture(len(tokens), 0)
+            proposer.flush()
+            drafts = proposer.propose(int(tokens[-1]), len(tokens), 7)
+            print("drafts", " ".join(map(str, drafts)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,166 @@
+"""Multi-device runs through llama.cpp's RPC backend: two workers on loopback, started here.
+
+Every llama.cpp client runs in a subprocess (tests/rpc_probe.py or the CLI): a worker serves one
+client at a time and a client keeps its connection until its process ends.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import run_cli
+from ggspec.fixtures.tiny import write_dflash_draft
+
+PROBE = str(Path(__file__).with_name("rpc_probe.py"))
+PROMPT = "def parse(path):"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_worker(port: int, host: str = "127.0.0.1") -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-m", "ggspec.cli", "rpc-server", "-H", host, "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # its own group: stop it and its ggml-rpc-server
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                break
+        except OSError:
+            time.sleep(0.1)
+    else:
+        _stop(proc)
+        raise RuntimeError(f"RPC worker on port {port} did not start")
+    # the probe connection above was this worker's one client: let it go back to accepting
+    time.sleep(0.2)
+    return proc
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def workers(build_info):
+    ports = [_free_port(), _free_port()]
+    procs = [_start_worker(p) for p in ports]
+    yield ",".join(f"127.0.0.1:{p}" for p in ports)
+    for p in procs:
+        _stop(p)
+
+
+def _probe(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, PROBE, *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("kind", ["dense", "hybrid"])
+@pytest.mark.parametrize("mode", ["tensor", "layer"])
+def test_split_logits_match_one_device(kind, mode, workers, dense_pair, hybrid_pair, tmp_path):
+    target = (dense_pair if kind == "dense" else hybrid_pair).target
+    one, split = tmp_path / "one.npy", tmp_path / "split.npy"
+    assert _probe("logits", str(target), str(one)).returncode == 0
+    proc = _probe("logits", str(target), str(split), "--rpc", workers, "-sm", mode)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    a, b = np.load(one), np.load(split)
+    nmse = float(((a - b) ** 2).mean() / (a ** 2).mean())
+    # f32 weights and caches, flash attention on in both runs: only summation order differs
+    assert nmse < 1e-6, nmse
+    assert (a.argmax(axis=1) == b.argmax(axis=1)).mean() >= 0.95
+
+
+@pytest.mark.parametrize("kind", ["dense", "hybrid"])
+@pytest.mark.parametrize("mode", ["tensor", "layer"])
+def test_greedy_speculation_is_lossless_across_devices(kind, mode, workers, dense_pair, hybrid_pair):
+    pair = dense_pair if kind == "dense" else hybrid_pair
+    common = ("--rpc", workers, "-sm", mode, "-n", "24", "--ignore-eos", "-p", PROMPT)
+    spec = run_cli("run", "-m", str(pair.target), "-md", str(pair.draft), "--spec-draft-n-max", "7", *common)
+    plain = run_cli("run", "-m", str(pair.target), "--no-spec", *common)
+    assert spec.returncode == 0 and plain.returncode == 0, spec.stderr[-2000:] + plain.stderr[-2000:]
+    assert spec.stdout == plain.stdout and len(spec.stdout) > len(PROMPT)
+    assert f"devices (-sm {mode}" in spec.stderr and "RPC0" in spec.stderr and "RPC1" in spec.stderr
+
+
+def test_draft_with_its_own_head_needs_the_mirror(workers, dense_pair, tmp_path):
+    draft = write_dflash_draft(tmp_path / "own-head.gguf", target_kind="dense", seed=0, own_head_vocab=256)
+    target = str(dense_pair.target)
+    # raw llama.cpp, past ggspec's check: the d2t scatter asserts on a vocab-split head
+    raw = _probe("own-head", target, str(draft), "--rpc", workers, "-sm", "tensor")
+    assert raw.returncode != 0
+    assert "GGML_ASSERT(src_ss[0].axis != GGML_BACKEND_SPLIT_AXIS_1)" in raw.stderr
+    ok = _probe("own-head", target, str(draft), "--rpc", workers, "-sm", "tensor", "--mirror")
+    assert ok.returncode == 0 and ok.stdout.startswith("drafts"), ok.stderr[-2000:]
+    # ggspec itself refuses before loading anything, in one line
+    common = ("--rpc", workers, "-sm", "tensor", "-n", "16", "--ignore-eos", "-p", PROMPT)
+    refused = run_cli("run", "-m", target, "-md", str(draft), *common)
+    assert refused.returncode == 1 and "add --mirror-output" in refused.stderr and "Traceback" not in refused.stderr
+    spec = run_cli("run", "-m", target, "-md", str(draft), "--mirror-output", *common)
+    plain = run_cli("run", "-m", target, "--no-spec", *common)
+    assert spec.returncode == 0, spec.stderr[-2000:]
+    assert spec.stdout == plain.stdout and "output head mirrored" in spec.stderr
+    assert "output head split by vocabulary rows" in plain.stderr
+
+
+def test_a_worker_that_dies_mid_run_is_a_clear_error(dense_pair, build_info):
+    ports = [_free_port(), _free_port()]
+    procs = [_start_worker(p) for p in ports]
+    try:
+        rpc = ",".join(f"127.0.0.1:{p}" for p in ports)
+        run = subprocess.Popen([sys.executable, "-m", "ggspec.cli", "run", "-m", str(dense_pair.target),
+                                "-md", str(dense_pair.draft), "--rpc", rpc, "-sm", "tensor", "-n", "3500",
+                                "-c", "4096", "--ignore-eos", "-p", PROMPT],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert run.stdout.read(len(PROMPT) + 8)  # decoding has started
+        _stop(procs[1])
+        try:
+            _, err = run.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            run.kill()
+            pytest.fail("the run hung after its worker died")
+        assert run.returncode == 1, err[-2000:]
+        assert "error: llama.cpp aborted: an RPC worker stopped answering (--rpc " + rpc in err
+        assert "Traceback" not in err
+    finally:
+        for p in procs:
+            _stop(p)
+
+
+def test_rpc_server_warns_before_binding_beyond_loopback(build_info):
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "ggspec.cli", "rpc-server", "-H", "0.0.0.0", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        first = proc.stderr.readline() + proc.stderr.readline()
+        assert "warning: binding 0.0.0.0" in first and "no authentication" in first
+    finally:
+        _stop(proc)
+
+
+@pytest.mark.parametrize("args, msg", [
+    (("--rpc", "localhost"), "expected host:port"),
+    (("--rpc", "127.0.0.1:1"), "cannot reach the RPC worker"),
+    (("-sm", "tensor"), "add devices with --rpc"),
+    (("-sm", "diagonal"), "expected one of none, layer, row, tensor"),
+    (("--rpc", "127.0.0.1:1,127.0.0.1:2", "-ts", "1,1,1"), "3 proportions for 2 --rpc devices"),
+    (("--mirror-output",), "only applies to -sm tensor"),
+])
+def test_bad_device_input_is_one_line(args, msg, dense_pair):
+    proc = run_cli("run", "-m", str(dense_pair.target), "--no-spec", "-n", "4", *args)
+    assert proc.returncode == 1 and msg in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
