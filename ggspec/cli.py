@@ -35,7 +35,8 @@ def build(
     cuda: Annotated[bool, typer.Option("--cuda", help="Build the CUDA backend (GGML_CUDA=ON).")] = False,
     vulkan: Annotated[bool, typer.Option("--vulkan", help="Build the Vulkan backend (GGML_VULKAN=ON).")] = False,
     tools: Annotated[bool, typer.Option(
-        "--tools", help="Also build llama-server, llama-cli and llama-speculative-simple (ggml-rpc-server is always built).")] = False,
+        "--tools",
+        help="Also build llama-server, llama-cli and llama-speculative-simple (ggml-rpc-server is always built).")] = False,
     cuda_arch: Annotated[str, typer.Option(
         "--cuda-arch", help="CUDA architectures (CMAKE_CUDA_ARCHITECTURES), e.g. 90; default: the visible GPU.")] = "",
     native: Annotated[bool, typer.Option(
@@ -296,6 +297,13 @@ def bench(
         help="BENCHMARK DEVICE: replay a histogram of accepted counts (dflash, mtp, uniform or a file of "
              "weights) instead of the draft's own proposals; every row says so.")] = None,
     threads: Annotated[int, typer.Option("-t", "--threads", help="CPU threads.")] = 1,
+    n_gpu_layers: Annotated[Optional[int], typer.Option(
+        "-ngl", "--n-gpu-layers", help="Layers to offload, -1 = all [default: all with --rpc, else 0].")] = None,
+    rpc: Annotated[Optional[str], typer.Option("--rpc", help="llama.cpp RPC workers host:port[,...].")] = None,
+    split_mode: Annotated[Optional[str], typer.Option("-sm", "--split-mode", help="none, layer, row or tensor.")] = None,
+    tensor_split: Annotated[Optional[str], typer.Option("-ts", "--tensor-split", help="Proportions per device.")] = None,
+    mirror_output: Annotated[bool, typer.Option(
+        "--mirror-output", help="-sm tensor: a whole output head on every device (patch 0004).")] = False,
     output: Annotated[str, typer.Option("-o", "--output", help="Output format: md, csv, json or jsonl.")] = "md",
     save: Annotated[Optional[Path], typer.Option(
         "--save", help="Also save the JSON document here (after every configuration), plots next to it.")] = None,
@@ -316,7 +324,9 @@ def bench(
         given = [flag for flag, v in (("-m", model), ("-md", draft), ("--pair", pair), ("--prompts", prompts),
                                       ("--spec-draft-n-max", n_max), ("-ctk", type_k), ("-ctv", type_v), ("-c", n_ctx),
                                       ("--spec-draft-rs-planes", rs_planes), ("--spec-draft-rs-planes-lead", rs_lead),
-                                      ("--spec-dflash-inject", inject), ("--acceptance-profile", profile)) if v]
+                                      ("--spec-dflash-inject", inject), ("--acceptance-profile", profile),
+                                      ("--rpc", rpc), ("-sm", split_mode), ("-ts", tensor_split),
+                                      ("-ngl", n_gpu_layers)) if v is not None and v is not False]
         if given:
             fail(f"--resume continues with the saved settings: drop {', '.join(given)}")
         if save is not None and save != resume:
@@ -341,8 +351,15 @@ def bench(
         if axes.is_matrix and not matrix:
             fail(f"the comma lists make {axes.size} combinations: add --matrix to run them")
         name, weights = parse_profile(profile)
+        from ggspec.runtime.devices import Placement
+
+        placement = Placement.parse(split_mode, rpc, tensor_split, mirror_output)
+        if native and placement.rpc:
+            fail("--native cannot share the --rpc workers: a worker serves one client at a time")
+        ngl = n_gpu_layers if n_gpu_layers is not None else (-1 if placement.multi_device else 0)
         settings = Settings(target=str(target), draft=str(draft_path), n_predict=n_predict, reps=reps, threads=threads,
-                            warmup=warmup, profile=name, profile_weights=weights, prompts=tuple(load_prompts(prompts)))
+                            warmup=warmup, profile=name, profile_weights=weights, prompts=tuple(load_prompts(prompts)),
+                            placement=placement, n_gpu_layers=ngl)
         plan = Plan(settings, axes, native=native, save_path=save)
     _bench(BenchSession(plan), output, plot)
 

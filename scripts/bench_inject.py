@@ -10,9 +10,9 @@ same patched build (patch 0005, GGSPEC_BENCH_FORCED) with upstream's immediate i
 with patch 0003's deferral; it needs `ggspec build --tools`.
 
 Every configuration runs each prompt once per repetition, interleaved in a random order (a fixed
-cycle would always put the same configuration right after a C++ process, on cold caches). Ratios are per repetition (all prompts pooled), then
-the median over repetitions with the range in brackets. Every run's text is checked against
-plain greedy decoding.
+cycle would always put the same configuration right after a C++ process, on cold caches). Ratios
+are per repetition (all prompts pooled), then the median over repetitions with the range in
+brackets. Every run's text is checked against plain greedy decoding.
 """
 
 from __future__ import annotations

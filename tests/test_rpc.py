@@ -6,6 +6,7 @@ client at a time and a client keeps its connection until its process ends.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -164,3 +165,15 @@ def test_rpc_server_warns_before_binding_beyond_loopback(build_info):
 def test_bad_device_input_is_one_line(args, msg, dense_pair):
     proc = run_cli("run", "-m", str(dense_pair.target), "--no-spec", "-n", "4", *args)
     assert proc.returncode == 1 and msg in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_bench_runs_on_the_workers(workers, dense_pair):
+    proc = run_cli("bench", "-m", str(dense_pair.target), "-md", str(dense_pair.draft), "--spec-draft-n-max", "3",
+                   "--rpc", workers, "-sm", "tensor", "-r", "1", "-n", "8", "--no-warmup", "-o", "jsonl", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert {r["devices"] for r in rows} == {f"-sm tensor over {workers}"}
+    spec = [r for r in rows if r["kind"] == "spec" and r["category"] == "all"]
+    assert spec and spec[0]["identical"] == "12/12"
+    refused = run_cli("bench", "-m", str(dense_pair.target), "-md", str(dense_pair.draft), "--native", "--rpc", workers)
+    assert refused.returncode == 1 and "serves one client at a time" in refused.stderr

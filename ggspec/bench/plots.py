@@ -60,7 +60,8 @@ def _decode_plot(plt, rows: list[dict], doc: dict, path: Path) -> None:
         ax.vlines(rows[start]["decode_tps_mean"], start - 0.45, end - 0.55, color="0.35", linestyle="--", linewidth=0.9)
     for yi, r in zip(y, rows):
         if r["kind"] != "baseline" and r["speedup_mean"] is not None:
-            ax.text(r["decode_tps_mean"] + (r["decode_tps_sd"] or 0.0), yi, f"  {r['speedup_mean']:.2f}×", va="center", fontsize=8)
+            x = r["decode_tps_mean"] + (r["decode_tps_sd"] or 0.0)
+            ax.text(x, yi, f"  {r['speedup_mean']:.2f}×", va="center", fontsize=8)
     ax.set_xlabel("decode tokens/s (mean ± sd over repetitions); grey = no-spec baseline (dashed), "
                   "orange = llama.cpp's loop", fontsize=8)
     ax.set_title(_title(doc), fontsize=9)

@@ -21,7 +21,8 @@ from ggspec.bench.configs import BenchConfig, Skipped
 from ggspec.bench.prompts import Prompt
 from ggspec.bench.runner import Run, Settings
 from ggspec.errors import InputError
-from ggspec.spec.stats import RunStats, merge
+from ggspec.runtime.devices import Placement
+from ggspec.spec.stats import merge
 
 SCHEMA = "ggspec-bench/1"
 
@@ -40,7 +41,7 @@ ROW_FIELDS = (
     # hybrid targets and memory
     "replay_share", "plane_layout", "plane_bytes", "rss_mib", "peak_rss_mib",
     # lossless check and provenance
-    "identical", "build", "patches", "target_sha256", "draft_sha256", "machine",
+    "identical", "build", "patches", "target_sha256", "draft_sha256", "machine", "devices",
 )
 
 
@@ -89,7 +90,7 @@ def _row(cfg: BenchConfig, category: str, runs: list[Run], by_config: dict, sett
                lead=cfg.lead or None, inject=cfg.inject or None,
                build=meta.get("build"), patches=",".join(meta.get("patches", [])),
                target_sha256=meta.get("target_sha256"), draft_sha256=meta.get("draft_sha256"),
-               machine=meta.get("machine"))
+               machine=meta.get("machine"), devices=settings.devices)
     mean, sd = _mean_sd(tps)
     row.update(decode_tps_mean=_r(mean, 2), decode_tps_sd=_r(sd, 2),
                rss_mib=_r(max(r.rss_mib for r in runs), 1), peak_rss_mib=_r(max(r.peak_rss_mib for r in runs), 1))
@@ -170,6 +171,8 @@ def settings_from(doc: dict) -> Settings:
     s = dict(doc["settings"])
     s["prompts"] = tuple(Prompt(**p) for p in s["prompts"])
     s["profile_weights"] = tuple(s["profile_weights"]) if s["profile_weights"] is not None else None
+    p = s.get("placement") or {}
+    s["placement"] = Placement(**{**p, "rpc": tuple(p.get("rpc", ())), "tensor_split": tuple(p.get("tensor_split", ()))})
     return Settings(**s)
 
 

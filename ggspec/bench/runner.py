@@ -24,9 +24,11 @@ from ggspec.bench.native import find_tool, run_cpp
 from ggspec.bench.prompts import Prompt
 from ggspec.runtime import ContextParams
 from ggspec.runtime.context import resolve_flash_attn
+from ggspec.runtime.devices import Placement
 from ggspec.spec.forced import ForcedAcceptance, profile_lengths
 from ggspec.spec.loop import generate_greedy, generate_spec
 from ggspec.spec.pair import PairConfig, SpecPair
+from ggspec.spec.planes import PlaneOptions
 from ggspec.spec.stats import RunStats
 
 WARMUP_TOKENS = 16
@@ -44,6 +46,18 @@ class Settings:
     profile: str | None  # acceptance profile (benchmark device) or None: the real draft
     profile_weights: tuple[float, ...] | None
     prompts: tuple[Prompt, ...]
+    placement: Placement = Placement()  # devices: the same for every configuration
+    n_gpu_layers: int = 0
+
+    @property
+    def devices(self) -> str:
+        """The placement in words (a column of every row)."""
+        p = self.placement
+        if not p.rpc:
+            return "cpu" if self.n_gpu_layers == 0 else f"-ngl {self.n_gpu_layers} -sm {p.split_mode}"
+        head = " (mirrored head)" if p.mirror_output else ""
+        split = f" -ts {','.join(f'{x:g}' for x in p.tensor_split)}" if p.tensor_split else ""
+        return f"-sm {p.split_mode} over {','.join(p.rpc)}{split}{head}"
 
 
 @dataclass
@@ -83,8 +97,7 @@ class Runner:
     def __init__(self, settings: Settings) -> None:
         self.s = settings
         # owns the loaded models for the whole benchmark; tiny contexts, never used to measure
-        self.anchor = SpecPair(PairConfig(target=Path(settings.target), draft=Path(settings.draft), n_max=1,
-                                          ctx=ContextParams(n_ctx=256, n_threads=settings.threads)))
+        self.anchor = SpecPair(self._pair_config(None, ContextParams(n_ctx=256, n_threads=settings.threads), n_max=1))
         self.recurrent = self.anchor.target_model.is_recurrent
         self.tokens = [self.anchor.target_model.tokenize(p.text) for p in settings.prompts]
         self._baselines: dict[str, SpecPair] = {}
@@ -108,15 +121,21 @@ class Runner:
     def _ctx(self, cfg: BenchConfig) -> ContextParams:
         return ContextParams(n_ctx=cfg.n_ctx, n_threads=self.s.threads, type_k=cfg.ctk, type_v=cfg.ctv)
 
+    def _pair_config(self, cfg: BenchConfig | None, ctx: ContextParams, n_max: int = 1,
+                     speculative: bool = True) -> PairConfig:
+        s = self.s
+        return PairConfig(target=Path(s.target), draft=Path(s.draft) if speculative else None,
+                          n_max=cfg.n_max if cfg else n_max, ctx=ctx,
+                          planes=cfg.plane_options if cfg else PlaneOptions(), inject=(cfg.inject if cfg else "") or "pruned",
+                          placement=s.placement, n_gpu_layers=s.n_gpu_layers, n_gpu_layers_draft=s.n_gpu_layers)
+
     def _pair(self, cfg: BenchConfig) -> SpecPair:
-        pc = PairConfig(target=Path(self.s.target), draft=Path(self.s.draft), n_max=cfg.n_max, ctx=self._ctx(cfg),
-                        planes=cfg.plane_options, inject=cfg.inject or "pruned")
-        return SpecPair(pc, share_models=self.anchor)
+        return SpecPair(self._pair_config(cfg, self._ctx(cfg)), share_models=self.anchor)
 
     def _baseline(self, cfg: BenchConfig) -> SpecPair:
         base = cfg.baseline()
         if base.key not in self._baselines:
-            pc = PairConfig(target=Path(self.s.target), ctx=self._ctx(base))
+            pc = self._pair_config(None, self._ctx(base), speculative=False)
             self._baselines[base.key] = SpecPair(pc, share_models=self.anchor)
         return self._baselines[base.key]
 

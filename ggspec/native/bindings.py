@@ -13,7 +13,7 @@ import os
 import sys
 import types
 from collections import deque
-from ctypes import POINTER, c_bool, c_float, c_int8, c_int32, c_int64, c_uint32, c_void_p
+from ctypes import POINTER, c_bool, c_float, c_int32, c_int64, c_uint32, c_void_p
 from functools import cache
 from pathlib import Path
 
