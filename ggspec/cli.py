@@ -100,6 +100,8 @@ def run(
     mirror_output: Annotated[bool, typer.Option(
         "--mirror-output", help="-sm tensor: keep a full copy of the output head on every device (patch 0004; "
                                 "needed by drafts with their own head / d2t).")] = False,
+    rpc_timeout: Annotated[float, typer.Option(
+        "--rpc-timeout", help="Seconds one llama.cpp call may wait on the RPC workers before the run ends.")] = 120.0,
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="Keep generating past end-of-generation tokens.")] = False,
     inject: Annotated[str, typer.Option(
         "--spec-dflash-inject",
@@ -128,7 +130,7 @@ def run(
     planes = PlaneOptions.parse(_pick(rs_planes, rec, "planes", None), _pick(rs_lead, rec, "lead", None))
     from ggspec.runtime.devices import Placement
 
-    placement = Placement.parse(split_mode, rpc, tensor_split, mirror_output)
+    placement = Placement.parse(split_mode, rpc, tensor_split, mirror_output, rpc_timeout)
     ngl = n_gpu_layers if n_gpu_layers is not None else (-1 if placement.multi_device else 0)
     cfg = PairConfig(
         target=target,

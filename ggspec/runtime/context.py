@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ggspec.errors import InputError, LlamaError
+from ggspec.runtime import watchdog
 from ggspec.runtime.handle import OwnedHandle
 from ggspec.native.bindings import last_log_error
 from ggspec.runtime.model import Model
@@ -109,7 +110,11 @@ class Context(OwnedHandle):
 
     def decode(self, batch) -> None:
         """Run one `llama_process` over the batch; raises LlamaError on any failure code."""
-        rc = self.lc.llama_process(self.ptr, self.lc.LLAMA_PROCESS_TYPE_DECODE, batch.ptr)
+        watchdog.begin()  # watched only while RPC workers are in use
+        try:
+            rc = self.lc.llama_process(self.ptr, self.lc.LLAMA_PROCESS_TYPE_DECODE, batch.ptr)
+        finally:
+            watchdog.end()
         if rc != 0:
             raise LlamaError(f"llama_process failed (rc={rc}): {last_log_error()}")
         self._n_outputs = batch.n_outputs

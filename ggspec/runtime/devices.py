@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from functools import cache
 
 from ggspec.errors import InputError, LlamaError
+from ggspec.runtime import watchdog
 
 SPLIT_MODES = {"none": 0, "layer": 1, "row": 2, "tensor": 3}
 MIRROR_KEY = b"ggspec.meta_mirror_output"  # the bool kv override patch 0004 reads at load
@@ -25,9 +26,11 @@ class Placement:
     rpc: tuple[str, ...] = ()  # "host:port" endpoints
     tensor_split: tuple[float, ...] = ()  # proportions per device; () = llama.cpp's choice
     mirror_output: bool = False
+    rpc_timeout: float = 120.0  # seconds a llama.cpp call may wait on the workers (see watchdog.py)
 
     @staticmethod
-    def parse(split_mode: str | None, rpc: str | None, tensor_split: str | None, mirror_output: bool) -> "Placement":
+    def parse(split_mode: str | None, rpc: str | None, tensor_split: str | None, mirror_output: bool,
+              rpc_timeout: float = 120.0) -> "Placement":
         sm = split_mode or "none"
         if sm not in SPLIT_MODES:
             raise InputError(f"-sm {sm}: expected one of {', '.join(SPLIT_MODES)}")
@@ -42,7 +45,9 @@ class Placement:
                 raise InputError(f"-ts {tensor_split}: expected proportions like 3,1") from None
             if any(x < 0 for x in ts) or sum(ts) <= 0 or len(ts) > 16:
                 raise InputError(f"-ts {tensor_split}: expected up to 16 non-negative proportions, not all zero")
-        p = Placement(sm, endpoints, ts, mirror_output)
+        if rpc_timeout <= 0:
+            raise InputError(f"--rpc-timeout {rpc_timeout:g}: must be positive")
+        p = Placement(sm, endpoints, ts, mirror_output, rpc_timeout)
         p.check()
         return p
 
@@ -116,6 +121,7 @@ class DeviceParams:
 
             devs = [rpc_device(e) for e in placement.rpc]
             install_abort_handler("--rpc " + ",".join(placement.rpc))
+            watchdog.arm(placement.rpc_timeout, "--rpc " + ",".join(placement.rpc))
             self._devices = (ctypes.c_void_p * (len(devs) + 1))(*devs, None)
         if placement.tensor_split:
             self._split = (ctypes.c_float * 16)(*placement.tensor_split)
