@@ -382,7 +382,7 @@ def _bench(session, output: str, plot: bool) -> None:
         with Progress(*columns, console=err, transient=True) as progress:
             overall = progress.add_task(f"{len(todo)} configurations", total=session.remaining_pairs())
             for cfg in todo:
-                task = progress.add_task(f"  {cfg.label}", total=session.runs_per_config - len(session._done.get(cfg.key, ())))
+                task = progress.add_task(f"  {cfg.label}", total=session.missing(cfg))
                 for run in session.config_runs(cfg):
                     if run.paired_with:  # the second run of a pair: one step done
                         progress.advance(task)

@@ -108,10 +108,14 @@ class BenchSession:
         return self.settings.reps * len(self.settings.prompts)
 
     def todo(self) -> list[BenchConfig]:
-        return [c for c in self.configs if len(self._done.get(c.key, ())) < self.runs_per_config]
+        return [c for c in self.configs if self.missing(c) > 0]
+
+    def missing(self, cfg: BenchConfig) -> int:
+        """(rep, prompt) pairs of this configuration still to measure."""
+        return self.runs_per_config - len(self._done.get(cfg.key, ()))
 
     def remaining_pairs(self) -> int:
-        return sum(self.runs_per_config - len(self._done.get(c.key, ())) for c in self.configs)
+        return sum(self.missing(c) for c in self.configs)
 
     def config_runs(self, cfg: BenchConfig) -> Iterator[Run]:
         """Measure what is missing of one configuration; every record is kept as it arrives."""
