@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import platform
 from datetime import datetime, timezone
 from pathlib import Path
 
+from ggspec.fixtures.tiny import file_sha256 as sha256_of
 from ggspec.native import paths
 from ggspec.native.bindings import current_build
 
@@ -23,11 +23,7 @@ def file_sha256(path: Path) -> str:
         cache = {}
     key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
     if key not in cache:
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-        cache[key] = h.hexdigest()
+        cache[key] = sha256_of(path)
         cache_file.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache_file.with_name(f"hashes.json.{os.getpid()}")
         tmp.write_text(json.dumps(cache, indent=1))

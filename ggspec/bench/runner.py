@@ -75,10 +75,12 @@ class Run:
     plane_bytes: int = 0  # recurrent state memory per sequence (hybrid targets)
     plane_layout: str = ""
     tokens: list[int] = field(default_factory=list, repr=False)  # not saved
+    text: str = field(default="", repr=False)  # llama.cpp's tool: its printed text (not saved)
 
     def to_json(self) -> dict:
         d = asdict(self)
         d.pop("tokens")
+        d.pop("text")
         return d
 
     @staticmethod
@@ -220,8 +222,7 @@ class Runner:
                                                  plane_bytes=sp.recurrent_bytes(), plane_layout=sp.plane_layout)
                         else:
                             stats, text = self._native(cfg, i, self.s.n_predict)
-                            runs["config"] = Run(cfg.key, rep, i, prompt.category, stats)
-                            runs["config"].tokens = [text]  # compared as text below
+                            runs["config"] = Run(cfg.key, rep, i, prompt.category, stats, text=text)
                     c, b = runs["config"], runs["base"]
                     c.identical = self._same(c, b, prompt.text, base_sp)
                     for r in (c, b):
@@ -234,9 +235,9 @@ class Runner:
 
     @staticmethod
     def _same(c: Run, b: Run, prompt: str, base_sp: SpecPair) -> bool:
-        if c.tokens and isinstance(c.tokens[0], str):  # llama.cpp's tool: text, and it may run a few tokens on
+        if c.text:  # llama.cpp's tool: compared as text, and it may run a few tokens on
             want = prompt + base_sp.target_model.detokenize(b.tokens)
-            got = c.tokens[0]
+            got = c.text
             n = min(len(want), len(got))
             return n > len(prompt) and got[:n] == want[:n]
         return c.tokens == b.tokens
