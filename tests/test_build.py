@@ -74,7 +74,7 @@ def test_second_build_is_a_cache_hit(build_info):
 
 def test_key_follows_patches_options_and_cpu(tmp_path, monkeypatch):
     base = nb.build_key(nb.BuildOptions())
-    assert nb.build_key(nb.BuildOptions(tools=True)) != base
+    assert nb.build_key(nb.BuildOptions(tools=True)) == base  # targets live in build.json, not the key
     assert nb.build_key(nb.BuildOptions(cuda=True)) != base
     assert nb.build_key(nb.BuildOptions(native=False)) != base
     copy = tmp_path / "patches"
@@ -84,6 +84,34 @@ def test_key_follows_patches_options_and_cpu(tmp_path, monkeypatch):
     first = sorted(copy.glob("*.patch"))[0]
     first.write_bytes(first.read_bytes() + b"\n")
     assert nb.build_key(nb.BuildOptions()) != base
+
+
+def test_tools_build_serves_plain_and_plain_build_is_extended(tmp_path, monkeypatch):
+    """A newcomer's two commands compile llama.cpp once: `build --tools` satisfies `build`, and
+    `build --tools` after `build` compiles only the tools, in the same configured directory."""
+    monkeypatch.setenv("GGSPEC_HOME", str(tmp_path))
+    plain, tools = nb.BuildOptions(), nb.BuildOptions(tools=True)
+    root = tmp_path / "builds" / nb.build_key(plain)
+    (root / "build" / "bin").mkdir(parents=True)
+    (root / "build" / "bin" / "libllama.so").write_bytes(b"")
+    (root / "build" / "CMakeCache.txt").write_text("")
+    (root / "llama.cpp").mkdir()
+    info = nb.BuildInfo(key=nb.build_key(plain), root=str(root), lib_dir=str(root / "build" / "bin"),
+                        options={"tools": False}, patches=[], cpu_target="x", seconds=100.0,
+                        targets=list(nb.LIBRARY_TARGETS))
+    nb._write_info(root, info)
+    assert nb.find_build(plain) is not None and nb.find_build(tools) is None
+
+    compiled = []
+    monkeypatch.setattr(nb, "compile_tree", lambda tree, bdir, opts, targets, on_line: compiled.append(
+        (tree, bdir, list(targets))))
+    extended = nb.build(tools)
+    assert compiled == [(root / "llama.cpp", root / "build", list(nb.TOOL_TARGETS))]
+    assert set(extended.targets) == set(nb.LIBRARY_TARGETS + nb.TOOL_TARGETS) and extended.options["tools"]
+    assert nb.find_build(tools) is not None and nb.find_build(plain).key == extended.key
+
+    again = nb.build(plain)  # the tools build serves the plain request: nothing compiled
+    assert again.cached and len(compiled) == 1 and nb.current_options().tools
 
 
 def test_gpu_options_produce_the_ggml_flags():

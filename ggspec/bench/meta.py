@@ -8,27 +8,9 @@ import platform
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ggspec.fixtures.tiny import file_sha256 as sha256_of
+from ggspec.files import cached_sha256 as file_sha256
 from ggspec.native import paths
 from ggspec.native.bindings import current_build
-
-
-def file_sha256(path: Path) -> str:
-    """sha256 of a model file, cached by (path, size, mtime): hashing 20 GB takes a minute."""
-    st = path.stat()
-    cache_file = paths.ggspec_home() / "hashes.json"
-    try:
-        cache = json.loads(cache_file.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        cache = {}
-    key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
-    if key not in cache:
-        cache[key] = sha256_of(path)
-        cache_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache_file.with_name(f"hashes.json.{os.getpid()}")
-        tmp.write_text(json.dumps(cache, indent=1))
-        os.replace(tmp, cache_file)
-    return cache[key]
 
 
 def machine() -> str:
@@ -50,7 +32,8 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} cores{mem}, {platform.system()} {platform.release()}"
 
 
-def collect(target: Path, draft: Path, threads: int) -> dict:
+def collect(target: Path, draft: Path | None, threads: int) -> dict:
+    """`draft` None: a target-only benchmark ("draft" is "" and "draft_sha256" null)."""
     info = current_build()
     return {
         "build": info.key,
@@ -58,8 +41,8 @@ def collect(target: Path, draft: Path, threads: int) -> dict:
         "patches": info.patches,
         "target": str(target),
         "target_sha256": file_sha256(target),
-        "draft": str(draft),
-        "draft_sha256": file_sha256(draft),
+        "draft": str(draft) if draft else "",
+        "draft_sha256": file_sha256(draft) if draft else None,
         "machine": machine(),
         "threads": threads,
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),

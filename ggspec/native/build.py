@@ -1,8 +1,9 @@
 """Build the patched llama.cpp: fetch the pinned sdist, extract, patch, configure, compile.
 
 Every build lives in `$GGSPEC_HOME/builds/<key>/`, where the key hashes everything that changes
-the binaries: the pin, the bytes of every patch, the cmake options and the CPU target. A build
-whose key already has a finished `build.json` is reused as is.
+the binaries: the pin, the bytes of every patch, the cmake options and the CPU target. Which
+targets are compiled is not part of the key: `build.json` lists them, a build with the tools
+serves a plain request, and a plain build is extended in place when the tools are asked for.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import sys
 import tarfile
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import cache
 from pathlib import Path
 
@@ -43,9 +44,11 @@ class BuildOptions:
             "-DCMAKE_BUILD_TYPE=Release",
             "-DBUILD_SHARED_LIBS=ON",
             "-DLLAMA_BUILD_TESTS=OFF",
-            f"-DLLAMA_BUILD_EXAMPLES={on(self.tools)}",
-            "-DLLAMA_BUILD_TOOLS=ON",  # configures tools/rpc; only the targets below are compiled
-            f"-DLLAMA_BUILD_SERVER={on(self.tools)}",
+            # tools, examples and server are always configured (one configuration serves plain and
+            # --tools builds); only the targets below are compiled
+            "-DLLAMA_BUILD_EXAMPLES=ON",
+            "-DLLAMA_BUILD_TOOLS=ON",
+            "-DLLAMA_BUILD_SERVER=ON",
             "-DGGML_RPC=ON",  # --rpc devices and ggml-rpc-server (multi-device runs, issue 7)
             # nothing may be fetched during the build
             "-DLLAMA_CURL=OFF",
@@ -66,10 +69,14 @@ class BuildOptions:
         return args
 
     def targets(self) -> list[str]:
-        targets = ["llama", "ggml-rpc-server"]
+        targets = list(LIBRARY_TARGETS)
         if self.tools:
-            targets += ["llama-server", "llama-cli", "llama-speculative-simple"]
+            targets += TOOL_TARGETS
         return targets
+
+
+LIBRARY_TARGETS = ("llama", "ggml-rpc-server")
+TOOL_TARGETS = ("llama-server", "llama-cli", "llama-speculative-simple", "llama-completion")
 
 
 @dataclass
@@ -81,7 +88,11 @@ class BuildInfo:
     patches: list[str]
     cpu_target: str
     seconds: float
+    targets: list[str] = field(default_factory=list)  # what has been compiled in this build dir
     cached: bool = field(default=False, compare=False)
+
+    def has(self, options: BuildOptions) -> bool:
+        return set(options.targets()) <= set(self.targets)
 
 
 # --- cache key ------------------------------------------------------------------------------------
@@ -169,12 +180,13 @@ def native_fixups() -> list[str]:
 
 
 def build_key(options: BuildOptions) -> str:
+    """Names the build directory. The targets are not part of it: a `--tools` build serves a plain
+    one, and asking for the tools later compiles them into the same directory."""
     h = hashlib.sha256()
     ident = {
         "pin": f"{paths.PIN_PACKAGE}=={paths.PIN_VERSION}",
         "patches": [(f.name, hashlib.sha256(f.read_bytes()).hexdigest()) for f in patch_files()],
         "cmake": options.cmake_args(),
-        "targets": options.targets(),
         "cpu": cpu_target(options.native),
     }
     h.update(json.dumps(ident, sort_keys=True).encode())
@@ -267,13 +279,14 @@ def prepare_tree(root: Path, patches: list[Path]) -> Path:
 _PROGRESS_RE = re.compile(r"^\[\s*(\d+)%\]\s+(.*)$")
 
 
-def compile_tree(tree: Path, build_dir: Path, options: BuildOptions,
+def compile_tree(tree: Path, build_dir: Path, options: BuildOptions, targets: Iterable[str],
                  on_line: Callable[[int | None, str], None]) -> None:
-    """Configure and compile, reporting each `[ NN%] …` line of the make output."""
-    configure = ["cmake", "-S", str(tree), "-B", str(build_dir), *options.cmake_args()]
-    _run(configure, what="cmake configure")
+    """Configure (once per build dir) and compile `targets`, reporting each `[ NN%] …` line."""
+    if not (build_dir / "CMakeCache.txt").is_file():
+        configure = ["cmake", "-S", str(tree), "-B", str(build_dir), *options.cmake_args()]
+        _run(configure, what="cmake configure")
     jobs = str(os.cpu_count() or 1)
-    cmd = ["cmake", "--build", str(build_dir), "-j", jobs, "--target", *options.targets()]
+    cmd = ["cmake", "--build", str(build_dir), "-j", jobs, "--target", *targets]
     log_path = build_dir / "compile.log"
     # ccache hashes absolute include paths; with the builds folder as base dir, a build under a
     # new key (say, a changed patch) reuses every object whose sources did not change
@@ -296,16 +309,33 @@ def compile_tree(tree: Path, build_dir: Path, options: BuildOptions,
 # --- public API ------------------------------------------------------------------------------------
 
 
-def find_build(options: BuildOptions) -> BuildInfo | None:
-    """The finished build for these options and the current patches, if there is one."""
-    key = build_key(options)
+def _read_info(key: str) -> BuildInfo | None:
+    """The record of the build directory `key`, if a build finished there and its library exists."""
     info_file = paths.builds_dir() / key / "build.json"
     if not info_file.is_file():
         return None
-    info = BuildInfo(**json.loads(info_file.read_text()))
-    if not (Path(info.lib_dir) / "libllama.so").exists() and not any(Path(info.lib_dir).glob("libllama.*")):
+    try:
+        raw = json.loads(info_file.read_text())
+        raw.pop("cached", None)
+        info = BuildInfo(**raw)
+    except (ValueError, TypeError):
+        return None  # written by an older ggspec: rebuild
+    if not any(Path(info.lib_dir).glob("libllama.*")):
         return None
     return info
+
+
+def find_build(options: BuildOptions) -> BuildInfo | None:
+    """The finished build for these options and the current patches, if there is one: a build
+    with more targets (say, `--tools`) serves a request for fewer."""
+    info = _read_info(build_key(options))
+    return info if info is not None and info.has(options) else None
+
+
+def _write_info(root: Path, info: BuildInfo) -> None:
+    tmp = root / f".build.json.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(asdict(info) | {"cached": False}, indent=2))
+    os.replace(tmp, root / "build.json")
 
 
 def mark_current(info: BuildInfo) -> None:
@@ -339,43 +369,48 @@ def check_options(options: BuildOptions) -> None:
 
 
 def build(options: BuildOptions, force: bool = False, reporter: Reporter | None = None) -> BuildInfo:
+    """The build for `options`: cached, extended by the missing targets, or made from scratch."""
     reporter = reporter or Reporter()
     check_options(options)
     patches = patch_files()
     key = build_key(options)
-    if not force:
-        found = find_build(options)
-        if found is not None:
-            found.cached = True
-            mark_current(found)
-            return found
+    existing = None if force else _read_info(key)
+    if existing is not None and existing.has(options):
+        existing.cached = True
+        mark_current(existing)
+        return existing
 
     t0 = time.perf_counter()
     root = paths.builds_dir() / key
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "build.json").unlink(missing_ok=True)
-
-    reporter.phase("download")
-    tarball = obtain_sdist()
-    reporter.phase("extract")
-    extract_sdist(tarball)
-    reporter.phase("patch")
-    tree = prepare_tree(root, patches)
-    reporter.phase("configure")
     build_dir = root / "build"
-    if force:
+    tree = root / "llama.cpp"
+    if existing is None:  # from scratch: a fresh patched tree and build dir
+        root.mkdir(parents=True, exist_ok=True)
+        (root / "build.json").unlink(missing_ok=True)
+        reporter.phase("download")
+        tarball = obtain_sdist()
+        reporter.phase("extract")
+        extract_sdist(tarball)
+        reporter.phase("patch")
+        tree = prepare_tree(root, patches)
         shutil.rmtree(build_dir, ignore_errors=True)
-    compile_tree(tree, build_dir, options, reporter.compile_line)
+        done: list[str] = []
+    else:  # extend: the same configured tree, only the targets it lacks
+        done = list(existing.targets)
+    reporter.phase("configure")
+    missing = [t for t in options.targets() if t not in done]
+    compile_tree(tree, build_dir, options, missing, reporter.compile_line)
 
     info = BuildInfo(
         key=key,
         root=str(root),
         lib_dir=str(build_dir / "bin"),
-        options=asdict(options),
+        options=asdict(replace(options, tools=options.tools or bool(existing and existing.options.get("tools")))),
         patches=[p.name for p in patches],
         cpu_target=cpu_target(options.native),
-        seconds=round(time.perf_counter() - t0, 1),
+        seconds=round(time.perf_counter() - t0 + (existing.seconds if existing else 0.0), 1),
+        targets=done + missing,
     )
-    (root / "build.json").write_text(json.dumps(asdict(info) | {"cached": False}, indent=2))
+    _write_info(root, info)
     mark_current(info)
     return info

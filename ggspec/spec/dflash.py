@@ -79,11 +79,14 @@ def check_compatible(target: GGUFMeta, draft: GGUFMeta, info: DFlashInfo) -> Non
             f"draft hidden size {draft.n_embd} does not match the target's {target.n_embd} "
             "(the draft borrows the target's embeddings and output head)"
         )
-    bad = [il for il in info.target_layers if not 0 <= il < target.n_layer]
+    # Converter-made files count their multi-token-prediction blocks in block_count; those blocks
+    # are not run by a normal decode, so their inputs are never extracted (llama.cpp asserts).
+    n_main = target.n_layer_main
+    bad = [il for il in info.target_layers if not 0 <= il < n_main]
     if bad:
-        raise InputError(
-            f"draft reads target layer(s) {bad}, but the target has layers 0..{target.n_layer - 1}"
-        )
+        mtp = (f" (block_count {target.n_layer} includes {target.n_nextn} MTP block"
+               f"{'s' if target.n_nextn != 1 else ''}, which a decode does not run)" if target.n_nextn else "")
+        raise InputError(f"draft reads target layer(s) {bad}, but the target has layers 0..{n_main - 1}{mtp}")
     if not 0 <= info.mask_token < target.n_vocab:
         raise InputError(f"draft mask token {info.mask_token} is outside the vocabulary")
     if info.block_size < 2:
