@@ -77,8 +77,23 @@ def bad_drafts(fixture_dir) -> dict[str, Path]:
     }
 
 
-def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+def run_cli(*args: str, timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run `ggspec ...` in a subprocess, so an abort inside llama.cpp cannot kill the tests."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="200")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="200", **(env or {}))
     return subprocess.run([sys.executable, "-m", "ggspec.cli", *args], capture_output=True,
                           text=True, timeout=timeout, env=env)
+
+
+REAL_PAIR = "gemma-3-270m"
+
+
+@pytest.fixture(scope="session")
+def real_target() -> Path:
+    """The real pretrained target (Gemma 3 270M Q4_K_M), when `ggspec models pull` has fetched it;
+    tests marked `real` skip otherwise (`.ci/run` pulls it)."""
+    from ggspec.pairs import check_files, get_entry, resolve
+
+    entry = get_entry(REAL_PAIR)
+    if check_files(entry, None) != "ok":
+        pytest.skip(f"{REAL_PAIR} is not pulled: run `ggspec models pull {REAL_PAIR}`")
+    return resolve(entry).target
