@@ -2,8 +2,12 @@
 
 Run on the real patched build with tiny random-weight pairs (dense qwen3 and hybrid qwen35),
 with the real DFlash draft and with forced acceptance lengths covering 0..n_max.
-The fixtures have wide logit margins, so every prompt must match exactly; at a divergence the
-report gives the target's own top-2 margin there (see ggspec.spec.oracle).
+At a divergence the report gives the target's own top-2 margin there (see ggspec.spec.oracle).
+The hybrid target keeps F32 matrices and wide logit margins: every prompt must match exactly.
+The dense target has F16 matrices like converted files, whose activations are rounded to F16
+inside the matmuls: there, as on real models, a batched verify can flip a genuine near-tie; such
+a divergence is allowed only when the target's own top-2 margin there is tiny (and is reported),
+never a real one.
 """
 
 from __future__ import annotations
@@ -46,8 +50,14 @@ def test_speculative_equals_greedy(kind, proposer, request, build_info):
         assert sp.target_model.is_recurrent == (kind == "hybrid")
         make = _forced(sp, itertools.count()) if proposer == "forced" else None
         runs = list(run_prompts(sp, PROMPTS, N_PREDICT, make))
-    failures = [f"prompt {i}: {r.divergence.describe()}" for i, r in enumerate(runs) if r.divergence]
-    assert not failures, "\n".join(failures)
+    diverged = [(i, r.divergence) for i, r in enumerate(runs) if r.divergence]
+    report = "\n".join(f"prompt {i}: {d.describe()}" for i, d in diverged)
+    if kind == "hybrid":
+        assert not diverged, report  # F32 matrices: exact
+    else:
+        assert all(d.benign for _, d in diverged), report
+        assert len(diverged) <= len(PROMPTS) // 4, f"too many near-ties for F16 rounding:\n{report}"
+        print(report)  # which prompts were near-ties, and their margins (pytest -s shows them)
     assert sum(len(r.plain) for r in runs) == len(PROMPTS) * N_PREDICT
     if proposer == "forced":
         hist = merge(r.spec_stats for r in runs).accept_hist

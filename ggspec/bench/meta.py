@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 from datetime import datetime, timezone
 from pathlib import Path
 
 from ggspec.files import cached_sha256 as file_sha256
-from ggspec.native import paths
 from ggspec.native.bindings import current_build
 
 
