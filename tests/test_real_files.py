@@ -105,3 +105,22 @@ def test_registry_entries_are_wellformed():
         from ggspec.pairs import pull
 
         pull(get_entry("tiny-coder"))
+
+
+def test_a_target_without_layer_inputs_is_refused_before_loading(fixture_dir, tmp_path):
+    """Enabling a layer input on a graph that never stores it aborts llama.cpp: the architecture
+    is checked against the patched build's list first (see ggspec.spec.archs)."""
+    import gguf
+
+    from ggspec.fixtures.tiny import tiny_vocab
+
+    path = tmp_path / "exaone.gguf"  # a dense arch neither upstream nor patch 0006 extracts from
+    w = gguf.GGUFWriter(str(path), "exaone")
+    w.add_key_value("exaone.embedding_length", 128, gguf.GGUFValueType.UINT32)
+    w.add_key_value("exaone.block_count", 4, gguf.GGUFValueType.UINT32)
+    w.add_key_value("tokenizer.ggml.tokens", list(tiny_vocab().tokens), gguf.GGUFValueType.ARRAY,
+                    sub_type=gguf.GGUFValueType.STRING)
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    proc = run_cli("run", "-m", str(path), "-md", str(ensure_tiny_pair(fixture_dir, "dense").draft), "-n", "4")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-1500:]
+    assert "architecture 'exaone' does not expose its layer inputs" in proc.stderr, proc.stderr

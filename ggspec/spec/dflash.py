@@ -26,6 +26,7 @@ import numpy as np
 from ggspec.errors import InputError
 from ggspec.runtime import Batch, Context
 from ggspec.runtime.gguf_meta import GGUFMeta
+from ggspec.spec.archs import LAYER_INPUT_ARCHS
 
 INJECT_MODES = ("pruned", "deferred", "immediate")
 
@@ -69,6 +70,10 @@ def dflash_info(draft: GGUFMeta) -> DFlashInfo:
 
 def check_compatible(target: GGUFMeta, draft: GGUFMeta, info: DFlashInfo) -> None:
     """Refuse a draft that does not fit the target, before llama.cpp can abort on it."""
+    if target.arch not in LAYER_INPUT_ARCHS:
+        # enabling a layer input on any other graph aborts the process ("layer input tensor is null")
+        raise InputError(f"the target's architecture '{target.arch}' does not expose its layer inputs in this "
+                         "llama.cpp build, so a DFlash draft cannot read it")
     if draft.n_vocab != target.n_vocab:
         raise InputError(
             f"draft vocabulary ({draft.n_vocab} tokens) does not match the target's ({target.n_vocab})"

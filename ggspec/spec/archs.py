@@ -1,0 +1,37 @@
+"""Target architectures whose graph, in ggspec's patched llama.cpp, exposes its layer inputs.
+
+A DFlash draft reads the target's hidden states at the *input* of chosen layers
+(``llama_set_embeddings_layer_inp``). llama.cpp only has them where the model graph stores
+``res->t_layer_inp[il] = inpL`` in its per-layer loop; for any other architecture, enabling a
+layer input aborts the process in ``llm_graph_result::set_outputs`` ("layer input tensor is
+null"). So a target's ``general.architecture`` must be checked against this set before a DFlash
+pair is loaded.
+
+Architecture names are the GGUF ``general.architecture`` strings (``llama-arch.cpp``). Several
+names share one graph (``minicpm``, ``granitemoe`` -> granite; ``phimoe`` -> phi3;
+``llama-embed`` -> llama; ``lfm2moe`` -> lfm2; ``hunyuan-dense`` -> hunyuan_vl;
+``nemotron_h_moe`` -> nemotron_h), and they are listed as the graph they run.
+``tests/test_layer_inputs.py`` checks these sets against the patched tree of the current build.
+"""
+
+from __future__ import annotations
+
+__all__ = ["LAYER_INPUT_ARCHS", "PATCHED_LAYER_INPUT_ARCHS", "UPSTREAM_LAYER_INPUT_ARCHS"]
+
+# The pinned tree (llama-cpp-python 0.3.36's vendored llama.cpp) already extracts these.
+UPSTREAM_LAYER_INPUT_ARCHS: frozenset[str] = frozenset({
+    "bailingmoe3", "deepseek4", "gemma4", "gpt-oss", "hunyuan-dense", "hunyuan_vl", "lfm2", "lfm2moe",
+    "llama", "llama-embed", "mimo2", "minimax-01", "minimax-m2", "muse-glimmer", "nanbeige", "nemotron_h",
+    "nemotron_h_moe", "qwen3", "qwen35", "qwen35moe", "qwen3moe", "qwen3next", "qwen4exp",
+})
+
+# Patch 0006-layer-inputs-more-archs adds the extraction to these graphs: gemma, gemma2, gemma3,
+# qwen2, phi3 (also run by phimoe), mistral3, olmo2 (OLMo 2 and 3), starcoder2, granite (also
+# run by granitemoe and minicpm) and smollm3.
+PATCHED_LAYER_INPUT_ARCHS: frozenset[str] = frozenset({
+    "gemma", "gemma2", "gemma3", "granite", "granitemoe", "minicpm", "mistral3", "olmo2", "phi3", "phimoe",
+    "qwen2", "smollm3", "starcoder2",
+})
+
+# Every architecture of the patched build whose layer inputs a DFlash draft can read.
+LAYER_INPUT_ARCHS: frozenset[str] = UPSTREAM_LAYER_INPUT_ARCHS | PATCHED_LAYER_INPUT_ARCHS
