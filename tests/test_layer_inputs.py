@@ -206,3 +206,25 @@ def test_arch_sets_match_the_trees(build_info):
     pristine = nb.pristine_tree()
     if (pristine / "src" / "models").is_dir():
         assert _layer_input_archs(pristine) == UPSTREAM_LAYER_INPUT_ARCHS
+
+
+@pytest.mark.real
+def test_real_gemma3_exposes_its_layer_inputs(real_target, build_info):
+    """Patch 0006 on the real Gemma 3 270M (Q4_K_M, 262k vocabulary): rows for every token at the
+    chosen layers, finite, and the logits are those of a decode without extraction."""
+    ctx_params = ContextParams(n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1, flash_attn="off")
+    with Model(real_target) as m:
+        assert m.arch in LAYER_INPUT_ARCHS
+        tokens = m.tokenize("The capital of France is Paris. The capital of Germany is")
+        layers = [1, m.n_layer // 2, m.n_layer - 1]
+        with Context(m, ctx_params) as ctx, Batch(ctx) as b:
+            ctx.enable_layer_inputs(layers)
+            ctx.decode(b.add_tokens(tokens, 0, outputs="last"))
+            rows = ctx.layer_inputs(layers, len(tokens)).reshape(len(tokens), len(layers), m.n_embd)
+            logits_on = ctx.logits()[-1].copy()
+        with Context(m, ctx_params) as ctx, Batch(ctx) as b:
+            ctx.decode(b.add_tokens(tokens, 0, outputs="last"))
+            logits_off = ctx.logits()[-1].copy()
+    assert np.isfinite(rows).all() and rows.std() > 0
+    np.testing.assert_array_equal(logits_on, logits_off)
+    assert m.detokenize([int(np.argmax(logits_on))]).strip() == "Berlin"
