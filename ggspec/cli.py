@@ -36,7 +36,8 @@ def build(
     vulkan: Annotated[bool, typer.Option("--vulkan", help="Build the Vulkan backend (GGML_VULKAN=ON).")] = False,
     tools: Annotated[bool, typer.Option(
         "--tools",
-        help="Also build llama-server, llama-cli and llama-speculative-simple (ggml-rpc-server is always built).")] = False,
+        help="Also build llama-server, llama-cli, llama-completion and llama-speculative-simple "
+             "(ggml-rpc-server is always built).")] = False,
     cuda_arch: Annotated[str, typer.Option(
         "--cuda-arch", help="CUDA architectures (CMAKE_CUDA_ARCHITECTURES), e.g. 90; default: the visible GPU.")] = "",
     native: Annotated[bool, typer.Option(
@@ -78,7 +79,9 @@ def run(
     prompt: Annotated[str, typer.Option("-p", "--prompt", help="Prompt text.")] = "def fibonacci(n):",
     n_predict: Annotated[int, typer.Option("-n", "--n-predict", help="Tokens to generate.")] = 128,
     n_max: Annotated[Optional[int], typer.Option(
-        "--spec-draft-n-max", help="Most draft tokens per step [default: the pair's, else 15].")] = None,
+        "--spec-draft-n-max",
+        help="Most draft tokens per step [default: the pair's, else 15 or the draft's block size - 1 if smaller]; "
+             "a value beyond the draft's block is clamped with a warning.")] = None,
     n_ctx: Annotated[Optional[int], typer.Option("-c", "--ctx-size", help="Context size [default: 4096].")] = None,
     n_batch: Annotated[int, typer.Option("-b", "--batch-size", help="Logical batch size.")] = 512,
     n_ubatch: Annotated[int, typer.Option("-ub", "--ubatch-size", help="Physical batch size.")] = 512,
@@ -125,6 +128,8 @@ def run(
     if n_predict < 1:
         fail("-n must be at least 1")
     target, draft, rec = _resolve_models(model, draft, pair, models_dir, no_spec)
+    if draft is None and not no_spec:  # a target-only pair (its draft is not made yet)
+        err.print(f"[yellow]note:[/] pair '{pair}' has no draft model yet: plain greedy decoding", soft_wrap=True)
     from ggspec.spec.planes import PlaneOptions
 
     planes = PlaneOptions.parse(_pick(rs_planes, rec, "planes", None), _pick(rs_lead, rec, "lead", None))
@@ -136,7 +141,7 @@ def run(
         target=target,
         draft=None if no_spec else draft,
         dflash=False if no_spec else dflash,
-        n_max=_pick(n_max, rec, "n_max", 15),
+        n_max=_pick(n_max, rec, "n_max", None),  # None: the default, fitted to the draft without a warning
         ctx=ContextParams(n_ctx=_pick(n_ctx, rec, "ctx", 4096), n_batch=n_batch, n_ubatch=n_ubatch,
                           n_threads=threads, type_k=_pick(type_k, rec, "ctk", "f16"),
                           type_v=_pick(type_v, rec, "ctv", "f16"), flash_attn=flash_attn),
@@ -282,7 +287,9 @@ def bench(
     reps: Annotated[int, typer.Option("-r", "--repetitions", help="Repetitions of every configuration.")] = 5,
     warmup: Annotated[bool, typer.Option("--warmup/--no-warmup", help="An untimed run before each configuration.")] = True,
     matrix: Annotated[bool, typer.Option("--matrix", help="Run every combination of the comma-list axes.")] = False,
-    n_max: Annotated[Optional[str], typer.Option("--spec-draft-n-max", help="Draft lengths, e.g. 3,7,15.")] = None,
+    n_max: Annotated[Optional[str], typer.Option(
+        "--spec-draft-n-max", help="Draft lengths, e.g. 3,7,15 (one beyond the draft's block is skipped) "
+                                   "[default: the pair's, else 15 or the draft's block size - 1 if smaller].")] = None,
     type_k: Annotated[Optional[str], typer.Option("-ctk", "--cache-type-k", help="K cache types, e.g. f16,q8_0.")] = None,
     type_v: Annotated[Optional[str], typer.Option("-ctv", "--cache-type-v", help="V cache types.")] = None,
     n_ctx: Annotated[Optional[str], typer.Option("-c", "--ctx-size", help="Context sizes, e.g. 1024,4096.")] = None,
@@ -293,7 +300,8 @@ def bench(
     inject: Annotated[Optional[str], typer.Option(
         "--spec-dflash-inject", help="Injection modes, e.g. immediate,deferred,pruned.")] = None,
     native: Annotated[bool, typer.Option(
-        "--native", help="Add rows from llama.cpp's own C++ loop of the same build (needs `ggspec build --tools`).")] = False,
+        "--native", help="Add rows from llama.cpp's own C++ loop and plain greedy decoding of the same build "
+                         "(needs `ggspec build --tools`); without a draft, only the plain rows.")] = False,
     profile: Annotated[Optional[str], typer.Option(
         "--acceptance-profile",
         help="BENCHMARK DEVICE: replay a histogram of accepted counts (dflash, mtp, uniform or a file of "
@@ -340,12 +348,23 @@ def bench(
             fail("-n and -r must be at least 1")
         if not dflash:
             fail("ggspec bench drafts with DFlash: --dflash is the only method so far")
-        target, draft_path, rec = _resolve_models(model, draft, pair, models_dir, no_spec=False)
+        target, draft_path, rec = _resolve_models(model, draft, pair, models_dir, no_spec=True)
+        if draft_path is None:
+            if not native:
+                fail("no draft model: give -md FILE, or --native for a target-only benchmark "
+                     "(ggspec's plain greedy against llama.cpp's)")
+            spec_only = [flag for flag, v in (("--spec-draft-n-max", n_max), ("--spec-draft-rs-planes", rs_planes),
+                                              ("--spec-draft-rs-planes-lead", rs_lead), ("--spec-dflash-inject", inject),
+                                              ("--acceptance-profile", profile)) if v is not None]
+            if spec_only:
+                fail(f"{', '.join(spec_only)}: speculative settings need a draft model (-md)")
+        from ggspec.spec.pair import DEFAULT_N_MAX
+
         axes = Axes(
             ctk=split_list("-ctk", type_k, (rec.get("ctk", "f16"),)),
             ctv=split_list("-ctv", type_v, (rec.get("ctv", "f16"),)),
             n_ctx=split_list("-c", n_ctx, (int(rec.get("ctx", 4096)),), int),
-            n_max=split_list("--spec-draft-n-max", n_max, (int(rec.get("n_max", 15)),), int),
+            n_max=split_list("--spec-draft-n-max", n_max, (int(rec.get("n_max", DEFAULT_N_MAX)),), int),
             planes=split_list("--spec-draft-rs-planes", rs_planes, (str(rec.get("planes", "uncapped")),)),
             lead=split_list("--spec-draft-rs-planes-lead", rs_lead, (str(rec.get("lead", "default")),)),
             inject=split_list("--spec-dflash-inject", inject, ("pruned",)),
@@ -359,10 +378,11 @@ def bench(
         if native and placement.rpc:
             fail("--native cannot share the --rpc workers: a worker serves one client at a time")
         ngl = n_gpu_layers if n_gpu_layers is not None else (-1 if placement.multi_device else 0)
-        settings = Settings(target=str(target), draft=str(draft_path), n_predict=n_predict, reps=reps, threads=threads,
+        settings = Settings(target=str(target), draft=str(draft_path or ""), n_predict=n_predict, reps=reps, threads=threads,
                             warmup=warmup, profile=name, profile_weights=weights, prompts=tuple(load_prompts(prompts)),
                             placement=placement, n_gpu_layers=ngl)
-        plan = Plan(settings, axes, native=native, save_path=save)
+        n_max_source = "flag" if n_max is not None else "pair" if "n_max" in rec else "default"
+        plan = Plan(settings, axes, native=native, save_path=save, n_max_source=n_max_source)
     _bench(BenchSession(plan), output, plot)
 
 
@@ -374,6 +394,8 @@ def _bench(session, output: str, plot: bool) -> None:
 
     interrupted = False
     try:
+        for w in session.warnings:
+            err.print(f"[yellow]warning:[/] {w}", soft_wrap=True)
         for s in session.skipped:
             err.print(f"[yellow]skipped:[/] {s.label}: {s.reason}", soft_wrap=True)
         todo = session.todo()
@@ -480,7 +502,11 @@ def models_pull(name: Annotated[str, typer.Argument(help="A registry pair of mod
 
 def main() -> None:
     """Entry point: every expected failure becomes one line on stderr and a non-zero exit."""
-    from ggspec.native.bindings import NotBuiltError
+    import signal
+
+    from ggspec.native.bindings import NotBuiltError, interrupt_outside_callbacks
+
+    signal.signal(signal.SIGINT, interrupt_outside_callbacks)  # Ctrl-C is never lost in a llama.cpp callback
 
     from ggspec.pairs import NotPulledError
 

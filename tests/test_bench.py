@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -28,9 +29,12 @@ def _rows_are_consistent(rows: list[dict], n_prompts: int) -> None:
         if r["kind"] == "baseline":
             assert r["speedup_mean"] == 1.0 and r["tau_pooled"] is None
             continue
-        assert 0 <= r["acceptance_rate"] <= 1  # accepted <= drafted
         done, total = map(int, r["identical"].split("/"))
-        assert done == total  # every speculative run printed the plain greedy text
+        assert done == total  # every run printed the plain greedy text
+        if r["kind"] == "native-baseline":  # llama.cpp's plain greedy: speed and text only
+            assert r["speedup_mean"] > 0 and r["acceptance_rate"] is None and r["native_speedup_mean"] == 1.0
+            continue
+        assert 0 <= r["acceptance_rate"] <= 1  # accepted <= drafted
         if r["kind"] == "native":
             continue
         hist = r["accept_hist"]
@@ -144,11 +148,66 @@ def test_native_rows_from_llama_cpp_s_own_loop(build_info):
                    "--no-warmup", "-o", "jsonl", timeout=600)
     assert proc.returncode == 0, proc.stderr
     rows = {(r["kind"], r["inject"]): r for r in map(json.loads, proc.stdout.splitlines()) if r["category"] == "all"}
-    assert set(rows) == {("baseline", None), ("spec", "pruned"), ("native", "immediate"), ("native", "deferred")}
+    assert set(rows) == {("baseline", None), ("native-baseline", None), ("spec", "pruned"), ("native", "immediate"),
+                         ("native", "deferred")}
     _rows_are_consistent(list(rows.values()), 12)
     ours = rows[("spec", "pruned")]["acceptance_rate"]
     for mode in ("immediate", "deferred"):
         assert rows[("native", mode)]["acceptance_rate"] == pytest.approx(ours, abs=0.05)
+    # every row also against llama.cpp's plain greedy
+    assert all(r["native_speedup_mean"] > 0 for r in rows.values())
+
+
+def _prompts(tmp_path, n: int = 2) -> Path:
+    path = tmp_path / "prompts.jsonl"
+    texts = ["def fibonacci(n):", "class Stack:\n    def __init__(self):", "The quick brown fox"][:n]
+    path.write_text("".join(json.dumps({"prompt": t, "category": "code"}) + "\n" for t in texts))
+    return path
+
+
+def test_native_target_only_bench_runs_both_plain_rows(tmp_path, build_info):
+    """No draft: ggspec's --no-spec and llama.cpp's plain greedy (llama-completion), same text, with
+    their ratio both ways."""
+    target = Path(__file__).resolve().parents[1] / "models" / "tiny" / "tiny-coder.gguf"
+    out = tmp_path / "runs" / "plain.json"  # --save creates its directory
+    proc = run_cli("bench", "-m", str(target), "--native", "--prompts", str(_prompts(tmp_path)), "-r", "2", "-n", "32",
+                   "--no-warmup", "-o", "md", "--save", str(out), "--no-plot", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "| llama.cpp no-spec f16/f16 | all |" in proc.stdout and "vs llama.cpp no-spec" in proc.stdout
+    doc = json.loads(out.read_text())
+    assert doc["meta"]["draft"] == "" and doc["meta"]["draft_sha256"] is None
+    rows = {r["kind"]: r for r in doc["rows"]}
+    assert list(rows) == ["baseline", "native-baseline"]
+    _rows_are_consistent(list(rows.values()), 2)
+    assert rows["native-baseline"]["identical"] == "4/4"
+    ours, theirs = rows["baseline"], rows["native-baseline"]
+    # llama.cpp's row: its paired ratio to ggspec; ggspec's row: its ratio to llama.cpp
+    assert theirs["speedup_mean"] * ours["native_speedup_mean"] == pytest.approx(1, rel=0.3)
+    assert ours["native_baseline_tps_mean"] == pytest.approx(theirs["decode_tps_mean"], rel=0.1)  # pooled vs per rep
+
+
+def test_bench_fits_the_default_draft_length_to_the_block(dense_pair, tmp_path, build_info):
+    """A block-8 draft and no --spec-draft-n-max: n_max 7, silently (as `ggspec run`); a typed
+    length beyond the block is skipped with the reason."""
+    common = ["bench", "-m", str(dense_pair.target), "-md", str(dense_pair.draft), "--prompts",
+              str(_prompts(tmp_path, 1)), "-r", "1", "-n", "8", "--no-warmup", "-o", "jsonl"]
+    proc = run_cli(*common, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "skipped" not in proc.stderr and "warning" not in proc.stderr, proc.stderr
+    spec = [r for r in map(json.loads, proc.stdout.splitlines()) if r["kind"] == "spec"]
+    assert [r["n_max"] for r in spec] == [7]
+    proc = run_cli(*common, "--spec-draft-n-max", "15", timeout=120)
+    assert proc.returncode == 1 and "no configuration left to run" in proc.stderr
+    assert "the draft's block allows at most 7 draft tokens per step" in proc.stderr
+
+
+@pytest.mark.parametrize("args, msg", [
+    ((), "no draft model: give -md FILE, or --native"),
+    (("--native", "--spec-draft-n-max", "7"), "--spec-draft-n-max: speculative settings need a draft model"),
+])
+def test_target_only_bench_input(args, msg, dense_pair):
+    proc = run_cli("bench", "-m", str(dense_pair.target), *args)
+    assert proc.returncode == 1 and msg in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
 @pytest.mark.parametrize("args, msg", [
@@ -193,6 +252,19 @@ def test_expand_skips_invalid_combinations_with_a_reason():
     assert [c.n_max for c in configs] == [7] and "needs 4" in skipped[0].reason
     configs, skipped = expand(Axes(n_max=(7, 15)), recurrent=False, n_tokens=10, n_max_limit=7)
     assert [c.n_max for c in configs] == [7] and "at most 7 draft tokens" in skipped[0].reason
+
+
+def test_expand_puts_llama_cpp_s_plain_row_next_to_each_baseline():
+    configs, _ = expand(Axes(ctk=("f16", "q8_0"), n_max=(3, 7)), recurrent=False, n_tokens=10, native=True)
+    assert [(c.kind, c.ctk, c.n_max, c.inject) for c in configs] == [
+        ("native-baseline", "f16", 0, ""), ("spec", "f16", 3, "pruned"), ("spec", "f16", 7, "pruned"),
+        ("native-baseline", "q8_0", 0, ""), ("spec", "q8_0", 3, "pruned"), ("spec", "q8_0", 7, "pruned"),
+        *[("native", ctk, n, mode) for ctk in ("f16", "q8_0") for n in (3, 7) for mode in ("immediate", "deferred")]]
+    assert configs[0].label == "llama.cpp no-spec f16/f16" and configs[0].baseline().kind == "baseline"
+    # target only: the plain rows alone (and nothing at all without --native)
+    plain, skipped = expand(Axes(n_ctx=(64, 4096)), recurrent=False, n_tokens=100, native=True, speculative=False)
+    assert [(c.kind, c.n_ctx) for c in plain] == [("native-baseline", 4096)] and "too small" in skipped[0].reason
+    assert expand(Axes(), recurrent=False, n_tokens=10, speculative=False)[0] == []
 
 
 def test_split_list():

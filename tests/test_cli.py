@@ -47,3 +47,15 @@ def test_help_is_complete():
     build_help = run_cli("build", "--help").stdout
     for flag in ("--cuda", "--vulkan", "--tools", "--force"):
         assert flag in build_help, flag
+
+
+def test_default_n_max_fits_the_draft_without_a_warning(dense_pair):
+    """The dense fixture's draft has block 8: the default 15 becomes 7 silently; a typed 15 warns."""
+    common = ["run", "-m", str(dense_pair.target), "-md", str(dense_pair.draft), "-n", "8"]
+    proc = run_cli(*common)
+    _, stats = _split(proc)
+    assert "n_max 7" in stats and "warning" not in proc.stderr, proc.stderr
+    proc = run_cli(*common, "--spec-draft-n-max", "15")
+    _, stats = _split(proc)
+    assert "n_max 7" in stats
+    assert "warning: --spec-draft-n-max 15 exceeds the draft's block size 8 - 1; using 7" in proc.stderr

@@ -149,3 +149,33 @@ def test_old_flag_name_and_env_var(hybrid_pair):
                 os.environ.pop(k)
         assert proc.returncode == 0, proc.stderr
         assert "planes: 3 planes" in proc.stderr, proc.stderr
+
+
+def test_ctrl_c_inside_the_log_callback_is_not_lost(lc, monkeypatch):
+    """A SIGINT handled while llama.cpp's log callback runs would be swallowed by ctypes (the run
+    went on and exited 0); the CLI's handler delivers it again once the callback has returned."""
+    import signal
+    import sys
+    import time
+
+    from ggspec.native import bindings
+
+    class InterruptingStderr:
+        fired = False
+
+        def write(self, text):
+            if not self.fired:
+                self.fired = True
+                signal.raise_signal(signal.SIGINT)  # handled right here, inside the callback
+
+    monkeypatch.setattr(bindings, "_verbose", True)
+    monkeypatch.setattr(sys, "stderr", InterruptingStderr())
+    previous = signal.signal(signal.SIGINT, bindings.interrupt_outside_callbacks)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            params = lc.llama_model_default_params()
+            lc.llama_model_load_from_file(b"/nonexistent/model.gguf", params)  # llama.cpp logs the failure
+            time.sleep(2)  # the re-sent signal arrives here
+        assert sys.stderr.fired
+    finally:
+        signal.signal(signal.SIGINT, previous)

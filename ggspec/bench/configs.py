@@ -2,7 +2,10 @@
 
 Axes are comma lists, as in llama-bench (`-ctk f16,q8_0 --spec-draft-n-max 3,7`). Every
 speculative configuration is paired with a `--no-spec` baseline that has the same target-side
-settings (cache types, context size), so its speedup compares like with like.
+settings (cache types, context size), so its speedup compares like with like. With `--native`,
+llama.cpp's own loop of the same build runs every speculative configuration too, and llama.cpp's
+own plain greedy (`native-baseline`, llama-completion) sits next to each `--no-spec` baseline; a
+target-only benchmark (no draft) runs just those two plain rows.
 """
 
 from __future__ import annotations
@@ -16,11 +19,13 @@ from ggspec.spec.dflash import INJECT_MODES
 from ggspec.spec.planes import UNCAPPED, PlaneOptions
 
 NATIVE_MODES = ("immediate", "deferred")  # llama.cpp's own loop: upstream, and patch 0003's deferral
+KINDS = ("spec", "baseline", "native", "native-baseline")
 
 
 @dataclass(frozen=True)
 class BenchConfig:
-    kind: str  # "spec" | "baseline" (ggspec --no-spec) | "native" (llama-speculative-simple)
+    kind: str  # one of KINDS: "spec", "baseline" (ggspec --no-spec), "native" (llama-speculative-simple),
+    # "native-baseline" (llama.cpp's plain greedy, llama-completion)
     ctk: str = "f16"
     ctv: str = "f16"
     n_ctx: int = 4096
@@ -37,8 +42,9 @@ class BenchConfig:
     @property
     def label(self) -> str:
         """Short human name: only what distinguishes configurations is worth reading."""
-        parts = {"spec": [], "baseline": ["no-spec"], "native": ["llama.cpp"]}[self.kind]
-        if self.kind != "baseline":
+        parts = {"spec": [], "baseline": ["no-spec"], "native": ["llama.cpp"],
+                 "native-baseline": ["llama.cpp", "no-spec"]}[self.kind]
+        if self.speculative:
             parts.append(f"n{self.n_max}")
         parts.append(f"{self.ctk}/{self.ctv}")
         if self.n_ctx != Axes.n_ctx[0]:
@@ -49,8 +55,18 @@ class BenchConfig:
             parts.append(self.inject)
         return " ".join(parts)
 
+    @property
+    def speculative(self) -> bool:
+        return self.kind in ("spec", "native")
+
     def baseline(self) -> "BenchConfig":
+        """ggspec's --no-spec with the same target-side settings: every configuration's runs are
+        paired with its runs (speedup, `identical`)."""
         return BenchConfig("baseline", ctk=self.ctk, ctv=self.ctv, n_ctx=self.n_ctx)
+
+    def native_baseline(self) -> "BenchConfig":
+        """llama.cpp's own plain greedy with the same target-side settings (--native)."""
+        return BenchConfig("native-baseline", ctk=self.ctk, ctv=self.ctv, n_ctx=self.n_ctx)
 
     @property
     def plane_options(self) -> PlaneOptions:
@@ -121,27 +137,51 @@ class Skipped:
 
 
 def expand(axes: Axes, recurrent: bool, n_tokens: int, native: bool = False,
-           profile_len: int | None = None, n_max_limit: int | None = None) -> tuple[list[BenchConfig], list[Skipped]]:
-    """Every valid speculative configuration of the matrix (plus llama.cpp's own loop where
-    asked), and the invalid combinations with the reason each was skipped. n_tokens: the longest
-    prompt plus the tokens to generate (the context must hold them and a draft block)."""
+           profile_len: int | None = None, n_max_limit: int | None = None,
+           speculative: bool = True) -> tuple[list[BenchConfig], list[Skipped]]:
+    """Every valid speculative configuration of the matrix (plus llama.cpp's own loop and plain
+    greedy where asked), and the invalid combinations with the reason each was skipped. n_tokens:
+    the longest prompt plus the tokens to generate (the context must hold them and a draft block).
+    `speculative=False` (no draft): only the cache-type and context axes apply, and only the
+    native baselines are configurations of their own (ggspec's baseline runs paired with them)."""
     check_axes(axes)
     configs: list[BenchConfig] = []
     skipped: list[Skipped] = []
-    for ctk, ctv, n_ctx, n_max, planes, lead, inject in itertools.product(
-            axes.ctk, axes.ctv, axes.n_ctx, axes.n_max, axes.planes, axes.lead, axes.inject):
-        cfg = BenchConfig("spec", ctk, ctv, n_ctx, n_max, planes if recurrent else "", lead if recurrent else "", inject)
-        reason = _why_invalid(cfg, recurrent, planes, lead, profile_len, n_tokens, n_max_limit)
-        if reason:
-            skipped.append(Skipped(f"n{n_max} {ctk}/{ctv} -c {n_ctx} planes {planes} lead {lead} {inject}", reason))
-        elif cfg not in configs:
-            configs.append(cfg)
+    if speculative:
+        for ctk, ctv, n_ctx, n_max, planes, lead, inject in itertools.product(
+                axes.ctk, axes.ctv, axes.n_ctx, axes.n_max, axes.planes, axes.lead, axes.inject):
+            cfg = BenchConfig("spec", ctk, ctv, n_ctx, n_max, planes if recurrent else "", lead if recurrent else "",
+                              inject)
+            reason = _why_invalid(cfg, recurrent, planes, lead, profile_len, n_tokens, n_max_limit)
+            if reason:
+                skipped.append(Skipped(f"n{n_max} {ctk}/{ctv} -c {n_ctx} planes {planes} lead {lead} {inject}", reason))
+            elif cfg not in configs:
+                configs.append(cfg)
+    else:
+        for ctk, ctv, n_ctx in itertools.product(axes.ctk, axes.ctv, axes.n_ctx):
+            cfg = BenchConfig("baseline", ctk, ctv, n_ctx)
+            if n_ctx < n_tokens + 1:
+                skipped.append(Skipped(cfg.label + f" -c {n_ctx}", f"-c {n_ctx} is too small: the longest prompt "
+                                                                   f"plus -n needs {n_tokens + 1}"))
+            elif cfg not in configs:
+                configs.append(cfg)
     if native:
-        for cfg in list(configs):
+        with_native: list[BenchConfig] = []
+        for cfg in configs:  # llama.cpp's plain greedy first: it runs (and reports) next to ggspec's
+            if cfg.native_baseline() not in with_native:
+                with_native.append(cfg.native_baseline())
+            if cfg.kind == "spec":
+                with_native.append(cfg)
+        for cfg in configs:
+            if cfg.kind != "spec":
+                continue
             for mode in NATIVE_MODES:
                 nat = replace(cfg, kind="native", planes="", lead="", inject=mode)
-                if nat not in configs:
-                    configs.append(nat)
+                if nat not in with_native:
+                    with_native.append(nat)
+        configs = with_native
+    else:
+        configs = [c for c in configs if c.kind == "spec"]
     return configs, _dedup(skipped)
 
 

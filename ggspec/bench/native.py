@@ -1,9 +1,16 @@
-"""llama.cpp's own C++ speculative loop (llama-speculative-simple from the same patched build),
-run as a subprocess so its figures can sit next to ggspec's in one benchmark.
+"""llama.cpp's own C++ loops of the same patched build, run as subprocesses so their figures can
+sit next to ggspec's in one benchmark: the speculative loop (llama-speculative-simple) and plain
+greedy decoding (llama-completion, llama.cpp's text-completion program).
 
-Patch 0003 gives it the deferred DFlash injection (LLAMA_ARG_SPEC_DFLASH_DEFER=1); patch 0005
-gives it a full-resolution decode timer and, as a benchmark device, forced acceptance
+Patch 0003 gives the speculative loop the deferred DFlash injection (LLAMA_ARG_SPEC_DFLASH_DEFER=1);
+patch 0005 gives it a full-resolution decode timer and, as a benchmark device, forced acceptance
 (GGSPEC_BENCH_FORCED: the target's own greedy continuation corrupted where a profile says).
+Patch 0007 gives llama-completion the same timer line: the wall clock of its decode loop, from
+the first sampled token on (what ggspec's plain decode time measures too).
+
+Why llama-completion for the plain row: llama-speculative-simple refuses to run without a
+speculator, llama-cli is a chat client of the server in this tree, and llama-simple cannot be
+given the context size, cache types, threads, flash attention or --ignore-eos.
 """
 
 from __future__ import annotations
@@ -18,7 +25,8 @@ from ggspec.errors import InputError, LlamaError
 from ggspec.native import build as nb
 
 TOOL = "llama-speculative-simple"
-_DECODED = re.compile(r"ggspec-bench: decoded (\d+) tokens in (\d+) us")  # patch 0005
+PLAIN_TOOL = "llama-completion"
+_DECODED = re.compile(r"ggspec-bench: decoded (\d+) tokens in (\d+) us")  # patches 0005 and 0007
 _DRAFTED = re.compile(r"n_drafted\s*=\s*(\d+)")
 _ACCEPTED = re.compile(r"n_accept\s*=\s*(\d+)")
 
@@ -43,13 +51,40 @@ class CppResult:
         return self.n_decoded / self.seconds if self.seconds else 0.0
 
 
-def find_tool() -> Path:
-    """The tool of the current patches' `--tools` build; one line of error when there is none."""
+def find_tool(name: str = TOOL) -> Path:
+    """A tool of the current patches' `--tools` build; one line of error when there is none."""
     info = nb.find_build(nb.BuildOptions(tools=True))
-    tool = Path(info.lib_dir) / TOOL if info else None
+    tool = Path(info.lib_dir) / name if info else None
     if tool is None or not tool.is_file():
-        raise InputError(f"llama.cpp's own loop ({TOOL}) is not built: run `ggspec build --tools`")
+        raise InputError(f"llama.cpp's {name} is not built: run `ggspec build --tools`")
     return tool
+
+
+def _run(tool: Path, cmd: list[str], env: dict, timeout: float) -> subprocess.CompletedProcess:
+    try:
+        # stdin closed: a tool that turns interactive (chat template, EOF) must not wait for input
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout,
+                              stdin=subprocess.DEVNULL, errors="replace")
+    except subprocess.TimeoutExpired:
+        raise LlamaError(f"{tool.name} did not finish within {timeout:.0f} s") from None
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise LlamaError(f"{tool.name} failed (exit {proc.returncode}): {last}")
+    return proc
+
+
+def _decoded(tool: Path, proc: subprocess.CompletedProcess, patch: str) -> tuple[int, float]:
+    m = _DECODED.search(proc.stderr)
+    if not m:
+        raise LlamaError(f"could not read the decode time from {tool.name}'s output (is patch {patch} applied?)")
+    return int(m.group(1)), int(m.group(2)) / 1e6
+
+
+def _text(stdout: str, prompt: str) -> str:
+    """The printed text from the prompt on; the tools print "\n\n" before the prompt and twice
+    after the generated text."""
+    text = stdout[stdout.find(prompt[:32]):]
+    return text[:-4] if text.endswith("\n\n\n\n") else text[:-2] if text.endswith("\n\n") else text
 
 
 def run_cpp(tool: Path, target: Path, draft: Path, prompt: str, n: int, n_max: int, *, defer: bool,
@@ -65,19 +100,21 @@ def run_cpp(tool: Path, target: Path, draft: Path, prompt: str, n: int, n_max: i
            "--spec-draft-n-max", str(n_max), "-p", prompt, "-n", str(n), "--temp", "0",
            "-t", str(threads), "-td", str(threads), "-c", str(n_ctx), "-ctk", ctk, "-ctv", ctv,
            "--ignore-eos", "-fa", flash_attn]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise LlamaError(f"{tool.name} did not finish within {timeout:.0f} s") from None
-    if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise LlamaError(f"{tool.name} failed (exit {proc.returncode}): {last}")
-    m = _DECODED.search(proc.stderr)
-    if not m:
-        raise LlamaError(f"could not read the decode time from {tool.name}'s output (is patch 0005 applied?)")
+    proc = _run(tool, cmd, env, timeout)
+    n_decoded, seconds = _decoded(tool, proc, "0005")
     drafted, accepted = _DRAFTED.search(proc.stderr), _ACCEPTED.search(proc.stderr)
-    # the tool prints "\n\n" before the prompt and twice after the generated text
-    text = proc.stdout[proc.stdout.find(prompt[:32]):]
-    text = text[:-4] if text.endswith("\n\n\n\n") else text
-    return CppResult(text, int(m.group(1)), int(m.group(2)) / 1e6,
+    return CppResult(_text(proc.stdout, prompt), n_decoded, seconds,
                      int(drafted.group(1)) if drafted else 0, int(accepted.group(1)) if accepted else 0)
+
+
+def run_plain(tool: Path, target: Path, prompt: str, n: int, *, n_ctx: int = 2048, ctk: str = "f16",
+              ctv: str = "f16", flash_attn: str = "off", threads: int = 1, timeout: float = 600) -> CppResult:
+    """One plain greedy run of llama.cpp's llama-completion: exactly n tokens (EOG never sampled),
+    raw prompt (no chat template), decode timed by patch 0007."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_ARG_")}
+    cmd = [str(tool), "-m", str(target), "-p", prompt, "-n", str(n), "--temp", "0", "-no-cnv",
+           "-t", str(threads), "-tb", str(threads), "-c", str(n_ctx), "-ctk", ctk, "-ctv", ctv,
+           "--ignore-eos", "-fa", flash_attn]
+    proc = _run(tool, cmd, env, timeout)
+    n_decoded, seconds = _decoded(tool, proc, "0007")
+    return CppResult(_text(proc.stdout, prompt), n_decoded, seconds)

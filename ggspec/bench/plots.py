@@ -40,16 +40,20 @@ def write_plots(doc: dict, json_path: Path) -> list[Path]:
 def _title(doc: dict) -> str:
     s, m = doc["settings"], doc["meta"]
     forced = f", acceptance forced: {s['profile']} (benchmark device)" if s["profile"] else ""
-    return (f"{Path(m['target']).name} + {Path(m['draft']).name}: {len(s['prompts'])} prompts × "
+    target = Path(m["target"]).name
+    models = f"{target} + {Path(m['draft']).name}" if m.get("draft") else f"{target} (target only)"
+    return (f"{models}: {len(s['prompts'])} prompts × "
             f"{s['n_predict']} tokens, {s['reps']} reps{forced}")
+
+
+_COLORS = {"baseline": "0.6", "native": "tab:orange", "native-baseline": "#f7c58f"}
 
 
 def _decode_plot(plt, rows: list[dict], doc: dict, path: Path) -> None:
     labels = [r["label"] for r in rows]
     tps = [r["decode_tps_mean"] or 0.0 for r in rows]
     sd = [r["decode_tps_sd"] or 0.0 for r in rows]
-    colors = ["0.6" if r["kind"] == "baseline" else ("tab:orange" if r["kind"] == "native" else "tab:blue")
-              for r in rows]
+    colors = [_COLORS.get(r["kind"], "tab:blue") for r in rows]
     fig, ax = plt.subplots(figsize=(9, 0.45 * len(rows) + 1.6))
     y = range(len(rows))
     ax.barh(y, tps, xerr=sd, color=colors, capsize=3)
@@ -62,8 +66,8 @@ def _decode_plot(plt, rows: list[dict], doc: dict, path: Path) -> None:
         if r["kind"] != "baseline" and r["speedup_mean"] is not None:
             x = r["decode_tps_mean"] + (r["decode_tps_sd"] or 0.0)
             ax.text(x, yi, f"  {r['speedup_mean']:.2f}×", va="center", fontsize=8)
-    ax.set_xlabel("decode tokens/s (mean ± sd over repetitions); grey = no-spec baseline (dashed), "
-                  "orange = llama.cpp's loop", fontsize=8)
+    ax.set_xlabel("decode tokens/s (mean ± sd over repetitions); grey = no-spec baseline (dashed); "
+                  "orange = llama.cpp's loop (light: its plain greedy)", fontsize=8)
     ax.set_title(_title(doc), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -32,6 +32,7 @@ ROW_FIELDS = (
     "ctk", "ctv", "n_ctx", "n_max", "planes", "lead", "inject",
     # speed
     "decode_tps_mean", "decode_tps_sd", "prompt_tps_mean", "speedup_mean", "speedup_sd", "baseline_tps_mean",
+    "native_speedup_mean", "native_speedup_sd", "native_baseline_tps_mean",
     # acceptance
     "tau_pooled", "tau_request_mean", "tau_token_weighted", "acceptance_rate", "position_acceptance",
     "accept_hist", "steps",
@@ -64,6 +65,9 @@ def make_rows(configs: list[BenchConfig], runs: list[Run], settings: Settings, m
     for cfg in configs:  # each baseline row comes right before the first configuration it serves
         if cfg.kind != "baseline" and cfg.baseline() not in ordered and by_config.get(cfg.baseline().key):
             ordered.append(cfg.baseline())
+            # llama.cpp's plain greedy (--native) right after ggspec's
+            if cfg.native_baseline() in configs and by_config.get(cfg.native_baseline().key):
+                ordered.append(cfg.native_baseline())
         if cfg not in ordered and by_config.get(cfg.key):
             ordered.append(cfg)
     categories = list(dict.fromkeys(p.category for p in settings.prompts))
@@ -85,7 +89,7 @@ def _row(cfg: BenchConfig, category: str, runs: list[Run], by_config: dict, sett
     row = {f: None for f in ROW_FIELDS}
     row.update(config=cfg.key, kind=cfg.kind, label=cfg.label, category=category,
                n_prompts=len({r.prompt for r in runs}), reps=len(reps), n_predict=settings.n_predict,
-               acceptance_profile=settings.profile if cfg.kind != "baseline" else None,
+               acceptance_profile=settings.profile if cfg.speculative else None,
                ctk=cfg.ctk, ctv=cfg.ctv, n_ctx=cfg.n_ctx, n_max=cfg.n_max or None, planes=cfg.planes or None,
                lead=cfg.lead or None, inject=cfg.inject or None,
                build=meta.get("build"), patches=",".join(meta.get("patches", [])),
@@ -94,8 +98,20 @@ def _row(cfg: BenchConfig, category: str, runs: list[Run], by_config: dict, sett
     mean, sd = _mean_sd(tps)
     row.update(decode_tps_mean=_r(mean, 2), decode_tps_sd=_r(sd, 2),
                rss_mib=_r(max(r.rss_mib for r in runs), 1), peak_rss_mib=_r(max(r.peak_rss_mib for r in runs), 1))
-    if cfg.kind != "native":
+    if cfg.kind in ("spec", "baseline"):
         row["prompt_tps_mean"] = _r(statistics.fmean(per_rep[rep].prompt_tps for rep in reps), 2)
+
+    # --native: every row also against llama.cpp's own plain greedy with the same cache types, as the
+    # mean of per-repetition ratios (its runs are not back to back with this row's, but the same
+    # repetition covers the same prompts)
+    native_runs = [r for r in by_config.get(cfg.native_baseline().key, []) if category in ("all", r.category)]
+    if native_runs:
+        native_per_rep = {rep: merge(r.stats for r in native_runs if r.rep == rep) for rep in reps}
+        ratios = [per_rep[rep].decode_tps / native_per_rep[rep].decode_tps for rep in reps
+                  if native_per_rep[rep].decode_tps]
+        n_mean, n_sd = _mean_sd(ratios)
+        row.update(native_speedup_mean=_r(n_mean), native_speedup_sd=_r(n_sd),
+                   native_baseline_tps_mean=_r(merge(native_per_rep.values()).decode_tps, 2))
     if cfg.kind == "baseline":
         row.update(speedup_mean=1.0, speedup_sd=0.0, baseline_tps_mean=row["decode_tps_mean"])
         return row
@@ -108,10 +124,10 @@ def _row(cfg: BenchConfig, category: str, runs: list[Run], by_config: dict, sett
     s_mean, s_sd = _mean_sd(ratios)
     base_total = merge(base_per_rep.values())
     row.update(speedup_mean=_r(s_mean), speedup_sd=_r(s_sd), baseline_tps_mean=_r(base_total.decode_tps, 2),
-               acceptance_rate=_r(total.acceptance_rate),
+               acceptance_rate=_r(total.acceptance_rate) if cfg.speculative else None,
                identical=f"{sum(bool(r.identical) for r in runs)}/{len(runs)}")
-    if cfg.kind == "native":
-        return row  # llama.cpp's tool reports decode time and draft counts only
+    if cfg.kind != "spec":
+        return row  # llama.cpp's tools report decode time (and draft counts) only
 
     # τ three ways (all in use in the field); pooled is the headline
     taus = [(r.stats.tau, r.stats.n_decoded) for r in runs if r.stats.spec_steps]
@@ -150,6 +166,7 @@ def document(settings: Settings, meta: dict, configs: list[BenchConfig], skipped
 
 def save(path: Path, doc: dict) -> None:
     """Write atomically: an interrupted save never leaves a half-written file."""
+    path.parent.mkdir(parents=True, exist_ok=True)  # `--save runs/x.json` with no runs/ yet
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(doc, indent=1) + "\n")
     os.replace(tmp, path)
@@ -208,30 +225,47 @@ def _fmt(x, spec: str) -> str:
     return "" if x is None else format(x, spec)
 
 
+def _ratio(mean, sd, is_reference: bool) -> str:
+    if is_reference:
+        return "1.00"
+    return "" if mean is None else f"{mean:.2f} ± {sd:.2f}"
+
+
 def to_markdown(rows: list[dict], settings: Settings) -> str:
-    """llama-bench-like table: the figures people compare; csv / json carry everything."""
-    head = ["configuration", "category", "decode t/s", "speedup", "τ pooled", "accept", "S_max", "replay",
-            "time: draft/verify/inject/replay/other %", "identical"]
-    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    """llama-bench-like table: the figures people compare; csv / json carry everything. A column
+    no row fills (τ and the rest on a target-only benchmark, replay on a dense target) is left out."""
+    native = any(r["native_speedup_mean"] is not None for r in rows)
+    head = ["configuration", "category", "decode t/s", "speedup"] + (["vs llama.cpp no-spec"] if native else []) + [
+        "τ pooled", "accept", "S_max", "replay", "time: draft/verify/inject/replay/other %", "identical"]
+    table = []
     for r in rows:
         label = r["label"] + (f" [forced: {r['acceptance_profile']}]" if r["acceptance_profile"] else "")
         shares = "" if r["share_draft"] is None else "/".join(
             f"{100 * r[f'share_{k}']:.0f}" for k in ("draft", "verify", "inject", "replay", "overhead"))
-        out.append("| " + " | ".join([
+        table.append([
             label, r["category"],
             f"{_fmt(r['decode_tps_mean'], '.1f')} ± {_fmt(r['decode_tps_sd'], '.1f')}",
             f"{_fmt(r['speedup_mean'], '.2f')} ± {_fmt(r['speedup_sd'], '.2f')}" if r["kind"] != "baseline" else "1.00",
+            *([_ratio(r["native_speedup_mean"], r["native_speedup_sd"], r["kind"] == "native-baseline")] if native else []),
             _fmt(r["tau_pooled"], ".2f"),
             "" if r["acceptance_rate"] is None else f"{100 * r['acceptance_rate']:.0f}%",
             _fmt(r["s_max"], ".2f"),
             "" if r["replay_share"] is None or r["planes"] is None else f"{100 * r['replay_share']:.0f}%",
             shares, r["identical"] or "",
-        ]) + " |")
+        ])
+    keep = [i for i in range(len(head)) if i < 4 or any(cells[i] for cells in table)]
+    out = ["| " + " | ".join(head[i] for i in keep) + " |", "|" + "---|" * len(keep)]
+    out += ["| " + " | ".join(cells[i] for i in keep) + " |" for cells in table]
     lines = "\n".join(out)
     note = (f"\n\n{settings.n_predict} tokens per prompt, {settings.reps} repetitions, {len(settings.prompts)} prompts; "
-            "speedup = mean of paired ratios to the no-spec baseline with the same cache types; "
-            "τ pooled = committed tokens / speculative steps (bonus token included); "
-            "S_max = τ·T_target(1) / (T_draft + T_verify).")
+            "speedup = mean of paired ratios to the no-spec baseline with the same cache types")
+    if any(r["tau_pooled"] is not None for r in rows):
+        note += ("; τ pooled = committed tokens / speculative steps (bonus token included); "
+                 "S_max = τ·T_target(1) / (T_draft + T_verify)")
+    note += "."
+    if native:
+        note += (" vs llama.cpp no-spec = mean of per-repetition ratios to llama.cpp's own plain greedy "
+                 "(llama-completion) with the same cache types.")
     if settings.profile:
         note += f" [forced: {settings.profile}] = BENCHMARK DEVICE: acceptance replayed from a histogram, not the draft's."
     return lines + note + "\n"

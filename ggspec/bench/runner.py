@@ -2,7 +2,8 @@
 
 Configurations run one after another; inside each, every (repetition, prompt) runs the
 configuration and its `--no-spec` baseline back to back, in alternating order (A B, B A, ...),
-so machine drift hits both alike and every speedup is a ratio of paired runs. Models are loaded
+so machine drift hits both alike and every speedup is a ratio of paired runs (llama.cpp's own
+loops, `--native`, are paired with ggspec's baseline the same way). Models are loaded
 once; each configuration gets its own contexts, closed before the next one starts (a matrix of
 18 configurations must not hold 18 KV caches). Like mlx-lm's `generate`, this is a generator:
 the CLI shows progress and saves what has been measured, and stops cleanly on Ctrl-C.
@@ -20,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ggspec.bench.configs import BenchConfig
-from ggspec.bench.native import find_tool, run_cpp
+from ggspec.bench.native import PLAIN_TOOL, TOOL, find_tool, run_cpp, run_plain
 from ggspec.bench.prompts import Prompt
 from ggspec.runtime import ContextParams
 from ggspec.runtime.context import resolve_flash_attn
@@ -38,7 +39,7 @@ WARMUP_TOKENS = 16
 class Settings:
     """What every configuration shares; a --resume file must have been made with the same."""
     target: str
-    draft: str
+    draft: str  # "" for a target-only benchmark (plain rows only: ggspec's and llama.cpp's)
     n_predict: int
     reps: int
     threads: int
@@ -104,7 +105,7 @@ class Runner:
         self.tokens = [self.anchor.target_model.tokenize(p.text) for p in settings.prompts]
         self._baselines: dict[str, SpecPair] = {}
         self._references: dict[tuple[str, int], np.ndarray] = {}
-        self._tool: Path | None = None
+        self._tools: dict[str, Path] = {}
         self._tmp = tempfile.TemporaryDirectory(prefix="ggspec-bench-")
 
     @property
@@ -126,7 +127,7 @@ class Runner:
     def _pair_config(self, cfg: BenchConfig | None, ctx: ContextParams, n_max: int = 1,
                      speculative: bool = True) -> PairConfig:
         s = self.s
-        return PairConfig(target=Path(s.target), draft=Path(s.draft) if speculative else None,
+        return PairConfig(target=Path(s.target), draft=Path(s.draft) if speculative and s.draft else None,
                           n_max=cfg.n_max if cfg else n_max, ctx=ctx,
                           planes=cfg.plane_options if cfg else PlaneOptions(), inject=(cfg.inject if cfg else "") or "pruned",
                           placement=s.placement, n_gpu_layers=s.n_gpu_layers, n_gpu_layers_draft=s.n_gpu_layers)
@@ -176,18 +177,32 @@ class Runner:
             tokens += step.tokens
         return stats, tokens
 
+    def check_tools(self, configs: list[BenchConfig]) -> None:
+        """Find llama.cpp's tools the configurations need before anything is measured."""
+        for cfg in configs:
+            if cfg.kind in ("native", "native-baseline"):
+                self._tool(TOOL if cfg.kind == "native" else PLAIN_TOOL)
+
+    def _tool(self, name: str) -> Path:
+        if name not in self._tools:
+            self._tools[name] = find_tool(name)
+        return self._tools[name]
+
     def _native(self, cfg: BenchConfig, i: int, n: int) -> tuple[RunStats, str]:
-        if self._tool is None:
-            self._tool = find_tool()
+        flash_attn = resolve_flash_attn("auto", 0, cfg.ctv)
+        if cfg.kind == "native-baseline":
+            res = run_plain(self._tool(PLAIN_TOOL), Path(self.s.target), self.s.prompts[i].text, n, n_ctx=cfg.n_ctx,
+                            ctk=cfg.ctk, ctv=cfg.ctv, flash_attn=flash_attn, threads=self.s.threads)
+            return RunStats(n_decoded=res.n_decoded, n_generated=res.n_decoded, t_decode=res.seconds), res.text
         forced = None
         if self.s.profile_weights is not None:
             forced = Path(self._tmp.name) / f"forced-{i}-{cfg.n_max}.txt"
             ref = self._reference(cfg, i, cfg.n_max)
             counts = itertools.islice(self._lengths(i, cfg.n_max), n + 1)
             forced.write_text(" ".join(map(str, ref)) + "\n" + " ".join(map(str, counts)) + "\n")
-        res = run_cpp(self._tool, Path(self.s.target), Path(self.s.draft), self.s.prompts[i].text, n, cfg.n_max,
+        res = run_cpp(self._tool(TOOL), Path(self.s.target), Path(self.s.draft), self.s.prompts[i].text, n, cfg.n_max,
                       defer=cfg.inject == "deferred", n_ctx=cfg.n_ctx, ctk=cfg.ctk, ctv=cfg.ctv,
-                      flash_attn=resolve_flash_attn("auto", 0, cfg.ctv), threads=self.s.threads, forced=forced)
+                      flash_attn=flash_attn, threads=self.s.threads, forced=forced)
         stats = RunStats(n_decoded=res.n_decoded, n_generated=res.n_decoded, t_decode=res.seconds,
                          drafted=res.drafted, accepted=res.accepted)
         return stats, res.text
@@ -235,9 +250,13 @@ class Runner:
 
     @staticmethod
     def _same(c: Run, b: Run, prompt: str, base_sp: SpecPair) -> bool:
-        if c.text:  # llama.cpp's tool: compared as text, and it may run a few tokens on
-            want = prompt + base_sp.target_model.detokenize(b.tokens)
+        if c.text:  # llama.cpp's tools: compared as text (the speculative one may run a few tokens on)
+            model = base_sp.target_model
+            # with --ignore-eos llama.cpp never samples an end-of-generation token, where ggspec's plain
+            # greedy takes it and goes on: the texts part there by design
+            cut = next((k for k, t in enumerate(b.tokens) if model.is_eog(t)), len(b.tokens))
+            want = prompt + model.detokenize(b.tokens[:cut])
             got = c.text
             n = min(len(want), len(got))
-            return n > len(prompt) and got[:n] == want[:n]
+            return len(got) > len(prompt) and got[:n] == want[:n]
         return c.tokens == b.tokens

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ggspec.bench import report
@@ -48,6 +48,10 @@ class Plan:
     native: bool = False
     save_path: Path | None = None
     resume: dict | None = None  # a loaded document
+    # where the --spec-draft-n-max axis came from: "flag" (the user's values, kept as given: one
+    # beyond the draft's block is skipped with the reason), "pair" (a named pair's recommendation:
+    # fitted to the block with a warning, as `ggspec run` does) or "default" (fitted silently)
+    n_max_source: str = "flag"
 
 
 class BenchSession:
@@ -55,6 +59,7 @@ class BenchSession:
         self.plan = plan
         self.settings = plan.settings
         self.runner = Runner(self.settings)
+        self.warnings: list[str] = []
         try:
             if plan.resume is not None:
                 doc = plan.resume
@@ -64,26 +69,42 @@ class BenchSession:
                 self.done_runs = report.runs_from(doc)
                 self._check_same_models()
             else:
-                self.meta = collect(Path(self.settings.target), Path(self.settings.draft), self.settings.threads)
+                draft = Path(self.settings.draft) if self.settings.draft else None
+                self.meta = collect(Path(self.settings.target), draft, self.settings.threads)
                 profile_len = len(self.settings.profile_weights) if self.settings.profile_weights else None
-                self.configs, self.skipped = expand(plan.axes, self.runner.recurrent,
+                info = self.runner.anchor.info
+                limit = info.n_max_limit if info is not None else None
+                self.configs, self.skipped = expand(self._fit_n_max(plan, limit), self.runner.recurrent,
                                                     self.runner.longest_prompt + self.settings.n_predict,
                                                     native=plan.native, profile_len=profile_len,
-                                                    n_max_limit=self.runner.anchor.info.n_max_limit)
+                                                    n_max_limit=limit, speculative=info is not None)
                 self.done_runs = []
             if not self.configs:
                 raise InputError("no configuration left to run: " + "; ".join(
                     f"{s.label}: {s.reason}" for s in self.skipped[:3]))
+            self.runner.check_tools(self.configs)
         except BaseException:
             self.runner.close()
             raise
         self.runs: list[Run] = list(self.done_runs)
         self._done = self._completed_pairs(self.done_runs)
 
+    def _fit_n_max(self, plan: Plan, limit: int | None) -> Axes:
+        """A draft length nobody typed follows `ggspec run`: clamped to the draft's block."""
+        axes = plan.axes
+        if plan.n_max_source == "flag" or limit is None or max(axes.n_max) <= limit:
+            return axes
+        if plan.n_max_source == "pair":
+            self.warnings.append(f"the pair's --spec-draft-n-max {max(axes.n_max)} exceeds the draft's block size "
+                                 f"{limit + 1} - 1; using {limit}")
+        return replace(axes, n_max=tuple(dict.fromkeys(min(n, limit) for n in axes.n_max)))
+
     def _check_same_models(self) -> None:
         from ggspec.bench.meta import file_sha256
 
         for which in ("target", "draft"):
+            if not self.meta[which]:  # a target-only benchmark
+                continue
             if file_sha256(Path(self.meta[which])) != self.meta[f"{which}_sha256"]:
                 raise InputError(f"--resume: the {which} file {self.meta[which]} changed since the benchmark started")
 

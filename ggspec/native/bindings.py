@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+import threading
 import types
 from collections import deque
 from ctypes import POINTER, c_bool, c_float, c_int32, c_int64, c_uint32, c_void_p
@@ -36,18 +37,34 @@ def last_log_error() -> str:
     return _recent_log[-1][1].strip() if _recent_log else "(no log output)"
 
 
+def _on_log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
+    line = text.decode("utf-8", "replace") if text else ""
+    _recent_log.append((level, line))
+    if _verbose:
+        sys.stderr.write(line)
+
+
+_verbose = False
+
+
 def _install_log_callback(lc: types.ModuleType) -> None:
-    global _log_callback
-    verbose = bool(os.environ.get("GGSPEC_VERBOSE"))
-
-    def on_log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
-        line = text.decode("utf-8", "replace") if text else ""
-        _recent_log.append((level, line))
-        if verbose:
-            sys.stderr.write(line)
-
-    _log_callback = lc.llama_log_callback(on_log)
+    global _log_callback, _verbose
+    _verbose = bool(os.environ.get("GGSPEC_VERBOSE"))
+    _log_callback = lc.llama_log_callback(_on_log)
     lc.llama_log_set(_log_callback, None)
+
+
+def interrupt_outside_callbacks(signum: int, frame: types.FrameType | None) -> None:
+    """A SIGINT handler for programs that drive llama.cpp: KeyboardInterrupt as usual, except while
+    the log callback runs, where ctypes would swallow it ("Exception ignored on calling ctypes
+    callback") and the run would go on as if nothing happened. There the signal is sent again a
+    few milliseconds later, once the callback has returned into llama.cpp."""
+    while frame is not None:
+        if frame.f_code is _on_log.__code__:
+            threading.Timer(0.005, os.kill, (os.getpid(), signum)).start()
+            return
+        frame = frame.f_back
+    raise KeyboardInterrupt
 
 
 class NotBuiltError(RuntimeError):

@@ -12,13 +12,17 @@ from ggspec.runtime.gguf_meta import read_meta
 from ggspec.spec.dflash import INJECT_MODES, DFlashInfo, DFlashProposer, check_compatible, dflash_info, is_dflash
 from ggspec.spec.planes import AutoLead, PlaneOptions, default_lead
 
+DEFAULT_N_MAX = 15  # --spec-draft-n-max when neither the user nor a named pair gives one
+
 
 @dataclass
 class PairConfig:
     target: Path
     draft: Path | None = None
     dflash: bool | None = None  # None: auto-detect from the draft's architecture
-    n_max: int = 15
+    # draft tokens per step; None: DEFAULT_N_MAX, fitted to the draft's block without a warning
+    # (a value someone asked for is clamped with one)
+    n_max: int | None = None
     ctx: ContextParams = field(default_factory=ContextParams)
     n_gpu_layers: int = 0
     n_gpu_layers_draft: int = 0
@@ -108,7 +112,7 @@ class SpecPair:
 
     def _validate(self) -> DFlashInfo | None:
         cfg = self.cfg
-        if cfg.n_max < 1:
+        if cfg.n_max is not None and cfg.n_max < 1:
             raise InputError(f"--spec-draft-n-max must be at least 1 (got {cfg.n_max})")
         if cfg.inject not in INJECT_MODES:
             raise InputError(f"--spec-dflash-inject {cfg.inject}: expected one of {', '.join(INJECT_MODES)}")
@@ -140,6 +144,8 @@ class SpecPair:
 
     def _clamp_n_max(self) -> int:
         n_max = self.cfg.n_max
+        if n_max is None:  # nobody asked for a length: the default, or as much as the draft's block allows
+            return min(DEFAULT_N_MAX, self.info.n_max_limit) if self.info is not None else DEFAULT_N_MAX
         if self.info is not None and n_max > self.info.n_max_limit:
             self.warnings.append(
                 f"--spec-draft-n-max {n_max} exceeds the draft's block size {self.info.block_size} - 1; "
