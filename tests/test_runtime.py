@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from ggspec.errors import LlamaError
-from ggspec.fixtures.tiny import file_sha256, write_tiny_pair
+from ggspec.files import file_sha256
+from ggspec.fixtures.tiny import write_tiny_pair
 from ggspec.runtime import Batch, Context, ContextParams, Model
 from ggspec.spec.accept import accept_greedy
 from ggspec.spec.loop import generate_spec
