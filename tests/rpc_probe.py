@@ -3,11 +3,18 @@ keeps its connection for the whole process, so every RPC run happens in a proces
 
     python tests/rpc_probe.py logits TARGET OUT.npy [--rpc A,B -sm tensor|layer]
     python tests/rpc_probe.py own-head TARGET DRAFT --rpc A,B [--mirror]
+    python tests/rpc_probe.py stop TARGET --rpc A --stop-at PHASE --worker PGID [--rpc-timeout S]
+
+`stop` sends SIGSTOP to the worker's process group right before PHASE (add: the handshake, load,
+context, decode, logits: right after a decode returned, clear, free) and goes on: the watchdog
+must end the process (exit 1, one line) within --rpc-timeout.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 from dataclasses import replace
 
@@ -22,12 +29,17 @@ PROMPT = "def parse(path):\n    with open(path) as f:\n        return [line.spli
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("what", choices=["logits", "own-head"])
+    ap.add_argument("what", choices=["logits", "own-head", "stop"])
     ap.add_argument("files", nargs="+")
     ap.add_argument("--rpc")
     ap.add_argument("-sm", default="none")
     ap.add_argument("--mirror", action="store_true")
+    ap.add_argument("--stop-at", choices=STOP_PHASES)
+    ap.add_argument("--worker", type=int)
+    ap.add_argument("--rpc-timeout", type=float, default=3.0)
     args = ap.parse_args()
+    if args.what == "stop":
+        return stop(args)
     placement = Placement.parse(args.sm if args.rpc else "none", args.rpc, None, args.mirror)
     ngl = -1 if args.rpc else 0
     # tensor parallelism runs flash attention whatever is asked: compare like with like
@@ -53,6 +65,45 @@ def main() -> None:
             proposer.flush()
             drafts = proposer.propose(int(tokens[-1]), len(tokens), 7)
             print("drafts", " ".join(map(str, drafts)))
+
+
+STOP_PHASES = ("add", "load", "context", "decode", "logits", "clear", "free")
+
+
+def stop(args) -> int:
+    from ggspec.runtime.devices import rpc_device
+
+    placement = Placement.parse("none", args.rpc, None, False, args.rpc_timeout)
+
+    def phase(name: str) -> None:
+        sys.stderr.write(f"phase {name}\n")
+        sys.stderr.flush()
+        if name == args.stop_at:
+            os.killpg(args.worker, signal.SIGSTOP)
+
+    phase("add")
+    rpc_device(args.rpc, args.rpc_timeout)  # the handshake (Model would do it too)
+    phase("load")
+    model = Model(args.files[0], -1, placement=placement)
+    phase("context")
+    ctx = Context(model, ContextParams(n_ctx=512, n_batch=512))
+    batch = Batch(ctx)
+    tokens = model.tokenize(PROMPT * 4)
+    phase("decode")
+    ctx.decode(batch.add_tokens(tokens, 0, outputs="all"))
+    phase("logits")
+    ctx.logits()
+    phase("clear")
+    ctx.clear()
+    batch.clear()
+    ctx.decode(batch.add_tokens(tokens[:8], 0, outputs="all"))
+    ctx.logits()
+    phase("free")
+    batch.close()
+    ctx.close()
+    model.close()
+    print("done")
+    return 0
 
 
 if __name__ == "__main__":

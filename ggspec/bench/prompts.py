@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ggspec.errors import InputError
+from ggspec.files import check_text, read_text
 
 
 @dataclass(frozen=True)
@@ -87,21 +88,23 @@ def load_prompts(path: Path | None) -> list[Prompt]:
     """The built-in set, or a JSONL file of {"prompt": str, "category": str (optional)}."""
     if path is None:
         return list(BUILTIN)
-    if not path.is_file():
-        raise InputError(f"--prompts {path}: no such file")
     prompts = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for n, line in enumerate(read_text(path, f"--prompts {path}").splitlines(), 1):
         if not line.strip():
             continue
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
             raise InputError(f"--prompts {path}:{n}: not JSON ({exc.msg})") from None
+        except RecursionError:
+            raise InputError(f"--prompts {path}:{n}: not JSON (nested too deeply)") from None
         if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str) or not obj["prompt"]:
             raise InputError(f"--prompts {path}:{n}: expected an object with a non-empty string \"prompt\"")
         category = obj.get("category", "default")
         if not isinstance(category, str) or not category or category == "all":
             raise InputError(f"--prompts {path}:{n}: \"category\" must be a non-empty string other than 'all'")
+        check_text(obj["prompt"], f"--prompts {path}:{n}: \"prompt\"")
+        check_text(category, f"--prompts {path}:{n}: \"category\"")
         prompts.append(Prompt(obj["prompt"], category))
     if not prompts:
         raise InputError(f"--prompts {path}: no prompts in the file")

@@ -11,18 +11,18 @@ import csv
 import io
 import json
 import math
-import os
 import statistics
 from collections import defaultdict
 from dataclasses import asdict
 from pathlib import Path
 
-from ggspec.bench.configs import BenchConfig, Skipped
+from ggspec.bench.configs import KINDS, NATIVE_MODES, Axes, BenchConfig, Skipped, check_axes
 from ggspec.bench.prompts import Prompt
 from ggspec.bench.runner import Run, Settings
 from ggspec.errors import InputError
-from ggspec.runtime.devices import Placement
-from ggspec.spec.stats import merge
+from ggspec.files import atomic_write, describe_bad_text, read_text
+from ggspec.runtime.devices import Placement, parse_endpoint
+from ggspec.spec.stats import RunStats, merge
 
 SCHEMA = "ggspec-bench/1"
 
@@ -165,32 +165,193 @@ def document(settings: Settings, meta: dict, configs: list[BenchConfig], skipped
 
 
 def save(path: Path, doc: dict) -> None:
-    """Write atomically: an interrupted save never leaves a half-written file."""
-    path.parent.mkdir(parents=True, exist_ok=True)  # `--save runs/x.json` with no runs/ yet
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n")
-    os.replace(tmp, path)
+    """Write atomically through a temporary file of its own (two benchmarks saving to the same
+    path never share one): an interrupted save never leaves a half-written file."""
+    text = json.dumps(doc, indent=1) + "\n"
+    atomic_write(path, lambda tmp: tmp.write_text(text))
 
 
 def load(path: Path) -> dict:
+    """A saved document, checked through and through: anything damaged is one InputError here,
+    before a model is loaded or the file is touched."""
+    what = f"--resume {path}"
+    text = read_text(path, what)
     try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise InputError(f"--resume {path}: no such file") from None
+        doc = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise InputError(f"--resume {path}: not a ggspec bench JSON file ({exc.msg})") from None
+        raise InputError(f"{what}: not a ggspec bench JSON file ({exc.msg})") from None
+    except RecursionError:
+        raise InputError(f"{what}: not a ggspec bench JSON file (nested too deeply)") from None
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-        raise InputError(f"--resume {path}: not a {SCHEMA} document")
+        raise InputError(f"{what}: not a {SCHEMA} document")
+    check_document(doc, what)
     return doc
 
 
-def settings_from(doc: dict) -> Settings:
-    s = dict(doc["settings"])
-    s["prompts"] = tuple(Prompt(**p) for p in s["prompts"])
-    s["profile_weights"] = tuple(s["profile_weights"]) if s["profile_weights"] is not None else None
+class _Damaged(Exception):
+    pass
+
+
+def _need(cond: bool, where: str) -> None:
+    if not cond:
+        raise _Damaged(where)
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v) -> bool:
+    return (_is_int(v) or isinstance(v, float)) and math.isfinite(v)
+
+
+def _fields(obj, where: str, types: dict[str, tuple], required: tuple[str, ...]) -> None:
+    _need(isinstance(obj, dict), f"{where} is not an object")
+    for name in required:
+        _need(name in obj, f"{where} has no {name!r}")
+    for name, value in obj.items():
+        _need(name in types, f"{where} has an unknown field {name!r}")
+        check = types[name]
+        ok = check(value) if callable(check) else isinstance(value, check) and not (
+            isinstance(value, bool) and bool not in check)
+        _need(ok, f"{where}.{name} has a wrong type or value")
+
+
+_STATS_TYPES = {f: (lambda v: _is_num(v) and v >= 0) for f in RunStats.__dataclass_fields__}
+_STATS_TYPES.update({f: (lambda v: isinstance(v, list) and all(_is_int(x) and x >= 0 for x in v))
+                     for f in ("accept_hist", "pos_drafted", "pos_accepted")})
+_CONFIG_TYPES = {"kind": (str,), "ctk": (str,), "ctv": (str,), "n_ctx": _is_int, "n_max": _is_int,
+                 "planes": (str,), "lead": (str,), "inject": (str,)}
+_RUN_TYPES = {"config": (str,), "rep": _is_int, "prompt": _is_int, "category": (str,), "stats": (dict,),
+              "identical": lambda v: v is None or isinstance(v, bool), "paired_with": (str,),
+              "rss_mib": _is_num, "peak_rss_mib": _is_num, "plane_bytes": _is_int, "plane_layout": (str,)}
+_SETTINGS_TYPES = {"target": (str,), "draft": (str,), "n_predict": _is_int, "reps": _is_int, "threads": _is_int,
+                   "warmup": (bool,), "profile": lambda v: v is None or isinstance(v, str),
+                   "profile_weights": lambda v: v is None or (isinstance(v, list) and all(_is_num(x) for x in v)),
+                   "prompts": (list,), "placement": lambda v: v is None or isinstance(v, dict),
+                   "n_gpu_layers": _is_int}
+_PLACEMENT_TYPES = {"split_mode": (str,), "rpc": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+                    "tensor_split": lambda v: isinstance(v, list) and all(_is_num(x) and x >= 0 for x in v),
+                    "mirror_output": (bool,), "rpc_timeout": lambda v: _is_num(v) and v > 0}
+_META_TYPES = {"build": (str,), "build_options": (dict,),
+               "patches": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), "target": (str,),
+               "target_sha256": (str,), "draft": (str,), "draft_sha256": lambda v: v is None or isinstance(v, str),
+               "machine": (str,), "threads": _is_int, "started": (str,)}
+
+
+def check_document(doc: dict, what: str) -> None:
+    """Every part a --resume relies on, with the reason of the first damage found."""
+    try:
+        _check_document(doc, what)
+    except _Damaged as exc:
+        raise InputError(f"{what}: damaged document ({exc})") from None
+
+
+def _check_document(doc: dict, what: str) -> None:
+    for name in ("complete", "meta", "settings", "configs", "skipped", "runs"):
+        _need(name in doc, f"no {name!r}")
+    _need(isinstance(doc["complete"], bool), "'complete' is not true or false")
+    _fields(doc["meta"], "meta", _META_TYPES, ("target", "target_sha256", "draft", "draft_sha256"))
+    settings = settings_from(doc, what)
+    meta = doc["meta"]
+    _need(meta["target"] == settings.target and meta["draft"] == settings.draft,
+          "meta and settings name different model files")
+    _need(bool(meta["draft"]) == (meta["draft_sha256"] is not None), "meta.draft_sha256 does not fit meta.draft")
+    _need(isinstance(doc["configs"], list) and doc["configs"], "'configs' is not a non-empty list")
+    configs = []
+    for i, c in enumerate(doc["configs"]):
+        where = f"configs[{i}]"
+        _fields(c, where, _CONFIG_TYPES, ("kind",))
+        try:
+            cfg = BenchConfig(**c)
+            _need(cfg.kind in KINDS, f"{where}.kind {cfg.kind!r} is not one of {', '.join(KINDS)}")
+            check_axes(Axes(ctk=(cfg.ctk,), ctv=(cfg.ctv,), n_ctx=(cfg.n_ctx,), n_max=(max(cfg.n_max, 1),),
+                            inject=(cfg.inject or "pruned",)))
+            _need(cfg.n_max >= 0 and cfg.speculative == (cfg.n_max >= 1),
+                  f"{where}.n_max {cfg.n_max} does not fit kind {cfg.kind}")
+            if cfg.kind == "spec":
+                cfg.plane_options.check(cfg.n_max) if cfg.planes else None
+            if cfg.kind == "native":
+                _need(cfg.inject in NATIVE_MODES, f"{where}.inject {cfg.inject!r} is not one of {', '.join(NATIVE_MODES)}")
+        except InputError as exc:
+            raise _Damaged(f"{where}: {exc}") from None
+        _need(not (cfg.speculative and not settings.draft), f"{where} is speculative, the benchmark has no draft")
+        _need(not (cfg.speculative and settings.profile_weights and len(settings.profile_weights) != cfg.n_max + 1),
+              f"{where}.n_max {cfg.n_max} does not fit the acceptance profile's {len(settings.profile_weights or ())} "
+              "entries")
+        configs.append(cfg)
+    keys = {c.key for c in configs} | {c.baseline().key for c in configs}
+    _need(len({c.key for c in configs}) == len(configs), "a configuration is listed twice")
+    _need(isinstance(doc["skipped"], list), "'skipped' is not a list")
+    for i, sk in enumerate(doc["skipped"]):
+        _fields(sk, f"skipped[{i}]", {"label": (str,), "reason": (str,)}, ("label", "reason"))
+    _need(isinstance(doc["runs"], list), "'runs' is not a list")
+    seen = set()
+    for i, r in enumerate(doc["runs"]):
+        where = f"runs[{i}]"
+        _fields(r, where, _RUN_TYPES, ("config", "rep", "prompt", "category", "stats"))
+        _fields(r["stats"], f"{where}.stats", _STATS_TYPES, ())
+        _need(r["config"] in keys, f"{where}.config is not a configuration of this benchmark")
+        _need(not r.get("paired_with") or r["paired_with"] in keys, f"{where}.paired_with is not a configuration")
+        _need(0 <= r["rep"] < settings.reps, f"{where}.rep {r['rep']} is outside 0..{settings.reps - 1}")
+        _need(0 <= r["prompt"] < len(settings.prompts),
+              f"{where}.prompt {r['prompt']} is outside 0..{len(settings.prompts) - 1}")
+        _need(r["category"] == settings.prompts[r["prompt"]].category, f"{where}.category is not its prompt's")
+        ident = (r["config"], r["rep"], r["prompt"], r.get("paired_with", ""))
+        _need(ident not in seen, f"{where} repeats a measured run")
+        seen.add(ident)
+        Run.from_json(r)
+
+
+def settings_from(doc: dict, what: str = "--resume") -> Settings:
+    """The saved settings, validated like the command-line flags they came from."""
+    try:
+        return _settings_from(doc)
+    except _Damaged as exc:
+        raise InputError(f"{what}: damaged document ({exc})") from None
+    except InputError as exc:
+        raise InputError(f"{what}: damaged document ({exc})") from None
+
+
+def _settings_from(doc: dict) -> Settings:
+    s = doc.get("settings")
+    _fields(s, "settings", _SETTINGS_TYPES, ("target", "draft", "n_predict", "reps", "threads", "warmup", "profile",
+                                             "profile_weights", "prompts"))
+    s = dict(s)
+    for flag, name in (("-n", "n_predict"), ("-r", "reps"), ("-t", "threads")):
+        _need(s[name] >= 1, f"settings.{name} is {s[name]} ({flag} must be at least 1)")
+    _need(bool(s["target"]), "settings.target is empty")
+    _need(isinstance(s["prompts"], list) and s["prompts"], "settings.prompts is not a non-empty list")
+    prompts = []
+    for i, p in enumerate(s["prompts"]):
+        where = f"settings.prompts[{i}]"
+        _fields(p, where, {"text": (str,), "category": (str,)}, ("text", "category"))
+        _need(bool(p["text"]) and bool(p["category"]), f"{where} has an empty text or category")
+        bad = describe_bad_text(p["text"] + p["category"])
+        _need(not bad, f"{where} is not valid UTF-8 text ({bad})")
+        prompts.append(Prompt(p["text"], p["category"]))
+    s["prompts"] = tuple(prompts)
+    if s["profile_weights"] is not None:
+        _need(s["profile"] is not None, "settings.profile_weights without a profile name")
+        s["profile_weights"] = check_profile_weights(tuple(float(w) for w in s["profile_weights"]),
+                                                     "settings.profile_weights")
+    else:
+        _need(s["profile"] is None, "settings.profile without its weights")
     p = s.get("placement") or {}
-    s["placement"] = Placement(**{**p, "rpc": tuple(p.get("rpc", ())), "tensor_split": tuple(p.get("tensor_split", ()))})
+    _fields(p, "settings.placement", _PLACEMENT_TYPES, ())
+    placement = Placement(**{**p, "rpc": tuple(parse_endpoint(e) for e in p.get("rpc", ())),
+                             "tensor_split": tuple(float(x) for x in p.get("tensor_split", ()))})
+    placement.check()
+    s["placement"] = placement
     return Settings(**s)
+
+
+def check_profile_weights(weights: tuple[float, ...], what: str) -> tuple[float, ...]:
+    if not all(math.isfinite(w) for w in weights):
+        raise InputError(f"{what}: weights must be finite numbers")
+    if len(weights) < 2 or min(weights) < 0 or sum(weights) <= 0:
+        raise InputError(f"{what}: needs at least 2 non-negative weights, not all zero")
+    return weights
 
 
 def runs_from(doc: dict) -> list[Run]:

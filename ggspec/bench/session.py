@@ -15,8 +15,10 @@ from pathlib import Path
 from ggspec.bench import report
 from ggspec.bench.configs import Axes, BenchConfig, Skipped, expand
 from ggspec.bench.meta import collect
+from ggspec.bench.report import check_profile_weights
 from ggspec.bench.runner import Run, Runner, Settings
-from ggspec.errors import InputError
+from ggspec.errors import GGSpecError, InputError
+from ggspec.files import read_text
 from ggspec.spec.forced import PROFILES
 
 
@@ -28,17 +30,15 @@ def parse_profile(spec: str | None) -> tuple[str | None, tuple[float, ...] | Non
     if spec in PROFILES:
         return spec, tuple(PROFILES[spec])
     path = Path(spec)
-    if not path.is_file():
+    if not path.exists():
         raise InputError(f"--acceptance-profile {spec}: neither a built-in profile ({', '.join(PROFILES)}) nor a file")
-    text = path.read_text().strip()
+    text = read_text(path, f"--acceptance-profile {spec}").strip()
     try:
         values = json.loads(text) if text.startswith("[") else [float(x) for x in text.replace(",", " ").split()]
         weights = tuple(float(v) for v in values)
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, OverflowError):
         raise InputError(f"--acceptance-profile {spec}: expected numbers (weights of accepted counts 0..n_max)") from None
-    if len(weights) < 2 or min(weights) < 0 or sum(weights) <= 0:
-        raise InputError(f"--acceptance-profile {spec}: needs at least 2 non-negative weights, not all zero")
-    return path.name, weights
+    return path.name, check_profile_weights(weights, f"--acceptance-profile {spec}")
 
 
 @dataclass
@@ -52,6 +52,10 @@ class Plan:
     # beyond the draft's block is skipped with the reason), "pair" (a named pair's recommendation:
     # fitted to the block with a warning, as `ggspec run` does) or "default" (fitted silently)
     n_max_source: str = "flag"
+
+
+class SaveError(GGSpecError):
+    """The document could not be written (what was measured is still printed)."""
 
 
 class BenchSession:
@@ -88,6 +92,9 @@ class BenchSession:
             raise
         self.runs: list[Run] = list(self.done_runs)
         self._done = self._completed_pairs(self.done_runs)
+        # the save file holds self.runs[:_on_disk] (a resumed file holds what it was loaded with);
+        # nothing new measured, nothing written: a failed --resume never rewrites its file
+        self._on_disk = len(self.runs) if plan.resume is not None else None
 
     def _fit_n_max(self, plan: Plan, limit: int | None) -> Axes:
         """A draft length nobody typed follows `ggspec run`: clamped to the draft's block."""
@@ -105,7 +112,12 @@ class BenchSession:
         for which in ("target", "draft"):
             if not self.meta[which]:  # a target-only benchmark
                 continue
-            if file_sha256(Path(self.meta[which])) != self.meta[f"{which}_sha256"]:
+            path = Path(self.meta[which])
+            try:
+                digest = file_sha256(path)
+            except OSError as exc:
+                raise InputError(f"--resume: cannot read the {which} file {path} ({exc.strerror or exc})") from None
+            if digest != self.meta[f"{which}_sha256"]:
                 raise InputError(f"--resume: the {which} file {self.meta[which]} changed since the benchmark started")
 
     @staticmethod
@@ -155,10 +167,22 @@ class BenchSession:
                                self.complete)
 
     def save(self) -> dict:
+        """The document; written to the save path when something new was measured since the last
+        write. SaveError (one line) when it cannot be written."""
         doc = self.document()
-        if self.plan.save_path is not None:
-            report.save(self.plan.save_path, doc)
+        path = self.plan.save_path
+        if path is not None and self.runs and self._on_disk != len(self.runs):
+            try:
+                report.save(path, doc)
+            except OSError as exc:
+                raise SaveError(f"cannot save {path} ({exc.strerror or exc})") from None
+            self._on_disk = len(self.runs)
         return doc
+
+    @property
+    def saved(self) -> bool:
+        """Whether the save file holds everything measured so far."""
+        return self.plan.save_path is not None and self._on_disk == len(self.runs)
 
     def close(self) -> None:
         self.runner.close()

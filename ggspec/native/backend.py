@@ -59,7 +59,7 @@ def install_abort_handler(hint: str) -> None:
     def on_abort(message: bytes | None) -> None:
         text = (message or b"").decode(errors="replace").strip().splitlines()
         why = text[-1] if text else "unknown error"
-        if "RPC server" in why or "Failed to connect" in why:
+        if "RPC server" in why or "Failed to connect" in why or "RPC handshake" in why:
             why = f"an RPC worker stopped answering ({_hint}): {why.rsplit(': ', 1)[-1]}"
         sys.stderr.write(f"error: llama.cpp aborted: {why}\n")
         sys.stderr.flush()

@@ -17,17 +17,33 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
 from functools import cache
 from pathlib import Path
 
+from ggspec.files import atomic_write
 from ggspec.native import paths
 
 
 class BuildError(RuntimeError):
     """A build step failed; the message is one line meant for the user."""
+
+
+def _warn(message: str) -> None:
+    """A damaged state file that ggspec works around: said once on stderr, never fatal."""
+    try:
+        sys.stderr.write(f"warning: {message}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def _write_json(path: Path, obj) -> None:
+    """Atomic and unique-temp: concurrent writers never mix, readers never see half a file."""
+    atomic_write(path, lambda tmp: tmp.write_text(json.dumps(obj, indent=2)))
 
 
 @dataclass(frozen=True)
@@ -155,27 +171,38 @@ def _amx_traps() -> bool:
     """True when this CPU advertises AMX but executing it kills the process."""
     if "amx_tile" not in _cpu_flags().split():
         return False
-    probe_dir = paths.ggspec_home() / "probe"
-    probe_dir.mkdir(parents=True, exist_ok=True)
-    src, exe = probe_dir / "amx.c", probe_dir / "amx"
-    src.write_text(_AMX_PROBE)
-    compiled = subprocess.run(["cc", "-O1", "-mamx-tile", str(src), "-o", str(exe)], capture_output=True)
-    if compiled.returncode != 0:
-        return False  # a compiler without AMX support will not emit it either
-    return subprocess.run([str(exe)], capture_output=True).returncode < 0  # killed by a signal
+    with tempfile.TemporaryDirectory(prefix="ggspec-amx-") as probe_dir:  # $GGSPEC_HOME may be read-only
+        src, exe = Path(probe_dir) / "amx.c", Path(probe_dir) / "amx"
+        src.write_text(_AMX_PROBE)
+        try:
+            compiled = subprocess.run(["cc", "-O1", "-mamx-tile", str(src), "-o", str(exe)], capture_output=True)
+        except OSError:
+            return False  # no compiler: the build will say so
+        if compiled.returncode != 0:
+            return False  # a compiler without AMX support will not emit it either
+        return subprocess.run([str(exe)], capture_output=True).returncode < 0  # killed by a signal
 
 
 @cache
 def native_fixups() -> list[str]:
     """Extra cmake flags GGML_NATIVE needs on this machine, probed once and remembered per CPU."""
     record = paths.ggspec_home() / "probe" / f"native-{cpu_target(True)}.json"
-    if record.is_file():
-        return json.loads(record.read_text())
+    try:
+        flags = json.loads(record.read_bytes())
+        if isinstance(flags, list) and all(isinstance(f, str) for f in flags):
+            return flags
+        _warn(f"ignoring the damaged probe record {record}: probing again")
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError):
+        _warn(f"ignoring the damaged probe record {record}: probing again")
     flags = []
     if platform.machine() in ("x86_64", "AMD64") and _amx_traps():
         flags = [f"-DCMAKE_C_FLAGS={_NO_AMX}", f"-DCMAKE_CXX_FLAGS={_NO_AMX}"]
-    record.parent.mkdir(parents=True, exist_ok=True)
-    record.write_text(json.dumps(flags))
+    try:
+        _write_json(record, flags)
+    except OSError:
+        pass  # a read-only $GGSPEC_HOME: probed again next time
     return flags
 
 
@@ -309,20 +336,73 @@ def compile_tree(tree: Path, build_dir: Path, options: BuildOptions, targets: It
 # --- public API ------------------------------------------------------------------------------------
 
 
+_INFO_TYPES = {"key": str, "root": str, "lib_dir": str, "options": dict, "patches": list, "cpu_target": str,
+               "seconds": (int, float), "targets": list}
+
+
+def _parse_info(raw) -> BuildInfo:
+    """A build record from its JSON; ValueError when anything is missing or of the wrong type."""
+    if not isinstance(raw, dict):
+        raise ValueError("not an object")
+    raw = {k: v for k, v in raw.items() if k != "cached"}
+    for name, types in _INFO_TYPES.items():
+        if name in raw and not isinstance(raw[name], types):
+            raise ValueError(f"{name} has the wrong type")
+    if not all(isinstance(t, str) for t in raw.get("targets", []) + raw.get("patches", [])):
+        raise ValueError("targets and patches must be names")
+    _options(raw.get("options", {}))
+    return BuildInfo(**raw)  # TypeError: a missing or unknown field
+
+
+def _options(raw) -> BuildOptions:
+    """BuildOptions from a record; ValueError / TypeError when it is not one."""
+    if not isinstance(raw, dict):
+        raise ValueError("options is not an object")
+    fields = BuildOptions.__dataclass_fields__
+    for name, value in raw.items():
+        if name not in fields:
+            raise ValueError(f"unknown option {name!r}")
+        if not isinstance(value, type(fields[name].default)):
+            raise ValueError(f"option {name} has the wrong type")
+    return BuildOptions(**raw)
+
+
 def _read_info(key: str) -> BuildInfo | None:
-    """The record of the build directory `key`, if a build finished there and its library exists."""
+    """The record of the build directory `key`, if a build finished there and its library exists.
+    A damaged record is ignored with a warning (`ggspec build` rewrites it)."""
     info_file = paths.builds_dir() / key / "build.json"
-    if not info_file.is_file():
+    try:
+        raw = json.loads(info_file.read_bytes())
+    except FileNotFoundError:
+        return None
+    except NotADirectoryError:
+        return None
+    except (OSError, ValueError) as exc:
+        _warn(f"ignoring the damaged build record {info_file} ({exc.__class__.__name__}): `ggspec build` repairs it")
         return None
     try:
-        raw = json.loads(info_file.read_text())
-        raw.pop("cached", None)
-        info = BuildInfo(**raw)
-    except (ValueError, TypeError):
-        return None  # written by an older ggspec: rebuild
-    if not any(Path(info.lib_dir).glob("libllama.*")):
+        info = _parse_info(raw)
+    except (ValueError, TypeError) as exc:
+        _warn(f"ignoring the damaged build record {info_file} ({exc}): `ggspec build` repairs it")
+        return None
+    if info.key != key or not any(Path(info.lib_dir).glob("libllama.*")):
         return None
     return info
+
+
+def _damaged_record(key: str) -> bool:
+    """A build.json is only ever written once its build finished: when it is there but unreadable,
+    the tree it describes is complete and a `cmake --build` brings the record back cheaply."""
+    root = paths.builds_dir() / key
+    return ((root / "build.json").is_file() and _read_info_quietly(key) is None
+            and (root / "build" / "CMakeCache.txt").is_file() and (root / "llama.cpp").is_dir())
+
+
+def _read_info_quietly(key: str) -> BuildInfo | None:
+    try:
+        return _parse_info(json.loads((paths.builds_dir() / key / "build.json").read_bytes()))
+    except (OSError, ValueError, TypeError):
+        return None
 
 
 def find_build(options: BuildOptions) -> BuildInfo | None:
@@ -333,21 +413,73 @@ def find_build(options: BuildOptions) -> BuildInfo | None:
 
 
 def _write_info(root: Path, info: BuildInfo) -> None:
-    tmp = root / f".build.json.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(asdict(info) | {"cached": False}, indent=2))
-    os.replace(tmp, root / "build.json")
+    _write_json(root / "build.json", asdict(info) | {"cached": False})
 
 
 def mark_current(info: BuildInfo) -> None:
-    paths.current_build_file().write_text(json.dumps({"key": info.key, "options": info.options}))
+    _write_json(paths.current_build_file(), {"key": info.key, "options": info.options})
 
 
 def current_options() -> BuildOptions | None:
-    """The options of the build `ggspec build` last produced or selected, if any."""
+    """The options of the build `ggspec build` last produced or selected, if any. A damaged
+    current.json is ignored with a warning: the newest finished build that matches the current
+    patches takes its place (and is recorded again, when $GGSPEC_HOME is writable)."""
+    problem = paths.home_problem()
+    if problem:
+        raise BuildError(problem)
     f = paths.current_build_file()
-    if not f.is_file():
+    try:
+        raw = json.loads(f.read_bytes())
+        if not isinstance(raw, dict) or not isinstance(raw.get("key"), str):
+            raise ValueError("no build key")
+        return _options(raw.get("options"))
+    except (FileNotFoundError, NotADirectoryError):
         return None
-    return BuildOptions(**json.loads(f.read_text())["options"])
+    except (OSError, ValueError, TypeError) as exc:
+        why = str(exc) if type(exc) is ValueError else exc.__class__.__name__
+        info = _newest_matching_build()
+        if info is None:
+            _warn(f"ignoring the damaged {f} ({why})")
+            return None
+        _warn(f"ignoring the damaged {f} ({why}): using build {info.key}, the newest that matches the patches")
+        try:
+            mark_current(info)
+        except OSError:
+            pass
+        return _options(info.options)
+
+
+def _newest_matching_build() -> BuildInfo | None:
+    """The most recently finished build whose key matches its options and today's patches."""
+    try:
+        records = sorted(paths.builds_dir().glob("*/build.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    except OSError:
+        return None
+    for record in records:
+        info = _read_info_quietly(record.parent.name)
+        if info is None or info.key != record.parent.name or not any(Path(info.lib_dir).glob("libllama.*")):
+            continue
+        try:
+            if build_key(_options(info.options)) == info.key:
+                return info
+        except (ValueError, TypeError, BuildError):
+            continue
+    return None
+
+
+def _check_home() -> None:
+    """$GGSPEC_HOME must be a writable directory before anything is downloaded or compiled."""
+    problem = paths.home_problem()
+    if problem:
+        raise BuildError(problem)
+    home = paths.ggspec_home()
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+        probe = home / f".write-test.{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        raise BuildError(f"GGSPEC_HOME {home} is not writable ({exc.strerror or exc})") from None
 
 
 class Reporter:
@@ -372,13 +504,24 @@ def build(options: BuildOptions, force: bool = False, reporter: Reporter | None 
     """The build for `options`: cached, extended by the missing targets, or made from scratch."""
     reporter = reporter or Reporter()
     check_options(options)
+    problem = paths.home_problem()
+    if problem:
+        raise BuildError(problem)
     patches = patch_files()
     key = build_key(options)
     existing = None if force else _read_info(key)
     if existing is not None and existing.has(options):
         existing.cached = True
-        mark_current(existing)
+        try:
+            mark_current(existing)
+        except OSError as exc:  # a read-only $GGSPEC_HOME still serves its builds
+            _warn(f"cannot record {existing.key} as the current build in {paths.ggspec_home()} "
+                  f"({exc.strerror or exc})")
         return existing
+    _check_home()  # something will be written: fail before a download or a compile
+    if existing is None and not force and _damaged_record(key):
+        # the record of a finished build is damaged: compile into the same tree (up to date: seconds)
+        existing = BuildInfo(key=key, root="", lib_dir="", options={}, patches=[], cpu_target="", seconds=0.0)
 
     t0 = time.perf_counter()
     root = paths.builds_dir() / key

@@ -20,6 +20,17 @@ def ggspec_home() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "ggspec"
 
 
+def home_problem() -> str:
+    """Why `$GGSPEC_HOME` cannot hold ggspec's state ("" when it can, or does not exist yet)."""
+    home = ggspec_home()
+    for folder in (home, *home.parents):
+        if folder.exists():
+            if not folder.is_dir():
+                return f"GGSPEC_HOME {home}: {folder} is not a directory"
+            break
+    return ""
+
+
 def patches_dir() -> Path:
     """The ordered patch series (`NNNN-name.patch`); `$GGSPEC_PATCHES` overrides it."""
     env = os.environ.get("GGSPEC_PATCHES")

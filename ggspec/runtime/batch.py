@@ -32,6 +32,9 @@ class Batch(OwnedHandle):
 
     def __init__(self, ctx) -> None:
         self.lc = ctx.lc
+        # llama.cpp's batch keeps a pointer to the context's memory: held, so closing the context
+        # closes this batch too (see OwnedHandle)
+        self.ctx = ctx
         self.ptr = self.lc.llama_batch_ext_init(ctx.ptr)
         if not self.ptr:
             raise LlamaError("llama_batch_ext_init failed")

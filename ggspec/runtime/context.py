@@ -13,6 +13,7 @@ from ggspec.runtime import watchdog
 from ggspec.runtime.handle import OwnedHandle
 from ggspec.native.bindings import last_log_error
 from ggspec.runtime.model import Model
+from ggspec.runtime.preflight import GGML_MAX_N_THREADS, MAX_CTX, check_memory
 
 # -ctk / -ctv names, as llama.cpp's common args spell them, to ggml_type ids.
 CACHE_TYPES: dict[str, int] = {
@@ -57,11 +58,23 @@ class ContextParams:
             raise InputError(f"-fa {self.flash_attn}: expected one of auto, on, off")
         if self.type_v not in UNQUANTIZED and self.flash_attn == "off":
             raise InputError(f"-ctv {self.type_v} (a quantized V cache) needs flash attention: use -fa on or auto")
+        for name in ("n_ctx", "n_batch", "n_ubatch", "n_threads", "n_rs_seq", "n_seq_max"):
+            if not isinstance(getattr(self, name), int) or isinstance(getattr(self, name), bool):
+                raise InputError(f"{name} must be an integer (got {getattr(self, name)!r})")
         for name in ("n_ctx", "n_batch", "n_ubatch", "n_threads"):
             if getattr(self, name) < 1:
                 raise InputError(f"{name} must be at least 1")
         if self.n_rs_seq < 0:
             raise InputError("n_rs_seq must be >= 0")
+        # llama_context_params holds these as uint32 and positions are int32: a larger value
+        # would wrap (-c 4294967296 became 0, i.e. the training context)
+        for name, flag in (("n_ctx", "-c"), ("n_batch", "-b"), ("n_ubatch", "-ub")):
+            if getattr(self, name) > MAX_CTX:
+                raise InputError(f"{name} {getattr(self, name)} ({flag}) is too large (at most {MAX_CTX})")
+        if self.n_threads > GGML_MAX_N_THREADS:  # ggml's thread pool holds at most 512 threads
+            raise InputError(f"n_threads {self.n_threads} (-t) is too large (at most {GGML_MAX_N_THREADS})")
+        if not 1 <= self.n_seq_max <= 256:  # LLAMA_MAX_SEQ
+            raise InputError(f"n_seq_max {self.n_seq_max} is out of range (1..256)")
 
 
 class Context(OwnedHandle):
@@ -70,6 +83,9 @@ class Context(OwnedHandle):
     def __init__(self, model: Model, params: ContextParams, ctx_other: "Context | None" = None,
                  what: str = "model") -> None:
         params.validate()
+        if model.n_gpu_layers == 0 and not model.placement.multi_device:  # all of it in this machine's memory
+            check_memory([(model.meta, 1 + params.n_rs_seq)], params.n_ctx, params.type_k, params.type_v,
+                         min(params.n_ubatch, params.n_batch))
         self.model = model  # held so the model outlives this context
         self.other = ctx_other  # likewise: a draft reads the target's tensors through ctx_other
         self.lc = model.lc

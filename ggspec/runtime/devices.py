@@ -9,9 +9,9 @@ vocabulary rows unless `--mirror-output` keeps a full copy on each device (patch
 from __future__ import annotations
 
 import ctypes
+import math
 import socket
 from dataclasses import dataclass
-from functools import cache
 
 from ggspec.errors import InputError, LlamaError
 from ggspec.runtime import watchdog
@@ -43,10 +43,11 @@ class Placement:
                 ts = tuple(float(x) for x in tensor_split.replace("/", ",").split(","))
             except ValueError:
                 raise InputError(f"-ts {tensor_split}: expected proportions like 3,1") from None
-            if any(x < 0 for x in ts) or sum(ts) <= 0 or len(ts) > 16:
-                raise InputError(f"-ts {tensor_split}: expected up to 16 non-negative proportions, not all zero")
-        if rpc_timeout <= 0:
-            raise InputError(f"--rpc-timeout {rpc_timeout:g}: must be positive")
+            if not all(math.isfinite(x) and x >= 0 for x in ts) or sum(ts) <= 0 or len(ts) > 16:
+                raise InputError(f"-ts {tensor_split}: expected up to 16 finite, non-negative proportions, "
+                                 "not all zero")
+        if not (math.isfinite(rpc_timeout) and rpc_timeout > 0):
+            raise InputError(f"--rpc-timeout {rpc_timeout:g}: expected a finite number of seconds > 0")
         p = Placement(sm, endpoints, ts, mirror_output, rpc_timeout)
         p.check()
         return p
@@ -83,7 +84,8 @@ def _has_gpu() -> bool:
 
 
 def check_reachable(endpoint: str, timeout: float = 3.0) -> None:
-    """llama.cpp aborts the process when it cannot connect to a worker: ask the socket first."""
+    """llama.cpp aborts the process when it cannot connect to a worker: ask the socket first.
+    (A port that accepts and then never answers passes; the watchdog catches that one.)"""
     host, _, port = endpoint.rpartition(":")
     try:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
@@ -93,15 +95,32 @@ def check_reachable(endpoint: str, timeout: float = 3.0) -> None:
                          f"start one with `ggspec rpc-server -p {port}`") from None
 
 
-@cache
-def rpc_device(endpoint: str) -> int:
-    """The ggml device of an RPC worker (added once per process and endpoint)."""
+def rpc_device(endpoint: str, timeout: float = 120.0) -> int:
+    """The ggml device of an RPC worker (added once per process and endpoint).
+
+    The watchdog watches this worker from before the first contact (armed with `timeout` unless
+    DeviceParams armed it already): the handshake inside `ggml_backend_rpc_add_server` blocks
+    forever on a port that accepts and never answers."""
+    if endpoint not in _rpc_devices:
+        watchdog.arm(None if watchdog.armed() else timeout, f"--rpc {endpoint}", [endpoint])
+        _rpc_devices[endpoint] = _add_rpc_device(endpoint, timeout)
+    return _rpc_devices[endpoint]
+
+
+_rpc_devices: dict[str, int] = {}
+
+
+def _add_rpc_device(endpoint: str, timeout: float) -> int:
     from ggspec.native.backend import ggml, install_abort_handler
 
-    check_reachable(endpoint)
+    check_reachable(endpoint, min(3.0, timeout))
     g = ggml()
     install_abort_handler(f"--rpc {endpoint}")  # DeviceParams names every worker of the run
-    reg = g.rpc_add_server(endpoint.encode())
+    watchdog.begin()  # only needed where the watchdog cannot see the socket itself
+    try:
+        reg = g.rpc_add_server(endpoint.encode())
+    finally:
+        watchdog.end()
     if not reg or g.reg_dev_count(reg) < 1:
         raise LlamaError(f"--rpc {endpoint}: the worker offers no device")
     return g.reg_dev_get(reg, 0)
@@ -119,9 +138,12 @@ class DeviceParams:
         if placement.rpc:
             from ggspec.native.backend import install_abort_handler
 
-            devs = [rpc_device(e) for e in placement.rpc]
-            install_abort_handler("--rpc " + ",".join(placement.rpc))
-            watchdog.arm(placement.rpc_timeout, "--rpc " + ",".join(placement.rpc))
+            what = "--rpc " + ",".join(placement.rpc)
+            # from before the first contact until the process ends: every llama.cpp call that waits
+            # on a worker (handshake, load, context, decode, reads, free) is covered
+            watchdog.arm(placement.rpc_timeout, what, placement.rpc)
+            devs = [rpc_device(e, placement.rpc_timeout) for e in placement.rpc]
+            install_abort_handler(what)
             self._devices = (ctypes.c_void_p * (len(devs) + 1))(*devs, None)
         if placement.tensor_split:
             self._split = (ctypes.c_float * 16)(*placement.tensor_split)

@@ -13,6 +13,18 @@ from ggspec.native.bindings import last_log_error
 from ggspec.native.bindings import load as load_bindings
 from ggspec.runtime.devices import DeviceParams, Placement
 from ggspec.runtime.gguf_meta import GGUFMeta, read_meta
+from ggspec.runtime.preflight import check_model
+
+
+def _load_error() -> str:
+    """Why llama.cpp refused a file: its "error loading model: ..." line names the key or tensor,
+    while the last error line only says "failed to load model"."""
+    from ggspec.native import bindings
+
+    for _level, text in reversed(getattr(bindings, "_recent_log", ())):
+        if "error loading model:" in text:
+            return text.split("error loading model:", 1)[1].strip()
+    return last_log_error()
 
 
 class Model(OwnedHandle):
@@ -24,6 +36,7 @@ class Model(OwnedHandle):
         workers, proportions, mirrored head (see ggspec.runtime.devices)."""
         self.lc = load_bindings()
         self.meta: GGUFMeta = read_meta(path, what)  # validates the file before llama.cpp reads it
+        check_model(self.meta, what)  # ... and every value llama.cpp would abort on
         self.path = Path(path)
         self.n_gpu_layers = n_gpu_layers
         self.placement = placement or Placement()
@@ -33,7 +46,7 @@ class Model(OwnedHandle):
         self._device_params.apply(params)
         ptr = self.lc.llama_model_load_from_file(str(self.path).encode(), params)
         if not ptr:
-            why = last_log_error()
+            why = _load_error()
             raise LlamaError(f"llama.cpp could not load the {what} model: {self.path}" + (f" ({why})" if why else ""))
         self.ptr = ptr
         self.vocab = self.lc.llama_model_get_vocab(ptr)

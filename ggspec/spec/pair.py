@@ -9,6 +9,7 @@ from ggspec.errors import InputError
 from ggspec.runtime import Context, ContextParams, Model
 from ggspec.runtime.devices import Placement
 from ggspec.runtime.gguf_meta import read_meta
+from ggspec.runtime.preflight import check_memory, check_model
 from ggspec.spec.dflash import INJECT_MODES, DFlashInfo, DFlashProposer, check_compatible, dflash_info, is_dflash
 from ggspec.spec.planes import AutoLead, PlaneOptions, default_lead
 
@@ -48,6 +49,7 @@ class SpecPair:
         self.n_max = self._clamp_n_max()
         if self.info is not None:
             cfg.planes.check(self.n_max)
+        self._check_options()
 
         self.target_model = (share_models.target_model if share_models
                              else Model(cfg.target, cfg.n_gpu_layers, what="target", placement=cfg.placement))
@@ -116,9 +118,12 @@ class SpecPair:
             raise InputError(f"--spec-draft-n-max must be at least 1 (got {cfg.n_max})")
         if cfg.inject not in INJECT_MODES:
             raise InputError(f"--spec-dflash-inject {cfg.inject}: expected one of {', '.join(INJECT_MODES)}")
+        cfg.ctx.validate()  # option ranges before anything is read or loaded
         target = read_meta(cfg.target, "target")
         if is_dflash(target):
             raise InputError(f"the target is a DFlash draft model, not a target: {cfg.target}")
+        check_model(target, "target")
+        self._metas = [target]
         if cfg.draft is None:
             if cfg.dflash:
                 raise InputError("--dflash needs a draft model (-md)")
@@ -134,13 +139,37 @@ class SpecPair:
             raise InputError(
                 f"the draft's architecture '{draft.arch}' is not supported (ggspec drafts with DFlash models)"
             )
+        check_model(draft, "draft")
         info = dflash_info(draft)
         check_compatible(target, draft, info)
+        self._metas.append(draft)
         own_head = {"d2t", "output.weight"} & draft.tensors
         if own_head and cfg.placement.split_mode == "tensor" and not cfg.placement.mirror_output:
             raise InputError(f"the draft has its own output head ({', '.join(sorted(own_head))}): under -sm tensor "
                              "the head is split by vocabulary rows and llama.cpp aborts on it; add --mirror-output")
         return info
+
+    def _check_options(self) -> None:
+        """Context options against the loop and the memory, before llama.cpp is asked for anything."""
+        cfg, ctx = self.cfg, self.cfg.ctx
+        if self.info is not None:
+            block = self.n_max + 1  # the draft's noise block [id_last, MASK x n_max] and the target's verify batch
+            fix = f"raise it or lower --spec-draft-n-max (now {self.n_max})"
+            if ctx.n_ctx < block + 1:  # the prompt's first token, then one block
+                raise InputError(f"context size {ctx.n_ctx} (-c) cannot hold a prompt token and a verify block of "
+                                 f"{block} tokens (n_max {self.n_max} + 1): {fix}")
+            # llama.cpp caps a causal context's batch at its (unpadded) context size
+            if min(ctx.n_batch, ctx.n_ctx) < block:
+                raise InputError(f"batch size {ctx.n_batch} (-b) is smaller than a verify block of {block} tokens "
+                                 f"(n_max {self.n_max} + 1): {fix}")
+            # the draft runs its noise block non-causally, in one ubatch, or llama.cpp aborts
+            if min(ctx.n_ubatch, ctx.n_batch) < block:
+                raise InputError(f"physical batch size {ctx.n_ubatch} (-ub) is smaller than the draft's noise block "
+                                 f"of {block} rows (n_max {self.n_max} + 1), which must fit one ubatch: {fix}")
+        if cfg.n_gpu_layers == 0 and cfg.n_gpu_layers_draft == 0 and not cfg.placement.multi_device:
+            models = [(self._metas[0], self.cfg.planes.n_planes(self.n_max) if self.info is not None else 1)]
+            models += [(m, 0) for m in self._metas[1:]]
+            check_memory(models, ctx.n_ctx, ctx.type_k, ctx.type_v, min(ctx.n_ubatch, ctx.n_batch))
 
     def _clamp_n_max(self) -> int:
         n_max = self.cfg.n_max

@@ -1,0 +1,329 @@
+"""Hostile model files and options: metadata and settings that llama.cpp asserts on, divides by
+or allocates from must end in one `error:` line and exit 1 before llama.cpp sees them; legal
+edge values must still run.
+
+Every bad file is a tiny fixture with one or two metadata keys rewritten (tensors and data
+copied byte for byte), run through the real CLI in a subprocess: an abort, SIGFPE or segfault
+shows up as a negative return code, a hang as a timeout.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from pathlib import Path
+
+import pytest
+from conftest import run_cli
+
+from ggspec.fixtures.tiny import ensure_tiny_pair
+
+TIMEOUT = 60
+
+# --- a GGUF metadata rewriter (tiny fixtures only) ----------------------------------------------
+
+_FMT = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_STR, _ARR = 8, 9
+_TYPES = {"u8": 0, "i8": 1, "u32": 4, "i32": 5, "f32": 6, "bool": 7, "str": 8, "u64": 10}
+
+
+def _skip_value(buf: bytes, pos: int, vtype: int) -> int:
+    if vtype in _FMT:
+        return pos + struct.calcsize(_FMT[vtype])
+    if vtype == _STR:
+        return pos + 8 + struct.unpack_from("<Q", buf, pos)[0]
+    elem, n = struct.unpack_from("<IQ", buf, pos)
+    pos += 12
+    if elem in _FMT:
+        return pos + n * struct.calcsize(_FMT[elem])
+    for _ in range(n):
+        pos = _skip_value(buf, pos, elem)
+    return pos
+
+
+def _encode(vtype: int, value, elem: int | None = None) -> bytes:
+    if vtype in _FMT:
+        return struct.pack("<" + _FMT[vtype], value)
+    if vtype == _STR:
+        raw = value.encode()
+        return struct.pack("<Q", len(raw)) + raw
+    return struct.pack("<IQ", elem, len(value)) + b"".join(_encode(elem, v) for v in value)
+
+
+def _kv_bytes(key: str, change) -> bytes:
+    k = key.encode()
+    head = struct.pack("<Q", len(k)) + k
+    if change[0] == "arr":
+        return head + struct.pack("<I", _ARR) + _encode(_ARR, change[2], _TYPES[change[1]])
+    return head + struct.pack("<I", _TYPES[change[0]]) + _encode(_TYPES[change[0]], change[1])
+
+
+def rewrite_gguf(src: Path, dst: Path, changes: dict) -> Path:
+    """Copy a GGUF (v3, little-endian, default alignment) with metadata keys replaced, added or
+    deleted: changes = {key: None | (type, value) | ("arr", elem_type, [values])}."""
+    buf = src.read_bytes()
+    _, _, n_tensors, n_kv = struct.unpack_from("<4sIQQ", buf, 0)
+    pos, kvs = 24, []
+    for _ in range(n_kv):
+        start = pos
+        klen = struct.unpack_from("<Q", buf, pos)[0]
+        key = buf[pos + 8:pos + 8 + klen].decode()
+        vtype = struct.unpack_from("<I", buf, pos + 8 + klen)[0]
+        pos = _skip_value(buf, pos + 12 + klen, vtype)
+        kvs.append((key, buf[start:pos]))
+    infos_start = pos
+    for _ in range(n_tensors):
+        pos += 8 + struct.unpack_from("<Q", buf, pos)[0]
+        pos += 4 + 8 * struct.unpack_from("<I", buf, pos)[0] + 4 + 8
+    align = 32
+    data = buf[-(-pos // align) * align:]
+    out = [raw if key not in changes else _kv_bytes(key, changes[key])
+           for key, raw in kvs if not (key in changes and changes[key] is None)]
+    known = {key for key, _ in kvs}
+    out += [_kv_bytes(key, ch) for key, ch in changes.items() if key not in known and ch is not None]
+    header = struct.pack("<4sIQQ", b"GGUF", 3, n_tensors, len(out)) + b"".join(out) + buf[infos_start:pos]
+    dst.write_bytes(header + b"\0" * (-len(header) % align) + data)
+    return dst
+
+
+def test_rewrite_without_changes_is_byte_identical(dense_pair, tmp_path):
+    for src in (dense_pair.target, dense_pair.draft):
+        assert rewrite_gguf(src, tmp_path / "same.gguf", {}).read_bytes() == src.read_bytes()
+
+
+# --- the sweep -----------------------------------------------------------------------------------
+
+def _assert_one_line_error(proc, needle: str) -> None:
+    assert proc.returncode == 1, f"rc={proc.returncode}\n{proc.stderr[-2000:]}"
+    assert "Traceback" not in proc.stderr, proc.stderr
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1, proc.stderr
+    assert needle in errors[0], errors[0]
+
+
+@pytest.fixture(scope="module")
+def pairs(dense_pair, hybrid_pair, fixture_dir):
+    return {"dense": dense_pair, "hybrid": hybrid_pair, "hybrid-mtp": ensure_tiny_pair(fixture_dir, "hybrid-mtp")}
+
+
+NAN, INF = float("nan"), float("inf")
+Q3, Q35, DF = "qwen3.", "qwen35.", "dflash."
+ALL_RECURRENT_KEYS_GONE = {Q35 + "attention.recurrent_layers": None}
+
+# (id, pair kind, file role, metadata changes, what llama.cpp did with it, needle)
+BAD_FILES = [
+    ("block_count_0", "dense", "target", {Q3 + "block_count": ("u32", 0)}, "abort", "block_count = 0"),
+    ("block_count_513", "dense", "target", {Q3 + "block_count": ("u32", 513)}, "abort: > LLAMA_MAX_LAYERS",
+     "block_count = 513"),
+    ("nextn_over_block_count", "dense", "target", {Q3 + "nextn_predict_layers": ("u32", 5)}, "abort",
+     "nextn_predict_layers = 5"),
+    ("rms_eps_nan", "dense", "target", {Q3 + "attention.layer_norm_rms_epsilon": ("f32", NAN)}, "abort: eps >= 0",
+     "layer_norm_rms_epsilon = NaN"),
+    ("rms_eps_negative", "dense", "target", {Q3 + "attention.layer_norm_rms_epsilon": ("f32", -1.0)}, "abort",
+     "layer_norm_rms_epsilon = -1.0"),
+    ("rms_eps_inf", "dense", "target", {Q3 + "attention.layer_norm_rms_epsilon": ("f32", INF)}, "garbage output",
+     "layer_norm_rms_epsilon = inf"),
+    ("embedding_length_0", "dense", "target", {Q3 + "embedding_length": ("u32", 0)}, "", "embedding_length = 0"),
+    ("head_count_0", "dense", "target", {Q3 + "attention.head_count": ("u32", 0)}, "", "head_count = 0"),
+    ("head_count_kv_not_dividing", "dense", "target", {Q3 + "attention.head_count_kv": ("u32", 3)}, "",
+     "head_count_kv = 3"),
+    ("head_count_kv_above_heads", "dense", "target", {Q3 + "attention.head_count_kv": ("u32", 8)}, "",
+     "head_count_kv = 8"),
+    ("key_length_0", "dense", "target", {Q3 + "attention.key_length": ("u32", 0)}, "", "key_length = 0"),
+    ("per_layer_array_short", "dense", "target", {Q3 + "attention.head_count": ("arr", "u32", [4, 4])}, "",
+     "head_count = [4, 4]"),
+    ("rope_dims_above_head", "dense", "target", {Q3 + "rope.dimension_count": ("u32", 64)}, "abort",
+     "rope.dimension_count = 64"),
+    ("rope_dims_odd", "dense", "target", {Q3 + "rope.dimension_count": ("u32", 31)}, "abort",
+     "rope.dimension_count = 31"),
+    ("experts_without_used", "dense", "target", {Q3 + "expert_count": ("u32", 4)}, "abort", "expert_used_count = 0"),
+    ("used_experts_without_experts", "dense", "target", {Q3 + "expert_used_count": ("u32", 2)}, "abort",
+     "expert_used_count = 2"),
+    ("empty_vocabulary", "dense", "target", {"tokenizer.ggml.tokens": ("arr", "str", []),
+                                             "tokenizer.ggml.token_type": ("arr", "i32", [])}, "",
+     "tokenizer.ggml.tokens = []"),
+    ("bos_outside_vocab_added", "dense", "target", {"tokenizer.ggml.bos_token_id": ("u32", 9999),
+                                                    "tokenizer.ggml.add_bos_token": ("bool", True)},
+     "abort at tokenize", "bos_token_id = 9999"),
+    ("full_attention_interval_0", "hybrid", "target",
+     {**ALL_RECURRENT_KEYS_GONE, Q35 + "full_attention_interval": ("u32", 0)}, "SIGFPE", "full_attention_interval = 0"),
+    ("ssm_inner_size_wrong", "hybrid", "target", {Q35 + "ssm.inner_size": ("u32", 100)}, "abort",
+     "ssm.inner_size = 100"),
+    ("ssm_time_step_rank_0", "hybrid", "target", {Q35 + "ssm.time_step_rank": ("u32", 0)}, "",
+     "ssm.time_step_rank = 0"),
+    ("ssm_groups_not_dividing", "hybrid", "target", {Q35 + "ssm.group_count": ("u32", 3)}, "",
+     "ssm.group_count (3)"),
+    ("rope_sections_too_wide", "hybrid", "target", {Q35 + "rope.dimension_sections": ("arr", "i32", [30, 30, 30, 0])},
+     "abort", "rope.dimension_sections = [30, 30, 30, 0]"),
+    ("rope_dims_0_hybrid", "hybrid", "target", {Q35 + "rope.dimension_count": ("u32", 0)}, "hang",
+     "rope.dimension_count = 0"),
+    ("mtp_blocks_are_all_layers", "hybrid-mtp", "target", {Q35 + "nextn_predict_layers": ("u32", 5)}, "",
+     "nextn_predict_layers = 5"),
+    ("draft_block_count_0", "dense", "draft", {DF + "block_count": ("u32", 0)}, "abort", "dflash.block_count = 0"),
+    ("draft_block_count_600", "dense", "draft", {DF + "block_count": ("u32", 600)}, "abort",
+     "dflash.block_count = 600"),
+    ("draft_rms_eps_nan", "hybrid", "draft", {DF + "attention.layer_norm_rms_epsilon": ("f32", NAN)}, "abort",
+     "layer_norm_rms_epsilon = NaN"),
+    ("draft_rope_dims_above_head", "dense", "draft", {DF + "rope.dimension_count": ("u32", 64)}, "abort",
+     "dflash.rope.dimension_count = 64"),
+    ("draft_experts", "dense", "draft", {DF + "expert_count": ("u32", 2)}, "abort", "dflash.expert_used_count = 0"),
+    ("draft_block_size_1", "dense", "draft", {DF + "block_size": ("u32", 1)}, "", "dflash.block_size = 1"),
+    ("draft_target_layer_negative", "dense", "draft", {DF + "target_layers": ("arr", "i32", [-1, 3])}, "",
+     "dflash.target_layers = [-1, 3]"),
+    ("draft_without_tokenizer", "dense", "draft", {"tokenizer.ggml.model": ("str", "none")},
+     "tokenize asserts / no mask token", "tokenizer.ggml.model = none"),
+    ("draft_block_size_not_an_int", "dense", "draft", {DF + "block_size": ("str", "eight")}, "traceback",
+     "dflash.block_size = 'eight'"),
+]
+
+
+@pytest.mark.parametrize("case", BAD_FILES, ids=[c[0] for c in BAD_FILES])
+def test_bad_metadata(case, pairs, tmp_path):
+    name, kind, role, changes, _was, needle = case
+    pair = pairs[kind]
+    bad = rewrite_gguf(getattr(pair, role), tmp_path / f"{name}.gguf", changes)
+    target, draft = (bad, pair.draft) if role == "target" else (pair.target, bad)
+    proc = run_cli("run", "-m", str(target), "-md", str(draft), "-n", "4", "-t", "1", "-c", "256", "-p", "def f",
+                   timeout=TIMEOUT)
+    _assert_one_line_error(proc, needle)
+    assert f"{role} model" in proc.stderr or role == "draft" and "DFlash draft" in proc.stderr
+
+
+def _dense(pairs, *args: str, spec: bool = True):
+    p = pairs["dense"]
+    models = ("-m", str(p.target), "-md", str(p.draft)) if spec else ("-m", str(p.target), "--no-spec")
+    return run_cli("run", *models, "-n", "4", "-t", "1", "-p", "def f", *args, timeout=TIMEOUT)
+
+
+# (id, options, what llama.cpp did with them, needle); the tiny draft's block is 8: n_max 7
+BAD_OPTIONS = [
+    ("ubatch_below_noise_block", ("-ub", "4"), "abort: non-causal ubatch", "(-ub)"),
+    ("batch_below_verify_block", ("-b", "1"), "error after output began", "(-b)"),
+    ("context_below_one_block", ("-c", "1"), "error after output began", "context size 1 (-c)"),
+    ("context_wraps_32_bits", ("-c", "4294967296"), "silently the training context", "(-c)"),
+    ("batch_wraps_32_bits", ("-b", "4294967297"), "wrapped to 1", "(-b)"),
+    ("context_beyond_memory", ("-c", "1000000000"), "a minute of allocation, bad_alloc", "memory is available"),
+    ("threads_beyond_ggml", ("-t", "100000"), "SIGSEGV", "(-t)"),
+]
+
+
+@pytest.mark.parametrize("case", BAD_OPTIONS, ids=[c[0] for c in BAD_OPTIONS])
+def test_bad_options(case, pairs):
+    _name, args, _was, needle = case
+    _assert_one_line_error(_dense(pairs, *args), needle)
+
+
+def test_context_beyond_memory_says_what_fits(pairs):
+    proc = _dense(pairs, "-c", "1000000000", spec=False)
+    _assert_one_line_error(proc, "GiB")
+    fits = int(re.search(r"at most about -c (\d+) fits", proc.stderr).group(1))
+    assert fits >= 4096
+
+
+def test_memory_estimate(pairs):
+    from ggspec.errors import InputError
+    from ggspec.runtime.gguf_meta import read_meta
+    from ggspec.runtime.preflight import check_memory, kv_cache_bytes, recurrent_bytes
+
+    dense = read_meta(pairs["dense"].target)
+    # 4 layers x 256 cells x (K + V: 2 KV heads x 32) x 2 bytes (f16); contexts are padded to 256
+    assert kv_cache_bytes(dense, 256, "f16", "f16") == 4 * 256 * (64 + 64) * 2
+    assert kv_cache_bytes(dense, 1, "f32", "q8_0") == 4 * 256 * (64 * 4 + 64 * 34 / 32)
+    hybrid = read_meta(pairs["hybrid"].target)
+    # 2 attention layers only; 2 recurrent layers: conv (3 x (256 + 2 x 4 x 64)) + state (64 x 256), f32, per plane
+    assert kv_cache_bytes(hybrid, 256, "f16", "f16") == 2 * 256 * (64 + 64) * 2
+    assert recurrent_bytes(hybrid, 3) == 3 * 2 * (3 * (256 + 2 * 4 * 64) + 64 * 256) * 4
+    check_memory([(dense, 0)], 4096, "f16", "f16", 512, available=2**30)
+    with pytest.raises(InputError, match=r"only 1 MiB of memory is available: no context fits"):
+        check_memory([(dense, 0)], 4096, "f16", "f16", 512, available=2**20)
+
+
+# --- legal edge values still run -----------------------------------------------------------------
+
+LEGAL_FILES = [
+    # llama.cpp reads recurrent_layers and never divides by the interval
+    ("unused_full_attention_interval_0", "hybrid", "target", {Q35 + "full_attention_interval": ("u32", 0)}),
+    # llama.cpp disables an out-of-range special token that is never added, with a warning
+    ("eos_outside_vocab", "dense", "target", {"tokenizer.ggml.eos_token_id": ("u32", 9999)}),
+    ("per_layer_head_counts", "dense", "target", {Q3 + "attention.head_count": ("arr", "u32", [4, 4, 4, 4])}),
+    # n_max is clamped to DEFAULT_N_MAX (15), not to the block
+    ("draft_block_size_huge", "dense", "draft", {DF + "block_size": ("u32", 100000)}),
+]
+
+
+@pytest.mark.parametrize("case", LEGAL_FILES, ids=[c[0] for c in LEGAL_FILES])
+def test_legal_metadata_still_runs(case, pairs, tmp_path):
+    name, kind, role, changes = case
+    pair = pairs[kind]
+    edited = rewrite_gguf(getattr(pair, role), tmp_path / f"{name}.gguf", changes)
+    target, draft = (edited, pair.draft) if role == "target" else (pair.target, edited)
+    proc = run_cli("run", "-m", str(target), "-md", str(draft), "-n", "4", "-t", "1", "-c", "256", "-p", "def f",
+                   timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("args, spec", [
+    (("-c", "9", "-b", "8", "-ub", "8"), True),  # exactly one prompt token + one verify block of 8
+    (("-c", "1", "-b", "1", "-ub", "1"), False),  # plain decoding needs one token at a time
+], ids=["speculative_exact_fit", "plain_minimum"])
+def test_legal_edge_options_still_run(pairs, args, spec):
+    proc = _dense(pairs, *args, spec=spec)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "4 tokens" in proc.stderr
+
+
+# --- the architecture tables against the tree ------------------------------------------------------
+
+def _graph_asserts(tree: Path) -> tuple[set[str], set[str]]:
+    """Architectures whose graph asserts head_k == head_v, and n_rot == head size, read from a
+    llama.cpp tree the way tests/test_layer_inputs.py reads layer-input extraction."""
+    src = tree / "src"
+    names = dict(re.findall(r'\{\s*(LLM_ARCH_\w+),\s*"([^"]+)"\s*\}', (src / "llama-arch.cpp").read_text()))
+    classes = dict(re.findall(r"case (LLM_ARCH_\w+):\s*return new (llama_model_\w+)\(",
+                              (src / "llama-model.cpp").read_text()))
+    structs = {m.group(1): (m.group(2), m.group(3)) for m in re.finditer(
+        r"^struct (llama_model_\w+) : public (\w+) \{(.*?)^\};", (src / "models" / "models.h").read_text(),
+        re.DOTALL | re.MULTILINE)}
+    sources = [p.read_text() for p in sorted((src / "models").glob("*.cpp"))]
+
+    def graph_owner(cls: str) -> str:
+        parent, body = structs[cls]
+        alias = re.search(r"using graph = (llama_model_\w+)::graph", body)
+        if alias and alias.group(1) != cls:
+            return graph_owner(alias.group(1))
+        if re.search(r"struct graph\b", body) or parent == "llama_model_base":
+            return cls
+        return graph_owner(parent)
+
+    def ctor(cls: str) -> str:
+        pattern = re.compile(re.escape(cls) + r"::graph(?:<\w+>)?::graph\(")
+        for text in sources:
+            m = pattern.search(text)
+            if m:
+                return text[m.start():text.find("\n}\n", m.end())]
+        return ""
+
+    kv, rot = set(), set()
+    for arch, cls in classes.items():
+        if cls not in structs:
+            continue
+        body = ctor(graph_owner(cls))
+        if not re.search(r"const int64_t n_embd_head\s*=\s*hparams\.n_embd_head_[kv]\(\);", body):
+            continue
+        if re.search(r"^\s*GGML_ASSERT\(n_embd_head == hparams\.n_embd_head_[kv]\(\)\);", body, re.MULTILINE):
+            kv.add(names[arch])
+        if re.search(r"^\s*GGML_ASSERT\(n_embd_head == n_rot\);", body, re.MULTILINE):
+            rot.add(names[arch])
+    assert len(classes) > 100, "the tree's layout changed: update this scanner"
+    return kv, rot
+
+
+def test_arch_tables_match_the_tree(build_info):
+    from ggspec.runtime.preflight import HEAD_KV_EQUAL_ARCHS, ROT_EQUALS_HEAD_ARCHS
+
+    tree = Path(build_info.root) / "llama.cpp"
+    if not (tree / "src" / "models").is_dir():
+        pytest.skip(f"the build's patched tree is gone: {tree}")
+    kv, rot = _graph_asserts(tree)
+    assert kv == HEAD_KV_EQUAL_ARCHS
+    assert rot == ROT_EQUALS_HEAD_ARCHS
