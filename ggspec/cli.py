@@ -202,7 +202,8 @@ def run(
         "--mirror-output", help="-sm tensor: keep a full copy of the output head on every device (patch 0004; "
                                 "needed by drafts with their own head / d2t).")] = False,
     rpc_timeout: Annotated[float, typer.Option(
-        "--rpc-timeout", help="Seconds one llama.cpp call may wait on the RPC workers before the run ends.")] = 120.0,
+        "--rpc-timeout", help="Seconds any llama.cpp call may wait on the RPC workers (the handshake included) "
+                              "before the run ends.")] = 120.0,
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="Keep generating past end-of-generation tokens.")] = False,
     inject: Annotated[str, typer.Option(
         "--spec-dflash-inject",
@@ -290,6 +291,11 @@ def _run(cfg, prompt: str, n_predict: int, ignore_eos: bool) -> None:
         for w in sp.warnings:
             err.print(f"[yellow]warning:[/] {w}", soft_wrap=True)
         tokens = sp.target_model.tokenize(prompt)
+        n_ctx = sp.target.n_ctx
+        if len(tokens) + n_predict > n_ctx:  # generation stops when the context is full
+            err.print(f"[yellow]warning:[/] -n {n_predict}: the prompt ({len(tokens)} tokens) leaves room for about "
+                      f"{max(n_ctx - len(tokens), 0)} generated tokens in the {n_ctx}-token context; raise -c to get them all",
+                      soft_wrap=True)
         if sp.speculative:
             steps = generate_spec(sp.target, sp.proposer, tokens, n_predict, sp.n_max, ignore_eos=ignore_eos,
                                   on_accept=sp.on_accept)
@@ -453,6 +459,9 @@ def bench(
     tensor_split: Annotated[Optional[str], typer.Option("-ts", "--tensor-split", help="Proportions per device \\[default: llama.cpp's choice].")] = None,
     mirror_output: Annotated[bool, typer.Option(
         "--mirror-output", help="-sm tensor: a whole output head on every device (patch 0004).")] = False,
+    rpc_timeout: Annotated[float, typer.Option(
+        "--rpc-timeout", help="Seconds any llama.cpp call may wait on the RPC workers (the handshake included) "
+                              "before the run ends.")] = 120.0,
     output: Annotated[str, typer.Option("-o", "--output", help="Output format: md, csv, json or jsonl.")] = "md",
     save: Annotated[Optional[Path], typer.Option(
         "--save", help="Also save the JSON document here (after every configuration), plots next to it.")] = None,
@@ -522,7 +531,7 @@ def bench(
         name, weights = parse_profile(profile)
         from ggspec.runtime.devices import Placement
 
-        placement = Placement.parse(split_mode, rpc, tensor_split, mirror_output)
+        placement = Placement.parse(split_mode, rpc, tensor_split, mirror_output, rpc_timeout)
         if native and placement.rpc:
             fail("--native cannot share the --rpc workers: a worker serves one client at a time")
         ngl = n_gpu_layers if n_gpu_layers is not None else (-1 if placement.multi_device else 0)

@@ -59,3 +59,14 @@ def test_default_n_max_fits_the_draft_without_a_warning(dense_pair):
     _, stats = _split(proc)
     assert "n_max 7" in stats
     assert "warning: --spec-draft-n-max 15 exceeds the draft's block size 8 - 1; using 7" in proc.stderr
+
+
+def test_n_beyond_the_context_warns_up_front(build_info):
+    """-n larger than the context can hold: generation stops when it is full, and the user is told
+    before it starts (it used to end with exit 0 and fewer tokens, silently)."""
+    proc = run_cli("run", "--pair", "tiny-coder", "-n", "5000", "-c", "128", "-p", "def f(x):", "--ignore-eos")
+    assert proc.returncode == 0, proc.stderr[-1000:]
+    assert "warning: -n 5000" in proc.stderr and "raise -c" in proc.stderr
+    room = int(re.search(r"room for about (\d+) generated tokens", proc.stderr).group(1))
+    n = int(proc.stderr.split(" tokens  decode")[0].split()[-1])
+    assert 0 < room - 8 <= n <= room + 1  # stops at the full context (a spec step may stop a block early)

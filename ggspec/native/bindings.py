@@ -29,6 +29,11 @@ _recent_log: deque[tuple[int, str]] = deque(maxlen=64)
 _log_callback = None  # keeps the ctypes callback alive
 
 
+def log_lines() -> list[str]:
+    """llama.cpp's most recent log lines (up to 64), oldest first."""
+    return [text for _level, text in _recent_log]
+
+
 def last_log_error() -> str:
     """The most recent error line llama.cpp logged, or its most recent line of any kind."""
     for level, text in reversed(_recent_log):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import os
 from pathlib import Path
 
 import numpy as np
@@ -19,9 +20,9 @@ from ggspec.runtime.preflight import check_model
 def _load_error() -> str:
     """Why llama.cpp refused a file: its "error loading model: ..." line names the key or tensor,
     while the last error line only says "failed to load model"."""
-    from ggspec.native import bindings
+    from ggspec.native.bindings import log_lines
 
-    for _level, text in reversed(getattr(bindings, "_recent_log", ())):
+    for text in reversed(log_lines()):
         if "error loading model:" in text:
             return text.split("error loading model:", 1)[1].strip()
     return last_log_error()
@@ -44,7 +45,7 @@ class Model(OwnedHandle):
         params.n_gpu_layers = n_gpu_layers
         self._device_params = DeviceParams(self.lc, self.placement)  # lives as long as the model
         self._device_params.apply(params)
-        ptr = self.lc.llama_model_load_from_file(str(self.path).encode(), params)
+        ptr = self.lc.llama_model_load_from_file(os.fsencode(self.path), params)  # any file name the OS takes
         if not ptr:
             why = _load_error()
             raise LlamaError(f"llama.cpp could not load the {what} model: {self.path}" + (f" ({why})" if why else ""))
