@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import run_cli
+from llama_tree import graph_sources
 
 from ggspec.fixtures.tiny import ensure_tiny_pair
 
@@ -275,46 +276,15 @@ def test_legal_edge_options_still_run(pairs, args, spec):
 # --- the architecture tables against the tree ------------------------------------------------------
 
 def _graph_asserts(tree: Path) -> tuple[set[str], set[str]]:
-    """Architectures whose graph asserts head_k == head_v, and n_rot == head size, read from a
-    llama.cpp tree the way tests/test_layer_inputs.py reads layer-input extraction."""
-    src = tree / "src"
-    names = dict(re.findall(r'\{\s*(LLM_ARCH_\w+),\s*"([^"]+)"\s*\}', (src / "llama-arch.cpp").read_text()))
-    classes = dict(re.findall(r"case (LLM_ARCH_\w+):\s*return new (llama_model_\w+)\(",
-                              (src / "llama-model.cpp").read_text()))
-    structs = {m.group(1): (m.group(2), m.group(3)) for m in re.finditer(
-        r"^struct (llama_model_\w+) : public (\w+) \{(.*?)^\};", (src / "models" / "models.h").read_text(),
-        re.DOTALL | re.MULTILINE)}
-    sources = [p.read_text() for p in sorted((src / "models").glob("*.cpp"))]
-
-    def graph_owner(cls: str) -> str:
-        parent, body = structs[cls]
-        alias = re.search(r"using graph = (llama_model_\w+)::graph", body)
-        if alias and alias.group(1) != cls:
-            return graph_owner(alias.group(1))
-        if re.search(r"struct graph\b", body) or parent == "llama_model_base":
-            return cls
-        return graph_owner(parent)
-
-    def ctor(cls: str) -> str:
-        pattern = re.compile(re.escape(cls) + r"::graph(?:<\w+>)?::graph\(")
-        for text in sources:
-            m = pattern.search(text)
-            if m:
-                return text[m.start():text.find("\n}\n", m.end())]
-        return ""
-
+    """Architectures whose graph asserts head_k == head_v, and n_rot == head size."""
     kv, rot = set(), set()
-    for arch, cls in classes.items():
-        if cls not in structs:
-            continue
-        body = ctor(graph_owner(cls))
+    for arch, body in graph_sources(tree).items():
         if not re.search(r"const int64_t n_embd_head\s*=\s*hparams\.n_embd_head_[kv]\(\);", body):
             continue
         if re.search(r"^\s*GGML_ASSERT\(n_embd_head == hparams\.n_embd_head_[kv]\(\)\);", body, re.MULTILINE):
-            kv.add(names[arch])
+            kv.add(arch)
         if re.search(r"^\s*GGML_ASSERT\(n_embd_head == n_rot\);", body, re.MULTILINE):
-            rot.add(names[arch])
-    assert len(classes) > 100, "the tree's layout changed: update this scanner"
+            rot.add(arch)
     return kv, rot
 
 

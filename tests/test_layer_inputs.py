@@ -13,12 +13,12 @@ plain greedy output token for token, and ggspec.spec.archs matches the patched t
 from __future__ import annotations
 
 import itertools
-import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import PROMPTS
+from llama_tree import graph_sources
 
 from ggspec.fixtures.archs import ARCH_SPECS, ensure_arch_pair
 from ggspec.runtime import Batch, Context, ContextParams, Model
@@ -161,38 +161,8 @@ def test_dflash_is_lossless(arch, proposer, arch_pairs):
 
 
 def _layer_input_archs(tree: Path) -> set[str]:
-    """GGUF architecture names whose graph constructor sets res->t_layer_inp, read from a
-    llama.cpp tree: arch enum -> name (llama-arch.cpp), arch enum -> model class
-    (llama-model.cpp), model class -> the graph it runs (models/models.h), graph -> its
-    constructor body (models/*.cpp)."""
-    src = tree / "src"
-    names = dict(re.findall(r'\{\s*(LLM_ARCH_\w+),\s*"([^"]+)"\s*\}', (src / "llama-arch.cpp").read_text()))
-    classes = dict(re.findall(r"case (LLM_ARCH_\w+):\s*return new (llama_model_\w+)\(",
-                              (src / "llama-model.cpp").read_text()))
-    structs = {m.group(1): (m.group(2), m.group(3)) for m in re.finditer(
-        r"^struct (llama_model_\w+) : public (\w+) \{(.*?)^\};", (src / "models" / "models.h").read_text(),
-        re.DOTALL | re.MULTILINE)}
-    sources = [p.read_text() for p in sorted((src / "models").glob("*.cpp"))]
-
-    def graph_owner(cls: str) -> str:
-        parent, body = structs[cls]
-        alias = re.search(r"using graph = (llama_model_\w+)::graph", body)
-        if alias and alias.group(1) != cls:
-            return graph_owner(alias.group(1))
-        if re.search(r"struct graph\b", body) or parent == "llama_model_base":
-            return cls
-        return graph_owner(parent)  # runs the graph it inherits
-
-    def extracts(cls: str) -> bool:
-        ctor = re.compile(re.escape(cls) + r"::graph(?:<\w+>)?::graph\(")
-        for text in sources:
-            m = ctor.search(text)
-            if m:
-                return "t_layer_inp" in text[m.start():text.find("\n}\n", m.end())]
-        return False
-
-    assert len(classes) > 100 and len(structs) > 100, "the tree's layout changed: update this scanner"
-    return {names[arch] for arch, cls in classes.items() if cls in structs and extracts(graph_owner(cls))}
+    """GGUF architecture names whose graph constructor sets res->t_layer_inp."""
+    return {arch for arch, body in graph_sources(tree).items() if "t_layer_inp" in body}
 
 
 def test_arch_sets_match_the_trees(build_info):
