@@ -124,6 +124,10 @@ BAD_FILES = [
      "layer_norm_rms_epsilon = -1.0"),
     ("rms_eps_inf", "dense", "target", {Q3 + "attention.layer_norm_rms_epsilon": ("f32", INF)}, "garbage output",
      "layer_norm_rms_epsilon = inf"),
+    ("rope_freq_base_nan", "dense", "target", {Q3 + "rope.freq_base": ("f32", NAN)}, "garbage output",
+     "rope.freq_base = NaN"),
+    ("rope_freq_base_0_draft", "dense", "draft", {DF + "rope.freq_base": ("f32", 0.0)}, "garbage drafts",
+     "rope.freq_base = 0.0"),
     ("embedding_length_0", "dense", "target", {Q3 + "embedding_length": ("u32", 0)}, "", "embedding_length = 0"),
     ("head_count_0", "dense", "target", {Q3 + "attention.head_count": ("u32", 0)}, "", "head_count = 0"),
     ("head_count_kv_not_dividing", "dense", "target", {Q3 + "attention.head_count_kv": ("u32", 3)}, "",
@@ -297,3 +301,16 @@ def test_arch_tables_match_the_tree(build_info):
     kv, rot = _graph_asserts(tree)
     assert kv == HEAD_KV_EQUAL_ARCHS
     assert rot == ROT_EQUALS_HEAD_ARCHS
+
+
+def test_a_vocabulary_without_byte_tokens_is_one_error(dense_pair, tmp_path):
+    """A SentencePiece vocabulary without the <0xXX> byte pieces a character outside it (here 日) falls back
+    to: llama.cpp's tokenizer throws std::out_of_range through its C API, which killed the process
+    (std::terminate). Patch 0008's wrapper turns it into one line; text the vocabulary covers runs."""
+    spm = {"tokenizer.ggml.model": ("str", "llama"), "tokenizer.ggml.pre": None, "tokenizer.ggml.merges": None,
+           "tokenizer.ggml.add_space_prefix": ("bool", False)}  # "▁" would fall back to bytes too
+    bad = rewrite_gguf(dense_pair.target, tmp_path / "spm-without-bytes.gguf", spm)
+    _assert_one_line_error(run_cli("run", "-m", str(bad), "--no-spec", "-n", "4", "-p", "日本", timeout=TIMEOUT),
+                           "its vocabulary cannot encode this text")
+    proc = run_cli("run", "-m", str(bad), "--no-spec", "-n", "4", "-p", "cafe", timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stderr[-1500:]

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ggspec.native import build, paths
 
-SHIM_ABI_VERSION = 4
+SHIM_ABI_VERSION = 5
 GGML_LOG_LEVEL_ERROR = 4
 
 # llama.cpp logs a great deal to stderr. We keep its recent lines (errors explain NULL returns)
@@ -133,6 +133,9 @@ def _declare_shim(lib: ctypes.CDLL) -> None:
     _declare(lib, "ggspec_get_embeddings_nextn", [c_void_p], f32p)
     _declare(lib, "ggspec_get_embeddings_nextn_ith", [c_void_p, c_int32], f32p)
     _declare(lib, "ggspec_model_dflash_selector_top_k", [c_void_p], c_int32)
+    # patch 0008: the tokenizer without exceptions escaping into ctypes (INT32_MIN instead)
+    _declare(lib, "ggspec_tokenize", [c_void_p, ctypes.c_char_p, c_int32, i32p, c_int32, c_bool, c_bool], c_int32)
+    _declare(lib, "ggspec_token_to_piece", [c_void_p, c_int32, ctypes.c_char_p, c_int32, c_int32, c_bool], c_int32)
     _declare(lib, "ggspec_model_n_devices", [c_void_p], c_int32)
     _declare(lib, "ggspec_get_ctx_other", [c_void_p], c_void_p)
     # the bulk fillers run every step: they take numpy's raw data addresses (ndarray.ctypes.data),

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ggspec.errors import LlamaError
+from ggspec.errors import InputError, LlamaError
 from ggspec.runtime.handle import OwnedHandle
 from ggspec.native.bindings import last_log_error
 from ggspec.native.bindings import load as load_bindings
@@ -28,6 +28,9 @@ def _load_error() -> str:
     return last_log_error()
 
 
+_TOKENIZER_THREW = -(2**31)  # patch 0008: llama.cpp's tokenizer threw (INT32_MIN)
+
+
 class Model(OwnedHandle):
     """A loaded GGUF model. Use as a context manager or call `close()`."""
 
@@ -39,6 +42,7 @@ class Model(OwnedHandle):
         self.meta: GGUFMeta = read_meta(path, what)  # validates the file before llama.cpp reads it
         check_model(self.meta, what)  # ... and every value llama.cpp would abort on
         self.path = Path(path)
+        self.what = what
         self.n_gpu_layers = n_gpu_layers
         self.placement = placement or Placement()
         params = self.lc.llama_model_default_params()
@@ -74,19 +78,30 @@ class Model(OwnedHandle):
         data = text.encode("utf-8")
         n_max = len(data) + 8
         buf = (ctypes.c_int32 * n_max)()
-        n = self.lc.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_special, parse_special)
+        n = self._tokenize(data, buf, n_max, add_special, parse_special)
         if n < 0:  # buffer too small: -n is the size needed
             n_max = -n
             buf = (ctypes.c_int32 * n_max)()
-            n = self.lc.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_special, parse_special)
+            n = self._tokenize(data, buf, n_max, add_special, parse_special)
         return np.frombuffer(buf, dtype=np.int32, count=n).copy()
 
+    def _tokenize(self, data: bytes, buf, n_max: int, add_special: bool, parse_special: bool) -> int:
+        n = self.lc._lib.ggspec_tokenize(self.vocab, data, len(data), buf, n_max, add_special, parse_special)
+        if n == _TOKENIZER_THREW:
+            raise InputError(f"{self.what} {self.path}: its vocabulary cannot encode this text (it lacks the byte "
+                             "tokens llama.cpp falls back to for characters outside it)")
+        return n
+
     def token_bytes(self, token: int) -> bytes:
+        if not 0 <= token < self.n_vocab:
+            raise InputError(f"token id {token} is outside the {self.what}'s vocabulary (0..{self.n_vocab - 1})")
         buf = ctypes.create_string_buffer(64)
-        n = self.lc.llama_token_to_piece(self.vocab, token, buf, 64, 0, False)
-        if n < 0:
+        n = self.lc._lib.ggspec_token_to_piece(self.vocab, token, buf, 64, 0, False)
+        if n < 0 and n != _TOKENIZER_THREW:
             buf = ctypes.create_string_buffer(-n)
-            n = self.lc.llama_token_to_piece(self.vocab, token, buf, -n, 0, False)
+            n = self.lc._lib.ggspec_token_to_piece(self.vocab, token, buf, -n, 0, False)
+        if n == _TOKENIZER_THREW:
+            raise InputError(f"{self.what} {self.path}: llama.cpp cannot turn token {token} into text")
         return buf.raw[:n]
 
     def detokenize(self, tokens) -> str:

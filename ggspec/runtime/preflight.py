@@ -259,6 +259,10 @@ def _check_rope(f: _File, n_head: int, head_k: int, head_v: int) -> None:
     _, head_k_swa = f.uint("attention.key_length_swa", head_k)
     if n_rot_swa is not None and (n_rot_swa == 0 or n_rot_swa % 2 or n_rot_swa > (head_k_swa or head_k)):
         f.fail(key_s, n_rot_swa, f"must be an even number in 2..{head_k_swa or head_k}")
+    for base in ("rope.freq_base", "rope.freq_base_swa"):  # NaN, 0 or negative: no abort, only garbage
+        key_b, freq = f.raw(base)
+        if _is_num(freq) and not (math.isfinite(freq) and freq > 0):
+            f.fail(key_b, freq, "must be a finite number > 0")
     key_sec, sections = f.raw("rope.dimension_sections")
     if isinstance(sections, list) and all(_is_int(x) for x in sections):
         rot = n_rot if n_rot is not None else head_k
