@@ -11,7 +11,6 @@ if __name__ == "__main__":  # `python -m ggspec.cli`: a Ctrl-C during the import
 
 import codecs
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -20,6 +19,7 @@ import typer
 from rich.console import Console
 
 from ggspec.errors import GGSpecError
+from ggspec.streams import StdoutError, guard_std_streams, stdout_closed
 
 app = typer.Typer(
     help="Speculative decoding (DFlash) on a patched llama.cpp, orchestrated from Python.",
@@ -33,96 +33,6 @@ err = Console(stderr=True, highlight=False)
 def fail(message: str, code: int = 1) -> None:
     _error(message)
     raise typer.Exit(code)
-
-
-class StdoutError(GGSpecError):
-    """Standard output is closed, full or gone: what was to be printed cannot be."""
-
-    def __init__(self, message: str, broken_pipe: bool = False) -> None:
-        super().__init__(message)
-        self.broken_pipe = broken_pipe
-
-
-class GuardedStdout:
-    """sys.stdout as the commands see it: a failing write (`>&-`, `> /dev/full`, a closed pipe)
-    raises StdoutError once, at the write that failed, instead of a traceback from wherever it
-    happened or an "Exception ignored" at exit. After a failure the descriptor points at
-    /dev/null, so the interpreter's last flush has somewhere to go."""
-
-    def __init__(self, stream, closed: bool = False) -> None:
-        self._stream = stream
-        self.closed_at_start = closed
-        self.failed: StdoutError | None = None
-
-    def _fail(self, exc: OSError | None) -> None:
-        if self.failed is None:
-            if exc is None:
-                self.failed = StdoutError("standard output is closed: nowhere to write the results")
-            else:
-                self.failed = StdoutError(f"cannot write to standard output ({exc.strerror or exc})",
-                                          broken_pipe=isinstance(exc, BrokenPipeError))
-            try:
-                devnull = os.open(os.devnull, os.O_WRONLY)
-                os.dup2(devnull, self._stream.fileno())
-                os.close(devnull)
-            except (OSError, ValueError, AttributeError):
-                pass
-        raise self.failed
-
-    def write(self, text: str) -> int:
-        if self.closed_at_start or self.failed is not None:
-            self._fail(None)
-        try:
-            return self._stream.write(text)
-        except OSError as exc:
-            self._fail(exc)
-            raise  # not reached
-
-    def flush(self) -> None:
-        if self.failed is not None or self.closed_at_start:
-            try:
-                self._stream.flush()  # into /dev/null by now
-            except (OSError, ValueError):
-                pass
-            return
-        try:
-            self._stream.flush()
-        except OSError as exc:
-            self._fail(exc)
-
-    def isatty(self) -> bool:
-        return not self.closed_at_start and self._stream.isatty()
-
-    def __getattr__(self, name: str):
-        return getattr(self._stream, name)
-
-
-def _guard_std_streams() -> None:
-    """Give closed standard descriptors a /dev/null (a file opened later must not become fd 1,
-    where llama.cpp prints), and route stdout through GuardedStdout."""
-    closed = []
-    for fd in (0, 1, 2):
-        try:
-            os.fstat(fd)
-        except OSError:
-            closed.append(fd)
-    for fd in closed:  # lowest free descriptor first: each open lands on the closed one
-        got = os.open(os.devnull, os.O_RDWR)
-        if got != fd:
-            os.dup2(got, fd)
-            os.close(got)
-    if 2 in closed or sys.stderr is None:
-        sys.stderr = open(os.devnull, "w")
-        err.file = sys.stderr
-    stdout_closed = 1 in closed or sys.stdout is None
-    if stdout_closed:
-        sys.stdout = open(1, "w", closefd=False)
-    if not isinstance(sys.stdout, GuardedStdout):
-        sys.stdout = GuardedStdout(sys.stdout, closed=stdout_closed)
-
-
-def _stdout_closed() -> bool:
-    return isinstance(sys.stdout, GuardedStdout) and sys.stdout.closed_at_start
 
 
 # --- build ----------------------------------------------------------------------------------------
@@ -228,7 +138,7 @@ def run(
     if n_predict < 1:
         fail("-n must be at least 1")
     check_text(prompt, "-p")
-    if _stdout_closed():
+    if stdout_closed():
         fail("standard output is closed: nowhere to write the text")
     target, draft, rec = _resolve_models(model, draft, pair, models_dir, no_spec)
     if draft is None and not no_spec:  # a target-only pair (its draft is not made yet)
@@ -479,7 +389,7 @@ def bench(
 
     if output not in FORMATS:
         fail(f"-o {output}: expected one of {', '.join(FORMATS)}")
-    if _stdout_closed() and save is None and resume is None:
+    if stdout_closed() and save is None and resume is None:
         fail("standard output is closed: nowhere to write the results (or give --save FILE)")
     if resume is not None:
         given = [flag for flag, v in (("-m", model), ("-md", draft), ("--pair", pair), ("--prompts", prompts),
@@ -699,7 +609,7 @@ def main() -> None:
     from ggspec.native.build import BuildError
     from ggspec.pairs import NotPulledError
 
-    _guard_std_streams()
+    guard_std_streams(err)
     try:
         signal.signal(signal.SIGINT, interrupt_outside_callbacks)  # Ctrl-C is never lost in a llama.cpp callback
         try:
