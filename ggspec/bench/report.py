@@ -23,6 +23,7 @@ from ggspec.errors import InputError
 from ggspec.files import atomic_write, describe_bad_text, read_text
 from ggspec.runtime.devices import Placement, parse_endpoint
 from ggspec.spec.stats import RunStats, merge
+from ggspec.values import is_int, is_number
 
 SCHEMA = "ggspec-bench/1"
 
@@ -197,12 +198,8 @@ def _need(cond: bool, where: str) -> None:
         raise _Damaged(where)
 
 
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 def _is_num(v) -> bool:
-    return (_is_int(v) or isinstance(v, float)) and math.isfinite(v)
+    return is_number(v) and math.isfinite(v)
 
 
 def _fields(obj, where: str, types: dict[str, tuple], required: tuple[str, ...]) -> None:
@@ -218,25 +215,25 @@ def _fields(obj, where: str, types: dict[str, tuple], required: tuple[str, ...])
 
 
 _STATS_TYPES = {f: (lambda v: _is_num(v) and v >= 0) for f in RunStats.__dataclass_fields__}
-_STATS_TYPES.update({f: (lambda v: isinstance(v, list) and all(_is_int(x) and x >= 0 for x in v))
+_STATS_TYPES.update({f: (lambda v: isinstance(v, list) and all(is_int(x) and x >= 0 for x in v))
                      for f in ("accept_hist", "pos_drafted", "pos_accepted")})
-_CONFIG_TYPES = {"kind": (str,), "ctk": (str,), "ctv": (str,), "n_ctx": _is_int, "n_max": _is_int,
+_CONFIG_TYPES = {"kind": (str,), "ctk": (str,), "ctv": (str,), "n_ctx": is_int, "n_max": is_int,
                  "planes": (str,), "lead": (str,), "inject": (str,)}
-_RUN_TYPES = {"config": (str,), "rep": _is_int, "prompt": _is_int, "category": (str,), "stats": (dict,),
+_RUN_TYPES = {"config": (str,), "rep": is_int, "prompt": is_int, "category": (str,), "stats": (dict,),
               "identical": lambda v: v is None or isinstance(v, bool), "paired_with": (str,),
-              "rss_mib": _is_num, "peak_rss_mib": _is_num, "plane_bytes": _is_int, "plane_layout": (str,)}
-_SETTINGS_TYPES = {"target": (str,), "draft": (str,), "n_predict": _is_int, "reps": _is_int, "threads": _is_int,
+              "rss_mib": _is_num, "peak_rss_mib": _is_num, "plane_bytes": is_int, "plane_layout": (str,)}
+_SETTINGS_TYPES = {"target": (str,), "draft": (str,), "n_predict": is_int, "reps": is_int, "threads": is_int,
                    "warmup": (bool,), "profile": lambda v: v is None or isinstance(v, str),
                    "profile_weights": lambda v: v is None or (isinstance(v, list) and all(_is_num(x) for x in v)),
                    "prompts": (list,), "placement": lambda v: v is None or isinstance(v, dict),
-                   "n_gpu_layers": _is_int}
+                   "n_gpu_layers": is_int}
 _PLACEMENT_TYPES = {"split_mode": (str,), "rpc": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
                     "tensor_split": lambda v: isinstance(v, list) and all(_is_num(x) and x >= 0 for x in v),
                     "mirror_output": (bool,), "rpc_timeout": lambda v: _is_num(v) and v > 0}
 _META_TYPES = {"build": (str,), "build_options": (dict,),
                "patches": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), "target": (str,),
                "target_sha256": (str,), "draft": (str,), "draft_sha256": lambda v: v is None or isinstance(v, str),
-               "machine": (str,), "threads": _is_int, "started": (str,)}
+               "machine": (str,), "threads": is_int, "started": (str,)}
 
 
 def check_document(doc: dict, what: str) -> None:

@@ -14,6 +14,7 @@ from ggspec.runtime.handle import OwnedHandle
 from ggspec.native.bindings import last_log_error
 from ggspec.runtime.model import Model
 from ggspec.runtime.preflight import GGML_MAX_N_THREADS, MAX_CTX, check_memory
+from ggspec.values import is_int
 
 # -ctk / -ctv names, as llama.cpp's common args spell them, to ggml_type ids.
 CACHE_TYPES: dict[str, int] = {
@@ -59,7 +60,7 @@ class ContextParams:
         if self.type_v not in UNQUANTIZED and self.flash_attn == "off":
             raise InputError(f"-ctv {self.type_v} (a quantized V cache) needs flash attention: use -fa on or auto")
         for name in ("n_ctx", "n_batch", "n_ubatch", "n_threads", "n_rs_seq", "n_seq_max"):
-            if not isinstance(getattr(self, name), int) or isinstance(getattr(self, name), bool):
+            if not is_int(getattr(self, name)):
                 raise InputError(f"{name} must be an integer (got {getattr(self, name)!r})")
         for name in ("n_ctx", "n_batch", "n_ubatch", "n_threads"):
             if getattr(self, name) < 1:

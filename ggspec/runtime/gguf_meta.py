@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ggspec.errors import InputError
+from ggspec.values import is_number
 
 GGUF_MAGIC = b"GGUF"
 SHORT_ARRAY = 1024  # arrays up to this length are decoded; longer ones keep type and length only
@@ -173,7 +174,7 @@ def _walk(buf) -> tuple[dict[str, Any], tuple[TensorInfo, ...]]:
 
 def _int(kv: dict[str, Any], key: str) -> int:
     value = kv.get(key, 0)
-    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
+    return int(value) if is_number(value) else 0
 
 
 class _BadFile(Exception):

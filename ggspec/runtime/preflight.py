@@ -22,6 +22,7 @@ from typing import Any
 
 from ggspec.errors import InputError
 from ggspec.runtime.gguf_meta import GGUFArray, GGUFMeta
+from ggspec.values import is_int, is_number
 
 # src/llama-hparams.h
 LLAMA_MAX_LAYERS = 512
@@ -73,14 +74,6 @@ CACHE_TYPE_BYTES: dict[str, float] = {
 }
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
 class _File:
     """One file's metadata with error messages that name its role, the key and the value."""
 
@@ -101,7 +94,7 @@ class _File:
         key, v = self.raw(suffix)
         if v is None:
             return key, default
-        if not _is_int(v):
+        if not is_int(v):
             return key, None
         if v < 0:
             self.fail(key, v, "is negative")
@@ -117,13 +110,13 @@ class _File:
         if isinstance(v, list):
             if len(v) != n_layer:
                 self.fail(key, v, f"has {len(v)} entries, but the model has {n_layer} layers (block_count)")
-            if not all(_is_int(x) for x in v):
+            if not all(is_int(x) for x in v):
                 return key, None
             bad = [x for x in v if x < 0]
             if bad:
                 self.fail(key, v, "has negative entries")
             return key, list(v)
-        if not _is_int(v):
+        if not is_int(v):
             return key, None
         if v < 0:
             self.fail(key, v, "is negative")
@@ -160,7 +153,7 @@ def _check_layers(f: _File) -> int:
     if n_embd == 0:
         f.fail(key_e, n_embd, "must be at least 1")
     key_c, n_ctx_train = f.raw("context_length")
-    if _is_int(n_ctx_train) and n_ctx_train < 0:
+    if is_int(n_ctx_train) and n_ctx_train < 0:
         f.fail(key_c, n_ctx_train, "is negative")
     return n
 
@@ -168,7 +161,7 @@ def _check_layers(f: _File) -> int:
 def _check_norms(f: _File) -> None:
     # the CPU norm kernels assert eps >= 0 (NaN fails it too); an infinite eps zeroes every row
     for key, v in f.meta.kv.items():
-        if key.startswith(f"{f.a}.") and key.endswith("epsilon") and _is_num(v) and not (math.isfinite(v) and v >= 0):
+        if key.startswith(f"{f.a}.") and key.endswith("epsilon") and is_number(v) and not (math.isfinite(v) and v >= 0):
             f.fail(key, v, "must be a finite number >= 0")
 
 
@@ -261,10 +254,10 @@ def _check_rope(f: _File, n_head: int, head_k: int, head_v: int) -> None:
         f.fail(key_s, n_rot_swa, f"must be an even number in 2..{head_k_swa or head_k}")
     for base in ("rope.freq_base", "rope.freq_base_swa"):  # NaN, 0 or negative: no abort, only garbage
         key_b, freq = f.raw(base)
-        if _is_num(freq) and not (math.isfinite(freq) and freq > 0):
+        if is_number(freq) and not (math.isfinite(freq) and freq > 0):
             f.fail(key_b, freq, "must be a finite number > 0")
     key_sec, sections = f.raw("rope.dimension_sections")
-    if isinstance(sections, list) and all(_is_int(x) for x in sections):
+    if isinstance(sections, list) and all(is_int(x) for x in sections):
         rot = n_rot if n_rot is not None else head_k
         if any(x < 0 for x in sections):
             f.fail(key_sec, sections, "has negative entries")
@@ -309,23 +302,30 @@ def _check_tokenizer(f: _File) -> None:
                        ("add_sep_token", "seperator_token_id")):
         key = f"tokenizer.ggml.{name}"
         tid = kv.get(key)
-        if kv.get(f"tokenizer.ggml.{flag}") is True and _is_int(tid) and not 0 <= tid < n_vocab:
+        if kv.get(f"tokenizer.ggml.{flag}") is True and is_int(tid) and not 0 <= tid < n_vocab:
             f.fail(key, tid, f"is outside the vocabulary (0..{n_vocab - 1}) and tokenizer.ggml.{flag} is set")
     key = "tokenizer.ggml.mask_token_id"
     tid = kv.get(key)
-    if f.a == "dflash" and _is_int(tid) and not 0 <= tid < n_vocab:
+    if f.a == "dflash" and tid is not None and not is_int(tid):
+        f.fail(key, repr(tid), "must be a token id")
+    if f.a == "dflash" and is_int(tid) and not 0 <= tid < n_vocab:
         f.fail(key, tid, f"is outside the vocabulary (0..{n_vocab - 1})")
 
 
 def _check_dflash(f: _File, n_layer: int) -> None:
     key, bs = f.raw("block_size")
-    if _is_int(bs) and bs < 2:
+    if bs is not None and not is_int(bs):
+        f.fail(key, repr(bs), "must be an integer")
+    if is_int(bs) and bs < 2:
         f.fail(key, bs, "must be at least 2 (the noise block is [last token, MASK x (block_size - 1)])")
     key, layers = f.raw("target_layers")
+    if isinstance(layers, GGUFArray) or (layers is not None and not isinstance(layers, list)):
+        shown = f"<{len(layers)} entries>" if isinstance(layers, GGUFArray) else repr(layers)
+        f.fail(key, shown, "must be a short list of layer ids")
     if isinstance(layers, list):
         if not layers:
             f.fail(key, "[]", "is empty")
-        if any(not _is_int(x) or x < 0 for x in layers):
+        if any(not is_int(x) or x < 0 for x in layers):
             f.fail(key, layers, "must be layer ids >= 0")
     _, hc = f.uint("hyper_connection.count", 0)
     if hc:  # DSpark (DeepSeek-V4) backbone: load_arch_hparams asserts both
@@ -358,19 +358,19 @@ def _layers_kv(meta: GGUFMeta) -> Iterable[tuple[int, int, bool]]:
     rec = meta.arch_key("attention.recurrent_layers")
     interval = meta.arch_key("full_attention_interval")
     swa = meta.arch_key("attention.sliding_window_pattern")
-    has_swa = _is_int(meta.arch_key("attention.sliding_window")) and meta.arch_key("attention.sliding_window") > 0
+    has_swa = is_int(meta.arch_key("attention.sliding_window")) and meta.arch_key("attention.sliding_window") > 0
     out = []
     for il in range(n):
         if isinstance(rec, list) and il < len(rec) and rec[il]:
             continue
         if meta.arch in GATED_DELTA_NET_ARCHS and not isinstance(rec, list):
-            k = interval if _is_int(interval) and interval > 0 else 4
+            k = interval if is_int(interval) and interval > 0 else 4
             if il < meta.n_layer_main and (il + 1) % k:
                 continue
         if isinstance(swa, list):
             is_swa = has_swa and il < len(swa) and bool(swa[il])
         else:  # a period: every n-th layer is global (llama_hparams::set_swa_pattern)
-            period = swa if _is_int(swa) else _SWA_PERIODS.get(meta.arch, 1)
+            period = swa if is_int(swa) else _SWA_PERIODS.get(meta.arch, 1)
             is_swa = has_swa and (period == 0 or il % period < period - 1)
         hk, hv = (head_k_swa, head_v_swa) if is_swa else (head_k, head_v)
         out.append(((hk or 0) * heads_kv[il], (hv or 0) * heads_kv[il], is_swa))
@@ -392,7 +392,7 @@ def kv_cache_bytes(meta: GGUFMeta, n_ctx: int, type_k: str, type_v: str, n_ubatc
     bk, bv = CACHE_TYPE_BYTES.get(type_k, 4.0), CACHE_TYPE_BYTES.get(type_v, 4.0)
     total = 0.0
     for k, v, is_swa in _layers_kv(meta):
-        cells = min(n_ctx, window + n_ubatch) if is_swa and _is_int(window) else n_ctx
+        cells = min(n_ctx, window + n_ubatch) if is_swa and is_int(window) else n_ctx
         total += cells * (k * bk + v * bv)
     return int(total)
 
@@ -403,7 +403,7 @@ def recurrent_bytes(meta: GGUFMeta, planes: int) -> int:
         return 0
     def g(suffix: str) -> int:
         v = meta.arch_key(suffix)
-        return v if _is_int(v) and v > 0 else 0
+        return v if is_int(v) and v > 0 else 0
 
     d_conv, d_state, n_group, d_inner = g("ssm.conv_kernel"), g("ssm.state_size"), g("ssm.group_count"), g("ssm.inner_size")
     rec = meta.arch_key("attention.recurrent_layers")

@@ -25,7 +25,7 @@ import numpy as np
 
 from ggspec.errors import InputError
 from ggspec.runtime import Batch, Context
-from ggspec.runtime.gguf_meta import GGUFArray, GGUFMeta
+from ggspec.runtime.gguf_meta import GGUFMeta
 from ggspec.spec.archs import LAYER_INPUT_ARCHS
 
 INJECT_MODES = ("pruned", "deferred", "immediate")
@@ -51,33 +51,22 @@ def is_dflash(meta: GGUFMeta) -> bool:
 
 
 def dflash_info(draft: GGUFMeta) -> DFlashInfo:
+    """The draft's DFlash keys; their values were checked by ggspec.runtime.preflight."""
     if not is_dflash(draft):
         raise InputError(f"--dflash: the draft is not a DFlash model (architecture '{draft.arch}'): {draft.path}")
     layers = draft.get("dflash.target_layers")
     if not layers:
         raise InputError(f"DFlash draft has no dflash.target_layers: {draft.path}")
-    if not isinstance(layers, list) or not all(_is_int(x) for x in layers):
-        shown = f"<{len(layers)} entries>" if isinstance(layers, GGUFArray) else repr(layers)
-        raise InputError(f"DFlash draft {draft.path}: dflash.target_layers = {shown} must be a short list of layer ids")
     mask = draft.get("tokenizer.ggml.mask_token_id")
     if mask is None:
         raise InputError(f"DFlash draft has no mask token (tokenizer.ggml.mask_token_id): {draft.path}")
-    if not _is_int(mask):
-        raise InputError(f"DFlash draft {draft.path}: tokenizer.ggml.mask_token_id = {mask!r} must be a token id")
-    block_size = draft.get("dflash.block_size", 16)
-    if not _is_int(block_size):
-        raise InputError(f"DFlash draft {draft.path}: dflash.block_size = {block_size!r} must be an integer")
     causal = draft.get("dflash.attention.causal", False)
     return DFlashInfo(
         target_layers=tuple(int(x) for x in layers),
-        block_size=int(block_size),
+        block_size=int(draft.get("dflash.block_size", 16)),
         mask_token=int(mask),
         causal=bool(causal),
     )
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def check_compatible(target: GGUFMeta, draft: GGUFMeta, info: DFlashInfo) -> None:
