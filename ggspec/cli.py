@@ -1,4 +1,4 @@
-"""The `ggspec` command line: a thin shell over ggspec.native (build) and ggspec.spec (run)."""
+"""The `ggspec` command line: a thin shell over ggspec.native (build) and ggspec.speculative (run)."""
 
 from __future__ import annotations
 
@@ -133,7 +133,7 @@ def run(
     """Generate from a prompt, speculatively (DFlash) or plain greedy with --no-spec."""
     from ggspec.files import check_text
     from ggspec.runtime import ContextParams
-    from ggspec.spec.pair import PairConfig
+    from ggspec.speculative.pair import PairConfig
 
     if n_predict < 1:
         fail("-n must be at least 1")
@@ -143,7 +143,7 @@ def run(
     target, draft, rec = _resolve_models(model, draft, pair, models_dir, no_spec)
     if draft is None and not no_spec:  # a target-only pair (its draft is not made yet)
         err.print(f"[yellow]note:[/] pair '{pair}' has no draft model yet: plain greedy decoding", soft_wrap=True)
-    from ggspec.spec.planes import PlaneOptions
+    from ggspec.speculative.planes import PlaneOptions
 
     planes = PlaneOptions.parse(_pick(rs_planes, rec, "planes", None), _pick(rs_lead, rec, "lead", None))
     from ggspec.runtime.devices import Placement
@@ -193,9 +193,9 @@ def _resolve_models(model: Path | None, draft: Path | None, pair: str | None, mo
 
 
 def _run(cfg, prompt: str, n_predict: int, ignore_eos: bool) -> None:
-    from ggspec.spec.loop import generate_greedy, generate_spec
-    from ggspec.spec.pair import SpecPair
-    from ggspec.spec.stats import RunStats
+    from ggspec.speculative.loop import generate_greedy, generate_spec
+    from ggspec.speculative.pair import SpecPair
+    from ggspec.speculative.stats import RunStats
 
     with SpecPair(cfg) as sp:
         for w in sp.warnings:
@@ -425,7 +425,7 @@ def bench(
                                               ("--acceptance-profile", profile)) if v is not None]
             if spec_only:
                 fail(f"{', '.join(spec_only)}: speculative settings need a draft model (-md)")
-        from ggspec.spec.pair import DEFAULT_N_MAX
+        from ggspec.speculative.pair import DEFAULT_N_MAX
 
         axes = Axes(
             ctk=split_list("-ctk", type_k, (rec.get("ctk", "f16"),)),

@@ -22,7 +22,7 @@ import numpy as np
 
 from ggspec.runtime import Batch, Context, ContextParams, Model
 from ggspec.runtime.devices import Placement
-from ggspec.spec.dflash import DFlashProposer, dflash_info
+from ggspec.speculative.dflash import DFlashProposer, dflash_info
 
 PROMPT = "def parse(path):\n    with open(path) as f:\n        return [line.split() for line in f]\n"
 

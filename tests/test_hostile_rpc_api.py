@@ -206,8 +206,8 @@ API_SCRIPT = textwrap.dedent('''
     import json, sys
     from ggspec.errors import ClosedError
     from ggspec.runtime import Batch, Context, ContextParams, Model
-    from ggspec.spec.loop import generate_greedy, generate_spec
-    from ggspec.spec.pair import PairConfig, SpecPair
+    from ggspec.speculative.loop import generate_greedy, generate_spec
+    from ggspec.speculative.pair import PairConfig, SpecPair
 
     target, draft = sys.argv[1:3]
     params = ContextParams(n_ctx=256)

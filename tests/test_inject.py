@@ -10,10 +10,10 @@ import pytest
 
 from conftest import PROMPTS
 from ggspec.runtime import ContextParams
-from ggspec.spec.dflash import INJECT_MODES
-from ggspec.spec.forced import ForcedAcceptance, cycle_lengths
-from ggspec.spec.loop import generate_greedy, generate_spec
-from ggspec.spec.pair import PairConfig, SpecPair
+from ggspec.speculative.dflash import INJECT_MODES
+from ggspec.testing.forced import ForcedAcceptance, cycle_lengths
+from ggspec.speculative.loop import generate_greedy, generate_spec
+from ggspec.speculative.pair import PairConfig, SpecPair
 
 N_MAX, N_PREDICT = 7, 96
 CTX = ContextParams(n_ctx=1024, n_batch=256, n_ubatch=256, type_k="f32", type_v="f32", flash_attn="off")

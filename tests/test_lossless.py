@@ -2,7 +2,7 @@
 
 Run on the real patched build with tiny random-weight pairs (dense qwen3 and hybrid qwen35),
 with the real DFlash draft and with forced acceptance lengths covering 0..n_max.
-At a divergence the report gives the target's own top-2 margin there (see ggspec.spec.oracle).
+At a divergence the report gives the target's own top-2 margin there (see ggspec.testing.oracle).
 The hybrid target keeps F32 matrices and wide logit margins: every prompt must match exactly.
 The dense target has F16 matrices like converted files, whose activations are rounded to F16
 inside the matmuls: there, as on real models, a batched verify can flip a genuine near-tie; such
@@ -19,10 +19,10 @@ import pytest
 
 from conftest import PROMPTS
 from ggspec.runtime import ContextParams
-from ggspec.spec.forced import ForcedAcceptance, cycle_lengths
-from ggspec.spec.oracle import run_prompts
-from ggspec.spec.pair import PairConfig, SpecPair
-from ggspec.spec.stats import merge
+from ggspec.testing.forced import ForcedAcceptance, cycle_lengths
+from ggspec.testing.oracle import run_prompts
+from ggspec.speculative.pair import PairConfig, SpecPair
+from ggspec.speculative.stats import merge
 
 N_PREDICT = 128
 N_MAX = 7  # the fixtures' block size is 8
@@ -67,7 +67,7 @@ def test_speculative_equals_greedy(kind, proposer, request, build_info):
 def test_gate_catches_an_off_by_one_accept(dense_pair, build_info, monkeypatch):
     """The gate has teeth: accepting one draft too many changes the output, and the margin
     there classifies it as a real divergence, not a near-tie."""
-    import ggspec.spec.loop as loop
+    import ggspec.speculative.loop as loop
 
     real_accept = loop.accept_greedy
     monkeypatch.setattr(loop, "accept_greedy", lambda d, t: min(len(d), real_accept(d, t) + 1))
@@ -85,7 +85,7 @@ PLANE_PROMPTS = PROMPTS[:6]
 @pytest.mark.parametrize("proposer", ["dflash", "forced"])
 def test_capped_planes_are_lossless(planes, lead, proposer, hybrid_pair, build_info):
     """Every capped layout gives plain greedy output; forced acceptance makes misses replay."""
-    from ggspec.spec.planes import PlaneOptions
+    from ggspec.speculative.planes import PlaneOptions
 
     cfg = PairConfig(target=hybrid_pair.target, draft=hybrid_pair.draft, dflash=True, n_max=N_MAX, ctx=EXACT,
                      planes=PlaneOptions(planes, lead))
@@ -104,8 +104,8 @@ def test_capped_planes_are_lossless(planes, lead, proposer, hybrid_pair, build_i
 def test_no_state_leaks_across_prompts(planes, hybrid_pair, build_info):
     """A prompt after an unrelated one on the same contexts runs exactly as it does alone:
     same tokens, same accepted counts and replays at every step (seed 001's contamination)."""
-    from ggspec.spec.loop import generate_spec
-    from ggspec.spec.planes import PlaneOptions
+    from ggspec.speculative.loop import generate_spec
+    from ggspec.speculative.planes import PlaneOptions
 
     cfg = PairConfig(target=hybrid_pair.target, draft=hybrid_pair.draft, dflash=True, n_max=N_MAX, ctx=EXACT,
                      planes=PlaneOptions(planes, "default"))

@@ -7,8 +7,8 @@ import itertools
 import pytest
 
 from ggspec.errors import InputError
-from ggspec.spec.forced import profile_lengths
-from ggspec.spec.planes import AutoLead, PlaneOptions, covered_accepts, default_lead
+from ggspec.testing.forced import profile_lengths
+from ggspec.speculative.planes import AutoLead, PlaneOptions, covered_accepts, default_lead
 
 
 class FakeTarget:

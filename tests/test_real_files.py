@@ -52,8 +52,8 @@ def test_a_draft_reading_the_mtp_block_is_refused(fixture_dir, tmp_path):
 
 def test_mtp_target_runs_lossless(fixture_dir, build_info):
     """The MTP block is loaded but never run: speculation over the trunk equals plain greedy."""
-    from ggspec.spec.oracle import run_prompts
-    from ggspec.spec.pair import PairConfig, SpecPair
+    from ggspec.testing.oracle import run_prompts
+    from ggspec.speculative.pair import PairConfig, SpecPair
 
     pair = ensure_tiny_pair(fixture_dir, "hybrid-mtp")
     ctx = ContextParams(n_ctx=512, n_batch=128, n_ubatch=128, n_threads=1, type_k="f32", type_v="f32", flash_attn="off")
@@ -109,7 +109,7 @@ def test_registry_entries_are_wellformed():
 
 def test_a_target_without_layer_inputs_is_refused_before_loading(fixture_dir, tmp_path):
     """Enabling a layer input on a graph that never stores it aborts llama.cpp: the architecture
-    is checked against the patched build's list first (see ggspec.spec.archs)."""
+    is checked against the patched build's list first (see ggspec.speculative.archs)."""
     import gguf
 
     from ggspec.fixtures.tiny import tiny_vocab

@@ -12,7 +12,7 @@ import pytest
 
 from ggspec.errors import LlamaError
 from ggspec.runtime import Batch, Context, ContextParams, Model
-from ggspec.spec.planes import kept_counts
+from ggspec.speculative.planes import kept_counts
 
 PROMPT = [10, 20, 30, 40, 50, 60, 70, 80]
 BLOCK = [11, 22, 33, 44, 55, 66, 77, 88]  # a verify-sized batch (n_max 7 + 1)

@@ -9,10 +9,10 @@ from ggspec.errors import LlamaError
 from ggspec.files import file_sha256
 from ggspec.fixtures.tiny import write_tiny_pair
 from ggspec.runtime import Batch, Context, ContextParams, Model
-from ggspec.spec.accept import accept_greedy
-from ggspec.spec.loop import generate_spec
-from ggspec.spec.pair import PairConfig, SpecPair
-from ggspec.spec.stats import summarize
+from ggspec.speculative.accept import accept_greedy
+from ggspec.speculative.loop import generate_spec
+from ggspec.speculative.pair import PairConfig, SpecPair
+from ggspec.speculative.stats import summarize
 
 
 @pytest.fixture(scope="module")
@@ -126,8 +126,8 @@ def test_fixtures_are_deterministic(tmp_path, dense_pair):
 @pytest.mark.parametrize("kind", ["dense", "hybrid"])
 def test_draft_cache_holds_exactly_the_committed_positions(kind, request, build_info):
     """Before every draft, the draft cache covers positions 0..P-1 (P = id_last's position)."""
-    from ggspec.spec.forced import ForcedAcceptance, cycle_lengths
-    from ggspec.spec.loop import generate_greedy
+    from ggspec.testing.forced import ForcedAcceptance, cycle_lengths
+    from ggspec.speculative.loop import generate_greedy
 
     pair = request.getfixturevalue(f"{kind}_pair")
     with SpecPair(PairConfig(target=pair.target, draft=pair.draft, n_max=7)) as sp:

@@ -10,9 +10,9 @@ import pytest
 
 from ggspec.pairs import get_entry, resolve
 from ggspec.runtime import ContextParams
-from ggspec.spec.oracle import run_prompts
-from ggspec.spec.pair import PairConfig, SpecPair
-from ggspec.spec.stats import merge
+from ggspec.testing.oracle import run_prompts
+from ggspec.speculative.pair import PairConfig, SpecPair
+from ggspec.speculative.stats import merge
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from tinypair.corpus import heldout_prompts  # noqa: E402

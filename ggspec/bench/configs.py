@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass, replace
 
 from ggspec.errors import InputError
 from ggspec.runtime.context import CACHE_TYPES
-from ggspec.spec.dflash import INJECT_MODES
-from ggspec.spec.planes import UNCAPPED, PlaneOptions
+from ggspec.speculative.dflash import INJECT_MODES
+from ggspec.speculative.planes import UNCAPPED, PlaneOptions
 
 NATIVE_MODES = ("immediate", "deferred")  # llama.cpp's own loop: upstream, and patch 0003's deferral
 KINDS = ("spec", "baseline", "native", "native-baseline")

@@ -22,7 +22,7 @@ from ggspec.bench.runner import Run, Settings
 from ggspec.errors import InputError
 from ggspec.files import atomic_write, describe_bad_text, read_text
 from ggspec.runtime.devices import Placement, parse_endpoint
-from ggspec.spec.stats import RunStats, merge
+from ggspec.speculative.stats import RunStats, merge
 from ggspec.values import is_int, is_number
 
 SCHEMA = "ggspec-bench/1"

@@ -26,11 +26,11 @@ from ggspec.bench.prompts import Prompt
 from ggspec.runtime import ContextParams
 from ggspec.runtime.context import resolve_flash_attn
 from ggspec.runtime.devices import Placement
-from ggspec.spec.forced import ForcedAcceptance, profile_lengths
-from ggspec.spec.loop import generate_greedy, generate_spec
-from ggspec.spec.pair import PairConfig, SpecPair
-from ggspec.spec.planes import PlaneOptions
-from ggspec.spec.stats import RunStats
+from ggspec.testing.forced import ForcedAcceptance, profile_lengths
+from ggspec.speculative.loop import generate_greedy, generate_spec
+from ggspec.speculative.pair import PairConfig, SpecPair
+from ggspec.speculative.planes import PlaneOptions
+from ggspec.speculative.stats import RunStats
 
 WARMUP_TOKENS = 16
 

@@ -19,7 +19,7 @@ from ggspec.bench.report import check_profile_weights
 from ggspec.bench.runner import Run, Runner, Settings
 from ggspec.errors import GGSpecError, InputError
 from ggspec.files import read_text
-from ggspec.spec.forced import PROFILES
+from ggspec.testing.forced import PROFILES
 
 
 def parse_profile(spec: str | None) -> tuple[str | None, tuple[float, ...] | None]:

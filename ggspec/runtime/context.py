@@ -228,7 +228,7 @@ class Context(OwnedHandle):
     def set_rs_layout(self, planes: int, lead: int) -> None:
         """Keep `planes` recurrent-state planes per sequence, `lead` of them holding the states
         after the first 1..lead tokens of a batch (plus one newest and one input plane);
-        lead -1 is llama.cpp's default trailing layout. See ggspec.spec.planes."""
+        lead -1 is llama.cpp's default trailing layout. See ggspec.speculative.planes."""
         rc = self.lc._lib.ggspec_set_rs_planes(self.ptr, planes, lead)
         if rc != 0:
             why = {-1: "the context has no recurrent state planes", -2: "this model only supports the default layout",

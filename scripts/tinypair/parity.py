@@ -9,7 +9,7 @@ import torch
 def _llama_side(target_path, draft_path, prompt: np.ndarray):
     """(target logits of every prompt row, first greedy token, draft logits rows 1..7)."""
     from ggspec.runtime import Batch, ContextParams
-    from ggspec.spec.pair import PairConfig, SpecPair
+    from ggspec.speculative.pair import PairConfig, SpecPair
 
     params = ContextParams(n_ctx=512, n_batch=256, n_ubatch=256, type_k="f32", type_v="f32", flash_attn="off")
     with SpecPair(PairConfig(target=target_path, draft=draft_path, dflash=True, n_max=7, ctx=params)) as sp:

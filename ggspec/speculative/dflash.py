@@ -26,7 +26,7 @@ import numpy as np
 from ggspec.errors import InputError
 from ggspec.runtime import Batch, Context
 from ggspec.runtime.gguf_meta import GGUFMeta
-from ggspec.spec.archs import LAYER_INPUT_ARCHS
+from ggspec.speculative.archs import LAYER_INPUT_ARCHS
 
 INJECT_MODES = ("pruned", "deferred", "immediate")
 

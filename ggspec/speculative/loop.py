@@ -18,8 +18,8 @@ import numpy as np
 
 from ggspec.errors import InputError
 from ggspec.runtime import Batch, Context
-from ggspec.spec.accept import accept_greedy
-from ggspec.spec.stats import Step, top2_margin
+from ggspec.speculative.accept import accept_greedy
+from ggspec.speculative.stats import Step, top2_margin
 
 
 def check_prompt(prompt: np.ndarray, n_ctx: int, n_draft: int) -> None:

@@ -10,8 +10,8 @@ from ggspec.runtime import Context, ContextParams, Model
 from ggspec.runtime.devices import Placement
 from ggspec.runtime.gguf_meta import read_meta
 from ggspec.runtime.preflight import check_memory, check_model
-from ggspec.spec.dflash import INJECT_MODES, DFlashInfo, DFlashProposer, check_compatible, dflash_info, is_dflash
-from ggspec.spec.planes import AutoLead, PlaneOptions, default_lead
+from ggspec.speculative.dflash import INJECT_MODES, DFlashInfo, DFlashProposer, check_compatible, dflash_info, is_dflash
+from ggspec.speculative.planes import AutoLead, PlaneOptions, default_lead
 
 DEFAULT_N_MAX = 15  # --spec-draft-n-max when neither the user nor a named pair gives one
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from ggspec.spec.loop import generate_greedy, generate_spec
-from ggspec.spec.stats import RunStats
+from ggspec.speculative.loop import generate_greedy, generate_spec
+from ggspec.speculative.stats import RunStats
 
 # A divergence at a position whose top-2 logit gap is below this counts as a rounding near-tie.
 # The gap between two logits is the gap between their log-probabilities, so this is seed 002's

@@ -1,0 +1,1 @@
+"""Harness code for tests and benchmarks: the losslessness oracle and forced acceptance."""
