@@ -6,7 +6,14 @@ class GGSpecError(Exception):
 
 
 class InputError(GGSpecError):
-    """Bad arguments, files or model combinations, detected before llama.cpp is called."""
+    """Bad arguments, files or model combinations, detected before llama.cpp is called.
+
+    `field` names the setting at fault (a PairConfig / ContextParams field such as "n_max"):
+    the CLI prefixes the message with its flag, a server would answer 400 naming the parameter."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class LlamaError(GGSpecError):

@@ -23,6 +23,8 @@ import numpy as np
 from ggspec.runtime import Batch, Context, ContextParams, Model
 from ggspec.runtime.devices import Placement
 from ggspec.speculative.dflash import DFlashProposer, dflash_info
+from ggspec.speculative.proposer import Span
+from ggspec.speculative.sequence import Sequence
 
 PROMPT = "def parse(path):\n    with open(path) as f:\n        return [line.split() for line in f]\n"
 
@@ -47,7 +49,7 @@ def main() -> None:
     if args.what == "logits":
         target, out = args.files
         with Model(target, ngl, placement=placement) as m:
-            # one snapshot plane, as SpecPair gives a hybrid target under -sm tensor (see pair.py)
+            # one snapshot plane, as the engine gives a hybrid target under -sm tensor (see engine.py)
             params = replace(params, n_rs_seq=1 if m.is_recurrent else 0)
         with Model(target, ngl, placement=placement) as m, Context(m, params) as ctx, Batch(ctx) as b:
             tokens = m.tokenize(PROMPT)
@@ -61,9 +63,10 @@ def main() -> None:
             proposer = DFlashProposer(tctx, dctx, dflash_info(dm.meta))
             tokens = tm.tokenize(PROMPT)
             tctx.decode(b.add_tokens(tokens, 0, outputs="last"))
-            proposer.capture(len(tokens), 0)
+            proposer.observe([Span(0, 0, len(tokens), 0)])
             proposer.flush()
-            drafts = proposer.propose(int(tokens[-1]), len(tokens), 7)
+            seq = Sequence(0, tokens, 8, id_last=int(tokens[-1]), pos=len(tokens))
+            drafts = proposer.propose([seq], 7)[0].tokens
             print("drafts", " ".join(map(str, drafts)))
 
 

@@ -202,9 +202,9 @@ def _dense(pairs, *args: str, spec: bool = True):
 
 # (id, options, what llama.cpp did with them, needle); the tiny draft's block is 8: n_max 7
 BAD_OPTIONS = [
-    ("ubatch_below_noise_block", ("-ub", "4"), "abort: non-causal ubatch", "(-ub)"),
-    ("batch_below_verify_block", ("-b", "1"), "error after output began", "(-b)"),
-    ("context_below_one_block", ("-c", "1"), "error after output began", "context size 1 (-c)"),
+    ("ubatch_below_noise_block", ("-ub", "4"), "abort: non-causal ubatch", "-ub: physical batch size 4"),
+    ("batch_below_verify_block", ("-b", "1"), "error after output began", "-b: batch size 1"),
+    ("context_below_one_block", ("-c", "1"), "error after output began", "-c: context size 1"),
     ("context_wraps_32_bits", ("-c", "4294967296"), "silently the training context", "(-c)"),
     ("batch_wraps_32_bits", ("-b", "4294967297"), "wrapped to 1", "(-b)"),
     ("context_beyond_memory", ("-c", "1000000000"), "a minute of allocation, bad_alloc", "memory is available"),

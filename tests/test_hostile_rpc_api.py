@@ -207,7 +207,8 @@ API_SCRIPT = textwrap.dedent('''
     from ggspec.errors import ClosedError
     from ggspec.runtime import Batch, Context, ContextParams, Model
     from ggspec.speculative.loop import generate_greedy, generate_spec
-    from ggspec.speculative.pair import PairConfig, SpecPair
+    from ggspec.speculative.engine import Engine
+    from ggspec.speculative.models import PairConfig
 
     target, draft = sys.argv[1:3]
     params = ContextParams(n_ctx=256)
@@ -244,12 +245,12 @@ API_SCRIPT = textwrap.dedent('''
     case("context_after_its_model_closed", lambda: other.logits())
     case("batch_after_its_context_closed", lambda: b.clear())
 
-    sp = SpecPair(PairConfig(target=target, draft=draft, ctx=params))
-    list(generate_spec(sp.target, sp.proposer, toks, 4, sp.n_max, ignore_eos=True))
+    sp = Engine.open(PairConfig(target=target, draft=draft, ctx=params))
+    list(generate_spec(sp, toks, 4, ignore_eos=True))
     sp.close()
     sp.close()
-    case("pair_generate_spec", lambda: list(generate_spec(sp.target, sp.proposer, toks, 4, sp.n_max, ignore_eos=True)))
-    case("pair_generate_greedy", lambda: list(generate_greedy(sp.target, toks, 4, ignore_eos=True)))
+    case("pair_generate_spec", lambda: list(generate_spec(sp, toks, 4, ignore_eos=True)))
+    case("pair_generate_greedy", lambda: list(generate_greedy(sp, toks, 4, ignore_eos=True)))
     case("pair_reset", lambda: sp.reset())
     case("pair_tokenize", lambda: sp.target_model.tokenize("x"))
     print(json.dumps(results))

@@ -13,7 +13,8 @@ from ggspec.runtime import ContextParams
 from ggspec.speculative.dflash import INJECT_MODES
 from ggspec.testing.forced import ForcedAcceptance, cycle_lengths
 from ggspec.speculative.loop import generate_greedy, generate_spec
-from ggspec.speculative.pair import PairConfig, SpecPair
+from ggspec.speculative.engine import Engine
+from ggspec.speculative.models import PairConfig
 
 N_MAX, N_PREDICT = 7, 96
 CTX = ContextParams(n_ctx=1024, n_batch=256, n_ubatch=256, type_k="f32", type_v="f32", flash_attn="off")
@@ -26,12 +27,12 @@ class Recording(ForcedAcceptance):
         super().__init__(*args)
         self.proposals: list[list[int]] = []
 
-    def propose(self, id_last, pos, n):
-        real = self.inner.propose(id_last, pos, n)
-        self.proposals.append(real.tolist())
+    def propose(self, seqs, n):
+        real = self.inner.propose(seqs, n)
+        self.proposals.append([d.tokens.tolist() for d in real])
         self.inner.propose = lambda *a: real  # the forced proposal below reuses this one draft
         try:
-            return super().propose(id_last, pos, n)
+            return super().propose(seqs, n)
         finally:
             del self.inner.propose
 
@@ -39,15 +40,15 @@ class Recording(ForcedAcceptance):
 def _run(pair, mode: str, texts):
     cfg = PairConfig(target=pair.target, draft=pair.draft, dflash=True, n_max=N_MAX, ctx=CTX, inject=mode)
     outputs, proposals = [], []
-    with SpecPair(cfg) as sp:
+    with Engine.open(cfg) as sp:
         for i, text in enumerate(texts):
             prompt = sp.target_model.tokenize(text)
             sp.reset()
-            ref = [t for s in generate_greedy(sp.target, prompt, N_PREDICT, ignore_eos=True) for t in s.tokens]
+            ref = [t for s in generate_greedy(sp, prompt, N_PREDICT, ignore_eos=True) for t in s.tokens]
             sp.reset()
             lengths = itertools.islice(cycle_lengths(N_MAX), i, None)
             rec = Recording(sp.proposer, np.concatenate([prompt, ref]), lengths, sp.target_model.n_vocab)
-            out = [t for s in generate_spec(sp.target, rec, prompt, N_PREDICT, N_MAX, ignore_eos=True) for t in s.tokens]
+            out = [t for s in generate_spec(sp, prompt, N_PREDICT, proposer=rec, ignore_eos=True) for t in s.tokens]
             assert out == ref, f"{mode}: output differs from plain greedy on prompt {i}"
             outputs.append(out)
             proposals.append(rec.proposals)

@@ -127,13 +127,14 @@ def test_dflash_is_lossless(arch, proposer, arch_pairs):
     0..n_max happen."""
     from ggspec.testing.forced import ForcedAcceptance, cycle_lengths
     from ggspec.testing.oracle import run_prompts
-    from ggspec.speculative.pair import PairConfig, SpecPair
+    from ggspec.speculative.engine import Engine
+    from ggspec.speculative.models import PairConfig
     from ggspec.speculative.stats import merge
 
     pair = arch_pairs[arch]
     cfg = PairConfig(target=pair.target, draft=pair.draft, dflash=True, n_max=N_MAX, ctx=EXACT)
-    with SpecPair(cfg) as sp:
-        assert sp.speculative and list(sp.info.target_layers) == list(pair.spec.draft_target_layers)
+    with Engine.open(cfg) as sp:
+        assert sp.speculative and list(sp.plan.info.target_layers) == list(pair.spec.draft_target_layers)
         make = None
         if proposer == "forced":
             offsets = itertools.count()

@@ -21,7 +21,8 @@ from conftest import PROMPTS
 from ggspec.runtime import ContextParams
 from ggspec.testing.forced import ForcedAcceptance, cycle_lengths
 from ggspec.testing.oracle import run_prompts
-from ggspec.speculative.pair import PairConfig, SpecPair
+from ggspec.speculative.engine import Engine
+from ggspec.speculative.models import PairConfig
 from ggspec.speculative.stats import merge
 
 N_PREDICT = 128
@@ -30,11 +31,11 @@ EXACT = ContextParams(n_ctx=1024, n_batch=256, n_ubatch=256, n_threads=1, type_k
                       flash_attn="off")
 
 
-def _open(pair) -> SpecPair:
-    return SpecPair(PairConfig(target=pair.target, draft=pair.draft, dflash=True, n_max=N_MAX, ctx=EXACT))
+def _open(pair) -> Engine:
+    return Engine.open(PairConfig(target=pair.target, draft=pair.draft, dflash=True, n_max=N_MAX, ctx=EXACT))
 
 
-def _forced(sp: SpecPair, offsets):
+def _forced(sp: Engine, offsets):
     """A proposer factory forcing acceptance lengths 0..n_max, each prompt starting elsewhere."""
     def make(prompt, plain):
         lengths = itertools.islice(cycle_lengths(N_MAX), next(offsets), None)
@@ -67,11 +68,21 @@ def test_speculative_equals_greedy(kind, proposer, request, build_info):
 def test_gate_catches_an_off_by_one_accept(dense_pair, build_info, monkeypatch):
     """The gate has teeth: accepting one draft too many changes the output, and the margin
     there classifies it as a real divergence, not a near-tie."""
-    import ggspec.speculative.loop as loop
+    from ggspec.speculative.verifier import GreedyVerifier, Outcome
 
-    real_accept = loop.accept_greedy
-    monkeypatch.setattr(loop, "accept_greedy", lambda d, t: min(len(d), real_accept(d, t) + 1))
+    class OffByOne(GreedyVerifier):
+        """Accepts one draft more than the target agrees with (a broken acceptance rule)."""
+
+        def verify(self, logits, spans):
+            out = []
+            for (seq, draft, row0), o in zip(spans, super().verify(logits, spans)):
+                a = min(len(draft), o.accepted + 1)
+                rows = logits[row0:row0 + len(draft) + 1].argmax(axis=1)
+                out.append(Outcome(a, [int(t) for t in draft.tokens[:a]] + [int(rows[a])]))
+            return out
+
     with _open(dense_pair) as sp:
+        sp.verifier = OffByOne()
         (run,) = run_prompts(sp, PROMPTS[:1], N_PREDICT, _forced(sp, itertools.count()))
     assert run.divergence is not None, "an off-by-one acceptance went unnoticed"
     assert not run.divergence.benign, run.divergence.describe()
@@ -89,7 +100,7 @@ def test_capped_planes_are_lossless(planes, lead, proposer, hybrid_pair, build_i
 
     cfg = PairConfig(target=hybrid_pair.target, draft=hybrid_pair.draft, dflash=True, n_max=N_MAX, ctx=EXACT,
                      planes=PlaneOptions(planes, lead))
-    with SpecPair(cfg) as sp:
+    with Engine.open(cfg) as sp:
         make = _forced(sp, itertools.count()) if proposer == "forced" else None
         runs = list(run_prompts(sp, PLANE_PROMPTS, N_PREDICT, make))
     failures = [f"prompt {i}: {r.divergence.describe()}" for i, r in enumerate(runs) if r.divergence]
@@ -118,11 +129,11 @@ def test_no_state_leaks_across_prompts(planes, hybrid_pair, build_info):
         forced = ForcedAcceptance(sp.proposer, np.concatenate([prompt, ref]), cycle_lengths(N_MAX),
                                   sp.target_model.n_vocab)
         return [(s.tokens, s.accepted, s.replayed)
-                for s in generate_spec(sp.target, forced, prompt, N_PREDICT, sp.n_max, ignore_eos=True)]
+                for s in generate_spec(sp, prompt, N_PREDICT, proposer=forced, ignore_eos=True)]
 
-    with SpecPair(cfg) as sp:
+    with Engine.open(cfg) as sp:
         alone = steps_of(sp, PROMPTS[3])
-    with SpecPair(cfg) as sp:
+    with Engine.open(cfg) as sp:
         steps_of(sp, PROMPTS[7])  # an unrelated request first
         after = steps_of(sp, PROMPTS[3])
     assert after == alone

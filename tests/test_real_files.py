@@ -53,11 +53,12 @@ def test_a_draft_reading_the_mtp_block_is_refused(fixture_dir, tmp_path):
 def test_mtp_target_runs_lossless(fixture_dir, build_info):
     """The MTP block is loaded but never run: speculation over the trunk equals plain greedy."""
     from ggspec.testing.oracle import run_prompts
-    from ggspec.speculative.pair import PairConfig, SpecPair
+    from ggspec.speculative.engine import Engine
+    from ggspec.speculative.models import PairConfig
 
     pair = ensure_tiny_pair(fixture_dir, "hybrid-mtp")
     ctx = ContextParams(n_ctx=512, n_batch=128, n_ubatch=128, n_threads=1, type_k="f32", type_v="f32", flash_attn="off")
-    with SpecPair(PairConfig(target=pair.target, draft=pair.draft, dflash=True, n_max=7, ctx=ctx)) as sp:
+    with Engine.open(PairConfig(target=pair.target, draft=pair.draft, dflash=True, n_max=7, ctx=ctx)) as sp:
         assert sp.target_model.n_layer == 4 and sp.target_model.is_recurrent
         runs = list(run_prompts(sp, PROMPTS[:4], 48, None))
     failures = [f"prompt {i}: {r.divergence.describe()}" for i, r in enumerate(runs) if r.divergence]

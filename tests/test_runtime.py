@@ -9,9 +9,11 @@ from ggspec.errors import LlamaError
 from ggspec.files import file_sha256
 from ggspec.fixtures.tiny import write_tiny_pair
 from ggspec.runtime import Batch, Context, ContextParams, Model
-from ggspec.speculative.accept import accept_greedy
+from ggspec.speculative.verifier import accept_greedy
 from ggspec.speculative.loop import generate_spec
-from ggspec.speculative.pair import PairConfig, SpecPair
+from ggspec.speculative.engine import Engine
+from ggspec.speculative.models import Models, PairConfig
+from ggspec.speculative.sequence import Sequence
 from ggspec.speculative.stats import summarize
 
 
@@ -57,8 +59,8 @@ def test_layer_inputs_shape(dense_model, dense_pair):
 def test_layer_input_rows_go_straight_into_a_batch(dense_pair, build_info):
     """The shim's zero-copy filler injects exactly what a copy through numpy would."""
     cfg = PairConfig(target=dense_pair.target, draft=dense_pair.draft, n_max=7)
-    with SpecPair(cfg) as a, SpecPair(cfg, share_models=a) as b:
-        layers = a.info.target_layers
+    with Models(cfg) as models, Engine(models, cfg) as a, Engine(models, cfg) as b:
+        layers = a.plan.info.target_layers
         prompt = a.target_model.tokenize("def main():\n    print('hi')\n")
         n = len(prompt)
         drafts = []
@@ -70,7 +72,7 @@ def test_layer_input_rows_go_straight_into_a_batch(dense_pair, build_info):
                 else:
                     db.add_embd_rows(sp.target.layer_inputs(layers, n)[1:], 1)
                 sp.draft_ctx.decode(db)
-            drafts.append(sp.proposer.propose(int(prompt[-1]), n, 7))
+            drafts.append(sp.proposer.propose([Sequence(0, prompt, 8, id_last=int(prompt[-1]), pos=n)], 7)[0].tokens)
             drafts.append(sp.draft_ctx.logits().copy())
         assert np.array_equal(drafts[0], drafts[2]) and np.array_equal(drafts[1], drafts[3])
 
@@ -98,9 +100,9 @@ def test_accept_greedy(draft, target, want):
 
 def test_step_stats_are_consistent(dense_pair, build_info):
     cfg = PairConfig(target=dense_pair.target, draft=dense_pair.draft, n_max=7)
-    with SpecPair(cfg) as sp:
+    with Engine.open(cfg) as sp:
         prompt = sp.target_model.tokenize("import os\n")
-        steps = list(generate_spec(sp.target, sp.proposer, prompt, 64, sp.n_max, ignore_eos=True))
+        steps = list(generate_spec(sp, prompt, 64, ignore_eos=True))
     stats = summarize(steps)
     assert steps[0].kind == "prefill" and stats.n_generated == 64
     for s in steps[1:]:
@@ -113,8 +115,8 @@ def test_step_stats_are_consistent(dense_pair, build_info):
 
 
 def test_n_max_is_clamped_to_the_block_size(dense_pair, build_info):
-    with SpecPair(PairConfig(target=dense_pair.target, draft=dense_pair.draft, n_max=15)) as sp:
-        assert sp.n_max == 7 and "block size 8" in sp.warnings[0]
+    with Engine.open(PairConfig(target=dense_pair.target, draft=dense_pair.draft, n_max=15)) as sp:
+        assert sp.n_max == 7 and "at most 7" in sp.warnings[0]
 
 
 def test_fixtures_are_deterministic(tmp_path, dense_pair):
@@ -130,24 +132,26 @@ def test_draft_cache_holds_exactly_the_committed_positions(kind, request, build_
     from ggspec.speculative.loop import generate_greedy
 
     pair = request.getfixturevalue(f"{kind}_pair")
-    with SpecPair(PairConfig(target=pair.target, draft=pair.draft, n_max=7)) as sp:
+    with Engine.open(PairConfig(target=pair.target, draft=pair.draft, n_max=7)) as sp:
         prompt = sp.target_model.tokenize("for i in range(10):")
-        ref = [t for s in generate_greedy(sp.target, prompt, 48, ignore_eos=True) for t in s.tokens]
+        ref = [t for s in generate_greedy(sp, prompt, 48, ignore_eos=True) for t in s.tokens]
         sp.reset()
         forced = ForcedAcceptance(sp.proposer, np.concatenate([prompt, ref]), cycle_lengths(7),
                                   sp.target_model.n_vocab)
         seen = []
 
-        def propose(id_last, pos, n):
-            assert sp.draft_ctx.pos_max() == pos - 1  # flushed: every committed row, nothing else
-            assert sp.target.pos_max() == pos - 1  # the target holds the same committed prefix
+        def propose(seqs, n):
+            (seq,) = seqs
+            pos = seq.pos
+            assert sp.draft_ctx.pos_max(seq.seq_id) == pos - 1  # flushed: every committed row, nothing else
+            assert sp.target.pos_max(seq.seq_id) == pos - 1  # the target holds the same committed prefix
             seen.append(pos)
-            out = ForcedAcceptance.propose(forced, id_last, pos, n)
-            assert sp.draft_ctx.pos_max() == pos - 1  # the noise block was removed
+            out = ForcedAcceptance.propose(forced, seqs, n)
+            assert sp.draft_ctx.pos_max(seq.seq_id) == pos - 1  # the noise block was removed
             return out
 
         forced.propose = propose
-        list(generate_spec(sp.target, forced, prompt, 48, 7, ignore_eos=True))
+        list(generate_spec(sp, prompt, 48, proposer=forced, ignore_eos=True))
         assert len(seen) > 5
 
 

@@ -11,7 +11,8 @@ import pytest
 from ggspec.pairs import get_entry, resolve
 from ggspec.runtime import ContextParams
 from ggspec.testing.oracle import run_prompts
-from ggspec.speculative.pair import PairConfig, SpecPair
+from ggspec.speculative.engine import Engine
+from ggspec.speculative.models import PairConfig
 from ggspec.speculative.stats import merge
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
@@ -24,7 +25,7 @@ N_PROMPTS, N_PREDICT = 20, 128
 def runs(build_info):
     files = resolve(get_entry("tiny-coder"))
     ctx = ContextParams(n_ctx=1024, type_k="f32", type_v="f32", flash_attn="off")
-    with SpecPair(PairConfig(target=files.target, draft=files.draft, n_max=7, ctx=ctx)) as sp:
+    with Engine.open(PairConfig(target=files.target, draft=files.draft, n_max=7, ctx=ctx)) as sp:
         return list(run_prompts(sp, heldout_prompts(N_PROMPTS), N_PREDICT))
 
 

@@ -7,6 +7,10 @@ patch 0005 gives it a full-resolution decode timer and, as a benchmark device, f
 (GGSPEC_BENCH_FORCED: the target's own greedy continuation corrupted where a profile says).
 Patch 0007 gives llama-completion the same timer line: the wall clock of its decode loop, from
 the first sampled token on (what ggspec's plain decode time measures too).
+Patch 0009 makes the speculative loop write every draft call's tokens to the file named by
+GGSPEC_BENCH_DRAFTS, one line per call: "<pos> <id_last> : <d1> ... <dn>" (pos: the target
+position of id_last; draft token i goes to pos + 1 + i; an empty draft ends at the colon). The
+drafts are what the speculative implementation proposed, before any forced replacement.
 
 Why llama-completion for the plain row: llama-speculative-simple refuses to run without a
 speculator, llama-cli is a chat client of the server in this tree, and llama-simple cannot be
@@ -18,7 +22,8 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-from dataclasses import dataclass
+import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ggspec.errors import InputError, LlamaError
@@ -30,6 +35,12 @@ _DECODED = re.compile(r"ggspec-bench: decoded (\d+) tokens in (\d+) us")  # patc
 _DRAFTED = re.compile(r"n_drafted\s*=\s*(\d+)")
 _ACCEPTED = re.compile(r"n_accept\s*=\s*(\d+)")
 
+# llama.cpp's --spec-type names run_cpp accepts; the draft-* types need a draft file, ngram-simple
+# drafts from the context itself (n_max is its m-gram size)
+SPEC_TYPES = ("draft-dflash", "draft-dspark", "ngram-simple")
+DRAFTS_ENV = "GGSPEC_BENCH_DRAFTS"  # patch 0009
+_ENV_DROPPED = ("LLAMA_ARG_SPEC_DFLASH_DEFER", "GGSPEC_BENCH_FORCED", DRAFTS_ENV)
+
 
 @dataclass
 class CppResult:
@@ -39,6 +50,11 @@ class CppResult:
     seconds: float = 0.0
     drafted: int = 0
     accepted: int = 0
+    # with dump_drafts: every draft call of the loop, in order, as (pos, tokens) -- pos is the
+    # target position of the token drafted from (id_last), draft token i goes to pos + 1 + i --
+    # and the id_last of each call (same order)
+    drafts: list[tuple[int, list[int]]] = field(default_factory=list)
+    draft_anchors: list[int] = field(default_factory=list)
 
     def add(self, other: "CppResult") -> None:
         self.n_decoded += other.n_decoded
@@ -87,24 +103,76 @@ def _text(stdout: str, prompt: str) -> str:
     return text[:-4] if text.endswith("\n\n\n\n") else text[:-2] if text.endswith("\n\n") else text
 
 
-def run_cpp(tool: Path, target: Path, draft: Path, prompt: str, n: int, n_max: int, *, defer: bool,
+def parse_drafts(text: str) -> tuple[list[tuple[int, list[int]]], list[int]]:
+    """A GGSPEC_BENCH_DRAFTS file (patch 0009): the (pos, tokens) of every draft call and the
+    id_last of each. A line that does not parse raises LlamaError."""
+    drafts: list[tuple[int, list[int]]] = []
+    anchors: list[int] = []
+    for i, line in enumerate(text.splitlines(), 1):
+        head, sep, tail = line.partition(":")
+        try:
+            pos, id_last = (int(x) for x in head.split())
+            tokens = [int(x) for x in tail.split()]
+        except ValueError:
+            raise LlamaError(f"{DRAFTS_ENV} line {i} is not '<pos> <id_last> : <tokens>': {line!r}") from None
+        if not sep:
+            raise LlamaError(f"{DRAFTS_ENV} line {i} is not '<pos> <id_last> : <tokens>': {line!r}")
+        drafts.append((pos, tokens))
+        anchors.append(id_last)
+    return drafts, anchors
+
+
+def run_cpp(tool: Path, target: Path, draft: Path | None, prompt: str, n: int, n_max: int, *, defer: bool,
             n_ctx: int = 2048, ctk: str = "f16", ctv: str = "f16", flash_attn: str = "off", threads: int = 1,
-            forced: Path | None = None, timeout: float = 600) -> CppResult:
-    """One greedy DFlash run of llama.cpp's loop. `forced`: a GGSPEC_BENCH_FORCED file."""
-    env = {k: v for k, v in os.environ.items() if k not in ("LLAMA_ARG_SPEC_DFLASH_DEFER", "GGSPEC_BENCH_FORCED")}
+            forced: Path | None = None, timeout: float = 600, spec_type: str = "draft-dflash",
+            p_min: float | None = None, ngram_size_n: int | None = None,
+            dump_drafts: bool = False) -> CppResult:
+    """One greedy run of llama.cpp's speculative loop with `spec_type` (one of SPEC_TYPES; the
+    draft-* types need `draft`, ngram-simple takes none and drafts m-grams of `n_max` tokens after
+    an `ngram_size_n`-token match). `forced`: a GGSPEC_BENCH_FORCED file. `p_min`:
+    --spec-draft-p-min (DSpark: the confidence threshold; llama.cpp's default is 0). With
+    `dump_drafts`, the result carries every draft call's tokens (patch 0009)."""
+    if spec_type not in SPEC_TYPES:
+        raise InputError(f"--spec-type {spec_type}: expected one of {', '.join(SPEC_TYPES)}")
+    needs_draft = spec_type.startswith("draft-")
+    if needs_draft and draft is None:
+        raise InputError(f"--spec-type {spec_type} needs a draft model")
+    if not needs_draft and draft is not None:
+        raise InputError(f"--spec-type {spec_type} takes no draft model")
+    env = {k: v for k, v in os.environ.items() if k not in _ENV_DROPPED}
     if defer:
         env["LLAMA_ARG_SPEC_DFLASH_DEFER"] = "1"
     if forced is not None:
         env["GGSPEC_BENCH_FORCED"] = str(forced)
-    cmd = [str(tool), "-m", str(target), "-md", str(draft), "--spec-type", "draft-dflash",
-           "--spec-draft-n-max", str(n_max), "-p", prompt, "-n", str(n), "--temp", "0",
-           "-t", str(threads), "-td", str(threads), "-c", str(n_ctx), "-ctk", ctk, "-ctv", ctv,
-           "--ignore-eos", "-fa", flash_attn]
-    proc = _run(tool, cmd, env, timeout)
+    cmd = [str(tool), "-m", str(target)]
+    if draft is not None:
+        cmd += ["-md", str(draft)]
+    cmd += ["--spec-type", spec_type, "--spec-draft-n-max", str(n_max)]
+    if spec_type == "ngram-simple":
+        cmd += ["--spec-ngram-simple-size-m", str(n_max)]
+        if ngram_size_n is not None:
+            cmd += ["--spec-ngram-simple-size-n", str(ngram_size_n)]
+    if p_min is not None:
+        cmd += ["--spec-draft-p-min", str(p_min)]
+    cmd += ["-p", prompt, "-n", str(n), "--temp", "0",
+            "-t", str(threads), "-td", str(threads), "-c", str(n_ctx), "-ctk", ctk, "-ctv", ctv,
+            "--ignore-eos", "-fa", flash_attn]
+    with tempfile.TemporaryDirectory(prefix="ggspec-drafts-") as tmp:
+        dump = Path(tmp) / "drafts.txt"
+        if dump_drafts:
+            env[DRAFTS_ENV] = str(dump)
+        proc = _run(tool, cmd, env, timeout)
+        if dump_drafts:
+            if not dump.is_file():
+                raise LlamaError(f"{tool.name} wrote no draft dump (is patch 0009 applied?)")
+            drafts, anchors = parse_drafts(dump.read_text())
+        else:
+            drafts, anchors = [], []
     n_decoded, seconds = _decoded(tool, proc, "0005")
     drafted, accepted = _DRAFTED.search(proc.stderr), _ACCEPTED.search(proc.stderr)
     return CppResult(_text(proc.stdout, prompt), n_decoded, seconds,
-                     int(drafted.group(1)) if drafted else 0, int(accepted.group(1)) if accepted else 0)
+                     int(drafted.group(1)) if drafted else 0, int(accepted.group(1)) if accepted else 0,
+                     drafts, anchors)
 
 
 def run_plain(tool: Path, target: Path, prompt: str, n: int, *, n_ctx: int = 2048, ctk: str = "f16",

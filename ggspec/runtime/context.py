@@ -49,7 +49,8 @@ class ContextParams:
     type_v: str = "f16"
     flash_attn: str = "auto"  # auto | on | off
     n_rs_seq: int = 0  # recurrent-state planes per sequence kept for rollback
-    n_seq_max: int = 1
+    n_seq_max: int = 1  # sequences decoded together (one per parallel slot)
+    kv_unified: bool = False  # one cache shared by all sequences (else n_ctx / n_seq_max each)
 
     def validate(self) -> None:
         for flag, name in (("-ctk", self.type_k), ("-ctv", self.type_v)):
@@ -85,7 +86,7 @@ class Context(OwnedHandle):
                  what: str = "model") -> None:
         params.validate()
         if model.n_gpu_layers == 0 and not model.placement.multi_device:  # all of it in this machine's memory
-            check_memory([(model.meta, 1 + params.n_rs_seq)], params.n_ctx, params.type_k, params.type_v,
+            check_memory([(model.meta, (1 + params.n_rs_seq) * params.n_seq_max)], params.n_ctx, params.type_k, params.type_v,
                          min(params.n_ubatch, params.n_batch))
         self.model = model  # held so the model outlives this context
         self.other = ctx_other  # likewise: a draft reads the target's tensors through ctx_other
@@ -97,6 +98,7 @@ class Context(OwnedHandle):
         cp.n_ubatch = min(params.n_ubatch, params.n_batch)
         cp.n_seq_max = params.n_seq_max
         cp.n_rs_seq = params.n_rs_seq
+        cp.kv_unified = params.kv_unified
         cp.n_threads = params.n_threads
         cp.n_threads_batch = params.n_threads
         cp.type_k = CACHE_TYPES[params.type_k]
@@ -115,6 +117,9 @@ class Context(OwnedHandle):
         self.n_batch: int = self.lc.llama_n_batch(ptr)
         self.n_ubatch: int = self.lc.llama_n_ubatch(ptr)
         self.n_rs_seq: int = self.lc.llama_n_rs_seq(ptr)
+        self.n_ctx_seq: int = self.lc.llama_n_ctx_seq(ptr)  # positions one sequence may hold
+        self.n_seq_max: int = params.n_seq_max
+        self.n_decodes = 0  # llama_process calls so far (the engine counts calls per step)
         self.n_vocab = model.n_vocab
         self._n_outputs = 0
         self._n_rows = 0  # rows of the last decode
@@ -130,6 +135,7 @@ class Context(OwnedHandle):
         watchdog.begin()  # watched only while RPC workers are in use
         try:
             rc = self.lc.llama_process(self.ptr, self.lc.LLAMA_PROCESS_TYPE_DECODE, batch.ptr)
+            self.n_decodes += 1
         finally:
             watchdog.end()
         if rc != 0:
@@ -190,6 +196,22 @@ class Context(OwnedHandle):
             out[:, k * n_embd:(k + 1) * n_embd] = src
         return out
 
+    # --- the draft's "nextn" output rows (DFlash2 selector lattice, DSpark confidence) ------------
+
+    def enable_nextn(self, masked: bool) -> None:
+        """Extract the graph's nextn rows on every decode: all batch rows (masked False) or only
+        the output rows (masked True)."""
+        self.lc._lib.ggspec_set_embeddings_nextn(self.ptr, True, masked)
+
+    def nextn_view(self, n_rows: int) -> np.ndarray:
+        """The last decode's nextn rows, shape (n_rows, n_embd): a view valid until the next decode."""
+        if n_rows > self._n_rows:
+            raise LlamaError(f"{n_rows} nextn rows requested, the last decode had {self._n_rows}")
+        ptr = self.lc._lib.ggspec_get_embeddings_nextn(self.ptr)
+        if not ptr:
+            raise LlamaError("the last decode produced no nextn rows (enable_nextn before decoding)")
+        return np.ctypeslib.as_array(ptr, shape=(n_rows, self.model.n_embd))
+
     def set_causal_attn(self, causal: bool) -> None:
         self.lc.llama_set_causal_attn(self.ptr, causal)
 
@@ -246,6 +268,10 @@ class Context(OwnedHandle):
     def recurrent_state_bytes(self, seq_id: int = 0) -> int:
         """Bytes of one recurrent state (one plane) of a sequence."""
         return int(self.lc.llama_state_seq_get_size_ext(self.ptr, seq_id, self.lc.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY))
+
+    def drop_sequence(self, seq_id: int) -> None:
+        """Free every cell of a sequence (it finished or was cancelled)."""
+        self.lc.llama_memory_seq_rm(self.memory, seq_id, -1, -1)
 
     def remove(self, p0: int, seq_id: int = 0) -> None:
         """Drop positions >= p0 from a non-recurrent cache (e.g. the draft's noise block)."""

@@ -1,18 +1,26 @@
-"""The DFlash proposer: a block-diffusion draft that reads the target's layer-input features.
+"""The DFlash family of proposers: block-diffusion drafts that read the target's layer inputs.
 
-The draft context keeps, in its KV cache, one entry per *committed* target position, built from
-the target's layer-input features of that position (an embedding batch). To propose, it decodes
-the noise block `[id_last, MASK x n]` at the next positions in one non-causal pass, reads the n
-greedy tokens from rows 1..n, and removes the block again.
+The draft context keeps, in its KV cache, one entry per *committed* target position of each
+sequence, built from the target's layer-input features of that position (an embedding batch). To
+propose, it decodes every drafting sequence's noise block `[id_last, MASK x n]` in one
+non-causal call, reads the drafts, and removes the blocks again. The members differ only in how
+the drafts are read from that call:
+- DFlash: the argmax of output rows 1..n;
+- DFlash2: a walk over the selector lattice the draft's graph packs into its "nextn" rows
+  (per block position: top-k candidate ids and the transition scores from each candidate of the
+  previous position; position 1's predecessor is the anchor), as llama.cpp's own loop does;
+- DSpark: an anchor-first block `[id_last, MASK x (n-1)]` whose rows 0..n-1 are the drafts (the
+  graph adds a Markov bias chained over the block), with a per-row confidence in its nextn rows.
+Every sequence's block has the same length: the DFlash2 and DSpark graphs require equal blocks.
 
 How the target's feature rows reach the draft cache (`inject`):
-- "pruned" (default): rows are queued, the rejected ones dropped at acceptance, and the committed
-  ones injected in one call just before the next draft: never more work than the others, and
-  nothing has to be removed from the draft cache after a rejection;
-- "deferred": seed 004's stash: every verify row is queued and injected before the next draft,
-  then the rejected ones are removed;
+- "pruned" (default): rows are queued, the rejected ones dropped at commit, and the committed
+  ones injected in one call just before the target's next decode or the next draft: never more
+  work than the others, and nothing has to be removed from the draft cache after a rejection;
+- "deferred": seed 004's stash: every verify row is queued and injected at the next flush, then
+  the rejected ones are removed;
 - "immediate": upstream llama.cpp: every verify row is injected right away, and the rejected
-  ones removed at acceptance.
+  ones removed at commit.
 Draft proposals are bit-identical in every mode (injection is a per-row transform). Calls are
 chunked to the draft's n_ubatch because a larger non-causal call aborts llama.cpp.
 """
@@ -23,49 +31,72 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ggspec.errors import InputError
+from ggspec.errors import InputError, LlamaError
 from ggspec.runtime import Batch, Context
 from ggspec.runtime.gguf_meta import GGUFMeta
 from ggspec.speculative.archs import LAYER_INPUT_ARCHS
+from ggspec.speculative.proposer import Draft, Span
 
 INJECT_MODES = ("pruned", "deferred", "immediate")
+CONFIDENCE_TOP_K = 10  # llama.cpp's DFlash draft sampler: top-10, confidence = softmax over those
 
 
 @dataclass(frozen=True)
 class DFlashInfo:
-    """What ggspec needs from a DFlash draft's metadata."""
+    """What ggspec needs from a DFlash-family draft's metadata."""
 
     target_layers: tuple[int, ...]
     block_size: int
     mask_token: int
     causal: bool
+    selector_top_k: int = 0  # DFlash2: candidates per block position (0: not a DFlash2 draft)
+    dspark: bool = False  # a DSpark draft (Markov head)
+    sample_from_anchor: bool = True  # DSpark: row 0 of the block is the first draft
+    has_confidence: bool = False  # DSpark: a confidence head writes the nextn rows
 
     @property
-    def n_max_limit(self) -> int:
-        # The noise block is [id_last, MASK x (block_size - 1)]: at most block_size - 1 drafts.
-        return self.block_size - 1
+    def anchor_first(self) -> bool:
+        """The block is [id_last, MASK x (n-1)] and its rows 0..n-1 are the drafts."""
+        return self.dspark and self.sample_from_anchor
+
+    @property
+    def max_draft(self) -> int:
+        # in-place denoising yields block_size - 1 drafts; an anchor-first DSpark block, block_size
+        return self.block_size if self.anchor_first else self.block_size - 1
 
 
 def is_dflash(meta: GGUFMeta) -> bool:
     return meta.arch == "dflash"
 
 
+def _flag(value, default: bool) -> bool:
+    """A boolean key as llama.cpp reads it (a bool, or the text "true")."""
+    if value is None:
+        return default
+    return value is True or value == "true"
+
+
 def dflash_info(draft: GGUFMeta) -> DFlashInfo:
     """The draft's DFlash keys; their values were checked by ggspec.runtime.preflight."""
     if not is_dflash(draft):
-        raise InputError(f"--dflash: the draft is not a DFlash model (architecture '{draft.arch}'): {draft.path}")
+        raise InputError(f"the draft is not a DFlash model (architecture '{draft.arch}'): {draft.path}", field="draft")
     layers = draft.get("dflash.target_layers")
     if not layers:
-        raise InputError(f"DFlash draft has no dflash.target_layers: {draft.path}")
+        raise InputError(f"DFlash draft has no dflash.target_layers: {draft.path}", field="draft")
     mask = draft.get("tokenizer.ggml.mask_token_id")
     if mask is None:
-        raise InputError(f"DFlash draft has no mask token (tokenizer.ggml.mask_token_id): {draft.path}")
-    causal = draft.get("dflash.attention.causal", False)
+        raise InputError(f"DFlash draft has no mask token (tokenizer.ggml.mask_token_id): {draft.path}", field="draft")
+    dspark = "markov_w1.weight" in draft.tensors
     return DFlashInfo(
         target_layers=tuple(int(x) for x in layers),
         block_size=int(draft.get("dflash.block_size", 16)),
         mask_token=int(mask),
-        causal=bool(causal),
+        causal=_flag(draft.get("dflash.attention.causal"), False),
+        selector_top_k=int(draft.get("dflash.selector_top_k", 0) or 0) if "selector_hidden.weight" in draft.tensors else 0,
+        dspark=dspark,
+        sample_from_anchor=_flag(draft.get("dflash.sample_from_anchor"), True),
+        has_confidence=dspark and "conf_proj.weight" in draft.tensors
+        and _flag(draft.get("dflash.has_confidence_head"), True),
     )
 
 
@@ -99,88 +130,214 @@ def check_compatible(target: GGUFMeta, draft: GGUFMeta, info: DFlashInfo) -> Non
         raise InputError(f"draft block size {info.block_size} leaves no room for a draft token")
 
 
-class DFlashProposer:
-    """Proposes up to block_size - 1 tokens per step from the draft context."""
+def top_k_confidence(rows: np.ndarray, k: int = CONFIDENCE_TOP_K) -> np.ndarray:
+    """llama.cpp's DFlash draft confidence of each row's argmax: its softmax probability among
+    the row's k largest logits (the draft sampler keeps the top 10 before the softmax)."""
+    k = min(k, rows.shape[1])
+    top = np.partition(rows, -k, axis=1)[:, -k:]
+    return 1.0 / np.exp(top - top.max(axis=1, keepdims=True)).sum(axis=1)
 
-    def __init__(self, target: Context, draft: Context, info: DFlashInfo, inject: str = "pruned") -> None:
+
+class DFlashProposer:
+    """DFlash: drafts are the argmax of the noise block's rows 1..n (see the module docstring)."""
+
+    name = "draft-dflash"
+
+    def __init__(self, target: Context, draft: Context, info: DFlashInfo, inject: str = "pruned",
+                 p_min: float = 0.0) -> None:
         if inject not in INJECT_MODES:
-            raise InputError(f"--spec-dflash-inject {inject}: expected one of {', '.join(INJECT_MODES)}")
+            raise InputError(f"{inject}: expected one of {', '.join(INJECT_MODES)}", field="inject")
         self.target = target
         self.draft = draft
         self.info = info
         self.inject = inject
+        self.p_min = p_min
+        self.max_draft: int | None = info.max_draft
         target.enable_layer_inputs(info.target_layers)
         draft.set_causal_attn(info.causal)
+        self._setup_draft()
         self._batch = Batch(draft)
-        # Feature rows captured but not injected yet: (first position, row count). They are never
-        # copied out: they stay in the target's extraction buffer and go straight into the draft's
-        # batch (shim), so they must be injected before the target's next decode overwrites them.
-        self._rows: tuple[int, int] | None = None
-        self._drop_from: int | None = None  # deferred mode: rejected rows to remove after a flush
+        # Feature rows captured but not injected yet, per sequence: (first row, first position, row
+        # count). They are never copied out: they stay in the target's extraction buffer and go
+        # straight into the draft's batch (shim), so they must be injected before the target's next
+        # decode overwrites them: the engine calls flush() right before every target decode.
+        self._rows: dict[int, tuple[int, int, int]] = {}
+        self._drop_from: dict[int, int] = {}  # deferred mode: rejected rows to remove after a flush
+
+    def _setup_draft(self) -> None:
+        """Extra outputs the variant reads (DFlash needs none)."""
 
     # --- feature rows of target positions ---------------------------------------------------------
 
-    def capture(self, n_rows: int, pos0: int) -> None:
-        """The target's last decode computed the features of positions pos0.. in its first n_rows
-        rows. The caller must `flush()` before the target decodes again (loop.py does)."""
-        if not n_rows:
-            return
-        if self._rows is not None:
-            raise RuntimeError(f"feature rows of positions {self._rows[0]}.. were never injected "
-                               f"and the target has decoded again since (flush before every target decode)")
-        self._rows = (pos0, n_rows)
+    def begin(self, seq) -> None:
+        pass
+
+    def observe(self, spans: list[Span]) -> None:
+        for sp in spans:
+            if sp.seq_id in self._rows:
+                raise LlamaError(f"feature rows of sequence {sp.seq_id} were never injected and the target has "
+                                 "decoded again since (flush before every target decode)")
+            if sp.n_rows:
+                self._rows[sp.seq_id] = (sp.row0, sp.pos0, sp.n_rows)
         if self.inject == "immediate":
             self.flush()
 
-    def accept(self, n_committed: int, pos0: int) -> None:
-        """The verify batch captured at pos0 keeps only its first n_committed rows."""
+    def commit(self, seq, pos0: int, n_committed: int) -> None:
         drop_from = pos0 + n_committed
         if self.inject == "pruned":
-            if self._rows is not None:
-                first, n = self._rows
-                self._rows = (first, min(n, drop_from - first))
+            if seq.seq_id in self._rows:
+                row0, first, n = self._rows[seq.seq_id]
+                self._rows[seq.seq_id] = (row0, first, min(n, drop_from - first))
         elif self.inject == "deferred":
-            self._drop_from = drop_from
-        elif self.draft.pos_max() >= drop_from:  # immediate: the rows are in the cache already
-            self.draft.remove(drop_from)
+            self._drop_from[seq.seq_id] = drop_from
+        elif self.draft.pos_max(seq.seq_id) >= drop_from:  # immediate: the rows are in the cache already
+            self.draft.remove(drop_from, seq.seq_id)
 
-    def reset(self) -> None:
-        """Forget captured rows (the caller clears the draft cache)."""
-        self._rows = None
-        self._drop_from = None
-
-    def flush(self) -> int:
-        """Inject the captured rows into the draft cache; returns the number of rows injected."""
-        if self._rows is None:
-            return 0
-        pos0, n = self._rows
-        self._rows = None
-        chunk = self.draft.n_ubatch  # a non-causal call with more rows than n_ubatch aborts llama.cpp
-        for off in range(0, n, chunk):
-            self._batch.clear().add_layer_inputs(self.target, self.info.target_layers, off, min(chunk, n - off), pos0 + off)
+    def flush(self) -> None:
+        """Inject every captured row into the draft cache: one call for all sequences (more only
+        when the rows exceed the draft's n_ubatch)."""
+        if not self._rows:
+            return
+        pending = [(seq_id, row0, pos0, n) for seq_id, (row0, pos0, n) in self._rows.items() if n > 0]
+        self._rows.clear()
+        room = self.draft.n_ubatch  # a non-causal call with more rows than n_ubatch aborts llama.cpp
+        self._batch.clear()
+        for seq_id, row0, pos0, n in pending:
+            off = 0
+            while off < n:
+                take = min(n - off, room - self._batch.n_tokens)
+                self._batch.add_layer_inputs(self.target, self.info.target_layers, row0 + off, take, pos0 + off, seq_id)
+                off += take
+                if self._batch.n_tokens == room:
+                    self.draft.decode(self._batch)
+                    self._batch.clear()
+        if self._batch.n_tokens:
             self.draft.decode(self._batch)
-        if self._drop_from is not None:
-            self.draft.remove(self._drop_from)
-            self._drop_from = None
-        return n
+        for seq_id, drop_from in self._drop_from.items():
+            self.draft.remove(drop_from, seq_id)
+        self._drop_from.clear()
 
     # --- drafting --------------------------------------------------------------------------------
 
-    def propose(self, id_last: int, pos: int, n: int) -> np.ndarray:
-        """Draft n tokens following `id_last` (at position `pos`). The draft cache must hold
-        exactly the positions before `pos`: call `flush()` first."""
-        if n + 1 > self.draft.n_ubatch:  # a non-causal batch larger than one ubatch aborts llama.cpp
-            raise InputError(f"a noise block of {n + 1} rows does not fit the draft's physical batch size "
-                             f"{self.draft.n_ubatch} (-ub)")
-        block = np.full(n + 1, self.info.mask_token, dtype=np.int32)
+    def _block(self, id_last: int, n: int) -> np.ndarray:
+        """The noise block of one sequence for n drafts."""
+        rows = n if self.info.anchor_first else n + 1
+        block = np.full(rows, self.info.mask_token, dtype=np.int32)
         block[0] = id_last
-        # Every row is an output, as in llama.cpp's own loop: the DFlash graph returns logits for
-        # all block rows whatever the flags say, so asking for rows 1..n only would misalign them.
-        self._batch.clear().add_tokens(block, pos, outputs="all")
+        return block
+
+    def propose(self, seqs, n: int) -> list[Draft]:
+        """Draft n tokens after each sequence's last token (at its position), all blocks in one
+        decode. The draft cache must hold exactly each sequence's positions before it (the
+        engine flushes first)."""
+        if not seqs:
+            return []
+        rows = len(self._block(0, n))
+        if rows * len(seqs) > self.draft.n_ubatch:  # a non-causal batch larger than one ubatch aborts llama.cpp
+            raise InputError(f"{len(seqs)} noise blocks of {rows} rows do not fit the draft's physical batch size "
+                             f"{self.draft.n_ubatch}", field="n_ubatch")
+        self._batch.clear()
+        for seq in seqs:
+            self._batch.add_tokens(self._block(seq.id_last, n), seq.pos, seq.seq_id, outputs=self._outputs)
         self.draft.decode(self._batch)
-        tokens = self.draft.argmax_rows()[1:]  # row i predicts the token at position pos + i
-        self.draft.remove(pos)  # the noise block must not stay in the draft cache
-        return tokens
+        drafts = self._read(len(seqs), rows, n)
+        for seq in seqs:
+            self.draft.remove(seq.pos, seq.seq_id)  # the noise block must not stay in the draft cache
+        return drafts
+
+    # Every row is an output, as in llama.cpp's own loop: the DFlash graph returns logits for all
+    # block rows whatever the flags say, so asking for rows 1..n only would misalign them.
+    _outputs = "all"
+
+    def _read(self, n_seqs: int, rows: int, n: int) -> list[Draft]:
+        """Drafts from the last draft decode: n_seqs blocks of `rows` rows, in batch order."""
+        logits = self.draft.logits_view().reshape(n_seqs, rows, -1)[:, 1:]  # row i predicts position pos + i
+        tokens = logits.argmax(axis=2).astype(np.int32)
+        if self.p_min > 0:
+            conf = top_k_confidence(logits.reshape(n_seqs * n, -1)).reshape(n_seqs, n)
+            return [Draft(_cut(t, c < self.p_min)) for t, c in zip(tokens, conf)]
+        return [Draft(t) for t in tokens]
+
+    def release(self, seq) -> None:
+        self._rows.pop(seq.seq_id, None)
+        self._drop_from.pop(seq.seq_id, None)
+        self.draft.drop_sequence(seq.seq_id)
+
+    def reset(self) -> None:
+        """Forget captured rows and empty the draft cache."""
+        self._rows.clear()
+        self._drop_from.clear()
+        self.draft.clear()
 
     def close(self) -> None:
         self._batch.close()
+
+
+class DFlash2Proposer(DFlashProposer):
+    """DFlash2: the draft's graph packs a selector lattice into its nextn rows; each block
+    position row holds top_k candidate ids, then top_k x top_k transition scores (the scores of
+    every candidate given predecessor p start at top_k + p * top_k). The walk starts from
+    predecessor 0 (position 1's scores depend only on the anchor token) and follows the best
+    score; with a confidence cut-off it stops where the softmax of the scores at the chosen
+    candidate falls below p_min. This is the walk of the pinned common/speculative.cpp."""
+
+    # no logits: the lattice is all that is read (llama.cpp asks for no outputs either)
+    _outputs = "none"
+
+    def _setup_draft(self) -> None:
+        self.draft.enable_nextn(masked=False)  # every row of the block, not just output rows
+
+    def _read(self, n_seqs: int, rows: int, n: int) -> list[Draft]:
+        k = self.info.selector_top_k
+        lattice = self.draft.nextn_view(n_seqs * rows).reshape(n_seqs, rows, -1)
+        drafts = []
+        for blk in lattice:
+            cand = blk[1:, :k]  # (n, k) candidate ids as floats
+            scores = blk[1:, k:k + k * k].reshape(n, k, k)  # [position, predecessor, candidate]
+            out: list[int] = []
+            pred = 0
+            for i in range(n):
+                row = scores[i, pred]
+                best = int(row.argmax())
+                if self.p_min > 0 and 1.0 / np.exp(row - row[best]).sum() < self.p_min:
+                    break
+                out.append(int(cand[i, best]))
+                pred = best
+            drafts.append(Draft(np.asarray(out, dtype=np.int32)))
+        return drafts
+
+
+class DSparkProposer(DFlashProposer):
+    """DSpark: an anchor-first block (rows 0..n-1 are the drafts, the graph chains a Markov bias
+    over them), or with `sample_from_anchor` false a DFlash-shaped block; an optional confidence
+    head writes each row's confidence (broadcast over the nextn row; element 0 is read)."""
+
+    name = "draft-dspark"
+
+    def _setup_draft(self) -> None:
+        if self.p_min > 0:
+            self.draft.enable_nextn(masked=False)
+
+    def _read(self, n_seqs: int, rows: int, n: int) -> list[Draft]:
+        first = 0 if self.info.anchor_first else 1
+        logits = self.draft.logits_view().reshape(n_seqs, rows, -1)[:, first:first + n]
+        tokens = logits.argmax(axis=2).astype(np.int32)
+        if self.p_min <= 0:
+            return [Draft(t) for t in tokens]
+        conf = self.draft.nextn_view(n_seqs * rows).reshape(n_seqs, rows, -1)[:, first:first + n, 0]
+        return [Draft(_cut(t, c < self.p_min)) for t, c in zip(tokens, conf)]
+
+
+def _cut(tokens: np.ndarray, low: np.ndarray) -> np.ndarray:
+    """The drafts before the first low-confidence position."""
+    stop = np.flatnonzero(low)
+    return tokens[:stop[0]] if len(stop) else tokens
+
+
+def make_dflash_proposer(target: Context, draft: Context, info: DFlashInfo, inject: str, p_min: float):
+    """The family member the draft's metadata calls for."""
+    if info.dspark:
+        return DSparkProposer(target, draft, info, inject, p_min)
+    if info.selector_top_k > 0:
+        return DFlash2Proposer(target, draft, info, inject, p_min)
+    return DFlashProposer(target, draft, info, inject, p_min)

@@ -101,7 +101,7 @@ class AutoLead:
     """Picks the lead from the running (decayed) histogram of accepted counts so as to minimise
     the expected replay cost, with hysteresis: a layout change may rebuild the target's graph, so
     it switches only when the best layout is clearly cheaper, and not more often than every
-    `cooldown` steps. The histogram outlives a request (`SpecPair.reset` keeps it): acceptance is
+    `cooldown` steps. The histogram outlives a request (`Engine.reset` keeps it): acceptance is
     a property of the model pair and the workload, so the next request starts from what was learned.
 
     It runs once per verify step, between two llama.cpp calls whose work evicts the CPU caches;

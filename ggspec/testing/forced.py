@@ -12,38 +12,41 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from ggspec.speculative.proposer import Draft
+
 
 class ForcedAcceptance:
-    def __init__(self, inner, reference: np.ndarray, accept_lengths: Iterator[int], n_vocab: int) -> None:
-        """`reference[i]` is the greedy token at position i (prompt followed by its plain greedy
-        continuation); `accept_lengths` yields the wanted accepted count for each step (values
-        above the step's draft length mean "accept everything")."""
+    """Wraps a proposer: its real drafts are made and discarded, the target's true continuation
+    (corrupted at the wanted position) is proposed instead."""
+
+    def __init__(self, inner, reference, accept_lengths: Iterator[int], n_vocab: int) -> None:
+        """`reference` (or `reference(seq)` when it is callable, for several sequences): the greedy
+        token at each position (the prompt followed by its plain greedy continuation);
+        `accept_lengths` yields the wanted accepted count for each sequence's step (values above
+        the step's draft length mean "accept everything")."""
         self.inner = inner
-        self.reference = np.asarray(reference, dtype=np.int32)
+        self.reference = reference if callable(reference) else (lambda _seq, r=np.asarray(reference): r)
         self.accept_lengths = accept_lengths
         self.n_vocab = n_vocab
+        self.name = inner.name
+        self.max_draft = inner.max_draft
 
-    def capture(self, n_rows: int, pos0: int) -> None:
-        self.inner.capture(n_rows, pos0)
+    def __getattr__(self, name):  # begin, observe, commit, flush, release, reset, close
+        return getattr(self.inner, name)
 
-    def accept(self, n_committed: int, pos0: int) -> None:
-        self.inner.accept(n_committed, pos0)
-
-    def flush(self) -> int:
-        return self.inner.flush()
-
-    def propose(self, id_last: int, pos: int, n: int) -> np.ndarray:
-        self.inner.propose(id_last, pos, n)  # real draft work, result discarded
-        truth = self.reference[pos + 1:pos + 1 + n]
-        tokens = np.zeros(n, dtype=np.int32)
-        tokens[:len(truth)] = truth
-        k = next(self.accept_lengths)
-        if k < n:
-            tokens[k] = (tokens[k] + 1) % self.n_vocab  # any other token: rejected right there
-        return tokens
-
-    def close(self) -> None:
-        pass
+    def propose(self, seqs, n: int) -> list[Draft]:
+        self.inner.propose(seqs, n)  # real draft work, result discarded
+        drafts = []
+        for seq in seqs:
+            reference = np.asarray(self.reference(seq), dtype=np.int32)
+            truth = reference[seq.pos + 1:seq.pos + 1 + n]
+            tokens = np.zeros(n, dtype=np.int32)
+            tokens[:len(truth)] = truth
+            k = next(self.accept_lengths)
+            if k < n:
+                tokens[k] = (tokens[k] + 1) % self.n_vocab  # any other token: rejected right there
+            drafts.append(Draft(tokens))
+        return drafts
 
 
 def cycle_lengths(n_max: int) -> Iterator[int]:

@@ -61,24 +61,21 @@ class PromptRun:
         return compare(self.plain, self.margins, self.spec)
 
 
-def run_prompts(sp, prompts: list[str], n_predict: int, make_proposer=None,
+def run_prompts(engine, prompts: list[str], n_predict: int, make_proposer=None,
                 ignore_eos: bool = True) -> Iterator[PromptRun]:
     """For each prompt: plain greedy (with margins), then speculative, alternating so that drift
     on a noisy machine hits both alike. `make_proposer(prompt_tokens, plain_tokens)` may wrap
-    `sp.proposer` (e.g. forced acceptance); by default the pair's DFlash proposer is used."""
+    `engine.proposer` (e.g. forced acceptance); by default the engine's own proposer is used."""
     for text in prompts:
-        prompt = sp.target_model.tokenize(text)
-        sp.reset()
+        prompt = engine.target_model.tokenize(text)
         plain_stats, plain, margins = RunStats(), [], []
-        for step in generate_greedy(sp.target, prompt, n_predict, record_margins=True, ignore_eos=ignore_eos):
+        for step in generate_greedy(engine, prompt, n_predict, record_margins=True, ignore_eos=ignore_eos):
             plain_stats.add(step)
             plain += step.tokens
             margins += step.margins
-        sp.reset()
-        proposer = make_proposer(prompt, plain) if make_proposer else sp.proposer
+        proposer = make_proposer(prompt, plain) if make_proposer else None
         spec_stats, spec = RunStats(), []
-        for step in generate_spec(sp.target, proposer, prompt, n_predict, sp.n_max, ignore_eos=ignore_eos,
-                                  on_accept=sp.on_accept):
+        for step in generate_spec(engine, prompt, n_predict, ignore_eos=ignore_eos, proposer=proposer):
             spec_stats.add(step)
             spec += step.tokens
         yield PromptRun(plain, margins, spec, plain_stats, spec_stats)

@@ -9,18 +9,22 @@ import torch
 def _llama_side(target_path, draft_path, prompt: np.ndarray):
     """(target logits of every prompt row, first greedy token, draft logits rows 1..7)."""
     from ggspec.runtime import Batch, ContextParams
-    from ggspec.speculative.pair import PairConfig, SpecPair
+    from ggspec.speculative.engine import Engine
+    from ggspec.speculative.models import PairConfig
+    from ggspec.speculative.proposer import Span
+    from ggspec.speculative.sequence import Sequence
 
     params = ContextParams(n_ctx=512, n_batch=256, n_ubatch=256, type_k="f32", type_v="f32", flash_attn="off")
-    with SpecPair(PairConfig(target=target_path, draft=draft_path, dflash=True, n_max=7, ctx=params)) as sp:
+    with Engine.open(PairConfig(target=target_path, draft=draft_path, dflash=True, n_max=7, ctx=params)) as sp:
         with Batch(sp.target) as b:
             b.add_tokens(prompt, 0, outputs="all")
             sp.target.decode(b)
         logits = sp.target.logits()
-        sp.proposer.capture(len(prompt), 0)
+        sp.proposer.observe([Span(0, 0, len(prompt), 0)])
         sp.proposer.flush()
         id_last = int(logits[-1].argmax())
-        drafts = sp.proposer.propose(id_last, len(prompt), sp.n_max)
+        seq = Sequence(0, prompt, 1, id_last=id_last, pos=len(prompt))
+        drafts = sp.proposer.propose([seq], sp.n_max)[0].tokens
         return logits, id_last, drafts, sp.draft_ctx.logits()[1:]  # rows 1..7 are the drafts
 
 

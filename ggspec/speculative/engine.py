@@ -1,0 +1,472 @@
+"""The engine: many sequences, one speculative transaction per step for all of them.
+
+Each `step()` first prefills the sequences that joined since the last step, then runs one
+transaction for every active sequence together:
+  propose  one draft call holds every drafting sequence's block (same length for all);
+  verify   one target decode holds every sequence's span [id_last, d1..dn];
+  accept   the verifier decides, per sequence, the accepted drafts and the target's own token;
+  commit   per sequence: the rejected tail leaves the target cache (seq_rm, or a recurrent plane
+           switch), the proposer keeps the committed rows' features; where no recurrent plane
+           kept the needed state, the committed tokens are replayed: all such sequences in one
+           decode.
+So the llama.cpp calls per step do not grow with the number of sequences: one injection (more
+only past the draft's n_ubatch), one draft, one verify, at most one replay. Sequences join
+(`add`) and leave (finished, or `cancel`) between steps; a leaving sequence frees its seq_id and
+its cache cells at once. Without a proposer the same loop is plain decoding (n = 0 for all).
+
+The one rule that ties proposer and target together, "inject the captured feature rows before
+the target decodes again", lives in `_decode_target`, the only place the target decodes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ggspec.errors import ClosedError, InputError
+from ggspec.runtime import Batch, Context
+from ggspec.speculative.dflash import make_dflash_proposer
+from ggspec.speculative.models import DraftPlan, Models, PairConfig, resolve_n_max
+from ggspec.speculative.planes import AutoLead, default_lead
+from ggspec.speculative.proposer import Draft, Proposer, Span
+from ggspec.speculative.sequence import Sequence
+from ggspec.speculative.stats import Step, top2_margin
+from ggspec.speculative.verifier import GreedyVerifier, Verifier
+
+EMPTY = np.empty(0, dtype=np.int32)
+
+
+class CapacityError(InputError):
+    """No free sequence slot, or not enough cache cells left, for another sequence right now."""
+
+
+@dataclass
+class EngineStats:
+    """Whole-engine counters: calls and wall time of the transactions (all sequences together)."""
+
+    steps: int = 0  # transactions
+    calls: int = 0  # llama_process calls made by transactions (target + draft)
+    max_calls: int = 0  # the most calls one transaction made
+    t_steps: float = 0.0  # wall time of the transactions
+    tokens: int = 0  # tokens committed by transactions
+
+    @property
+    def calls_per_step(self) -> float:
+        return self.calls / self.steps if self.steps else 0.0
+
+
+def check_options(cfg: PairConfig, n_max: int, speculative: bool, draft_model: bool = True) -> None:
+    """Context sizes against the loop, before llama.cpp is asked for anything (one place).
+    `draft_model`: a draft context runs the noise blocks (not with ngram-simple)."""
+    ctx = cfg.ctx
+    if not speculative:
+        return
+    block = n_max + 1  # a verify span [id_last, d1..dn] (and a DFlash noise block)
+    rows = block * cfg.parallel
+    fix = f"raise it or lower the draft length (now {n_max})" + (f" or the parallel sequences ({cfg.parallel})"
+                                                                 if cfg.parallel > 1 else "")
+    if ctx.n_ctx < block + 1:  # the prompt's first token, then one block
+        raise InputError(f"context size {ctx.n_ctx} cannot hold a prompt token and a verify block of {block} tokens: {fix}",
+                         field="n_ctx")
+    # llama.cpp caps a causal context's batch at its (unpadded) context size
+    if min(ctx.n_batch, ctx.n_ctx) < rows:
+        raise InputError(f"batch size {ctx.n_batch} is smaller than the verify batch of {rows} rows "
+                         f"({cfg.parallel} x (n_max {n_max} + 1)): {fix}", field="n_batch")
+    # the draft runs every noise block non-causally in one ubatch, or llama.cpp aborts
+    if draft_model and min(ctx.n_ubatch, ctx.n_batch) < rows:
+        raise InputError(f"physical batch size {ctx.n_ubatch} is smaller than the draft's noise blocks of {rows} rows "
+                         f"({cfg.parallel} x (n_max {n_max} + 1)), which must fit one ubatch: {fix}",
+                         field="n_ubatch")
+
+
+class Engine:
+    """Contexts, caches and the loop over a `Models`. `Engine.open(cfg)` loads the models too
+    and closes them with the engine."""
+
+    def __init__(self, models: Models, cfg: PairConfig, *, verifier: Verifier | None = None,
+                 plain: bool = False) -> None:
+        """`plain`: no drafting at all (a baseline over the same weights, with no draft context
+        and no rollback planes)."""
+        cfg.validate()
+        self.models = models
+        self.cfg = cfg
+        self.parallel = cfg.parallel
+        self.warnings: list[str] = list(models.warnings)
+        self.plan = DraftPlan(None) if plain else models.plan
+        if self.plan.kind == "ngram-simple":  # llama.cpp drafts up to size_m tokens with it
+            self.n_max = resolve_n_max(cfg.n_max if cfg.n_max is not None else cfg.ngram_size_m, None, self.warnings)
+        else:
+            self.n_max = resolve_n_max(cfg.n_max, self.plan.max_draft, self.warnings)
+        self.speculative = self.plan.spec_type is not None
+        if self.speculative and models.target.is_recurrent:
+            cfg.planes.check(self.n_max)
+        check_options(cfg, self.n_max, self.speculative, draft_model=self.plan.info is not None)
+        self.verifier: Verifier = verifier or GreedyVerifier()
+        self.auto_lead: AutoLead | None = None
+        self._owns_models = False
+        self._closed = False
+        self.target = Context(models.target, self._target_params(), what="target")
+        self.draft_ctx: Context | None = None
+        self.proposer: Proposer | None = None
+        try:
+            self._set_planes()
+            self._make_proposer()
+            self._batch = Batch(self.target)
+        except BaseException:
+            self.close()
+            raise
+        self._free_ids = list(range(self.parallel))
+        self.active: list[Sequence] = []
+        self._reserved = 0  # cache cells reserved by active sequences (shared cache)
+        self.stats = EngineStats()
+
+    @classmethod
+    def open(cls, cfg: PairConfig, **kwargs) -> "Engine":
+        """Load the pair's models and build an engine that owns them."""
+        models = Models(cfg)
+        try:
+            engine = cls(models, cfg, **kwargs)
+        except BaseException:
+            models.close()
+            raise
+        engine._owns_models = True
+        return engine
+
+    # --- set-up ----------------------------------------------------------------------------------
+
+    def _target_params(self):
+        cfg, model = self.cfg, self.models.target
+        params = replace(cfg.ctx, n_seq_max=self.parallel, kv_unified=self.parallel > 1)
+        planes = cfg.planes.n_planes(self.n_max)
+        if self.speculative and model.is_recurrent:
+            params.n_rs_seq = planes - 1  # one plane holds the working state, the others rollback snapshots
+        elif model.is_recurrent and cfg.placement.split_mode == "tensor":
+            # upstream bug: a hybrid target without snapshot planes, tensor-split over RPC workers,
+            # makes the workers assert on an out-of-buffer tensor (pinned llama.cpp, patches or not);
+            # one spare plane avoids it for one recurrent state of memory
+            params.n_rs_seq = 1
+        elif cfg.planes.given:
+            self.warnings.append("recurrent plane options do nothing here (the target has no recurrent layers)"
+                                 if self.speculative else "recurrent plane options do nothing without speculation")
+        return params
+
+    def _set_planes(self) -> None:
+        cfg = self.cfg
+        if not (self.speculative and self.models.target.is_recurrent and cfg.planes.capped(self.n_max)):
+            return
+        planes = cfg.planes.n_planes(self.n_max)
+        if cfg.planes.lead == "auto":
+            self.auto_lead = AutoLead(self.target, planes, self.n_max)
+            self.auto_lead.start()
+        else:
+            self.target.set_rs_layout(planes, default_lead(planes) if cfg.planes.lead == "default" else cfg.planes.lead)
+
+    def _make_proposer(self) -> None:
+        kind = self.plan.kind
+        if kind == "ngram-simple":
+            from ggspec.speculative.ngram import NgramProposer  # noqa: PLC0415
+
+            self.proposer = NgramProposer(self.cfg.ngram_size_n, self.cfg.ngram_size_m)
+            if self.cfg.p_min > 0:
+                self.warnings.append("ngram-simple drafts have no confidence: the confidence cut-off does nothing")
+        elif self.plan.info is not None:
+            params = replace(self.cfg.ctx, n_seq_max=self.parallel, kv_unified=self.parallel > 1, n_rs_seq=0)
+            # the draft borrows the target's embeddings / output head through ctx_other
+            self.draft_ctx = Context(self.models.draft, params, ctx_other=self.target, what="draft")
+            self.proposer = make_dflash_proposer(self.target, self.draft_ctx, self.plan.info, self.cfg.inject,
+                                                 self.cfg.p_min)
+
+    # --- sequences -------------------------------------------------------------------------------
+
+    @property
+    def capacity(self) -> int:
+        """Cache cells all sequences share (one sequence's with parallel 1)."""
+        return self.target.n_ctx_seq if self.parallel == 1 else self.target.n_ctx
+
+    def _need(self, n_prompt: int, n_predict: int) -> int:
+        """Cells a sequence may occupy: its prompt, its budget and one verify block past it."""
+        return n_prompt + n_predict + (self.n_max if self.speculative else 0) + 1
+
+    def check_prompt(self, prompt: np.ndarray) -> None:
+        """Reject prompts llama.cpp cannot take, before anything is decoded."""
+        if len(prompt) == 0:
+            raise InputError("the prompt is empty (it tokenized to zero tokens)", field="prompt")
+        n_draft = self.n_max if self.speculative else 0
+        need = len(prompt) + 1 + n_draft  # prompt, then one verify block [id_last, d1..dn]
+        if need > self.capacity:
+            room = "a draft block" if n_draft else "one generated token"
+            raise InputError(f"the prompt has {len(prompt)} tokens: with {room} it needs {need} positions, "
+                             f"but the context holds {self.capacity} (raise the context size or shorten the prompt)",
+                             field="prompt")
+
+    def can_add(self, prompt: np.ndarray, n_predict: int) -> bool:
+        """Whether `add` would find a free slot and enough cache cells now."""
+        need = min(self._need(len(prompt), n_predict), self.capacity)
+        return bool(self._free_ids) and self._reserved + need <= self.capacity
+
+    def add(self, prompt, n_predict: int, *, ignore_eos: bool = False, tag: object = None,
+            speculate: bool = True, record_margins: bool = False) -> Sequence:
+        """A new sequence; its prompt is decoded at the next step. `speculate=False` decodes it
+        plainly (the baseline), `record_margins` keeps the target's top-2 margin of its plain steps."""
+        if self._closed:
+            raise ClosedError("this Engine is closed (close() was called): it cannot be used any more")
+        prompt = np.ascontiguousarray(prompt, dtype=np.int32)
+        self.check_prompt(prompt)
+        if n_predict < 1:
+            raise InputError(f"the token budget must be at least 1 (got {n_predict})", field="n_predict")
+        if not self.can_add(prompt, n_predict):
+            raise CapacityError(f"no room for another sequence now ({len(self.active)} active of {self.parallel}, "
+                                f"{self.capacity - self._reserved} cache cells free)", field="parallel")
+        seq = Sequence(self._free_ids.pop(0), prompt, n_predict, ignore_eos=ignore_eos, tag=tag,
+                       speculate=speculate and self.proposer is not None, record_margins=record_margins)
+        seq.limit = min(self._need(len(prompt), n_predict), self.capacity)  # positions it may use
+        self._reserved += seq.limit
+        self.active.append(seq)
+        if seq.speculate:
+            self.proposer.begin(seq)
+        return seq
+
+    def cancel(self, seq: Sequence) -> None:
+        """Stop a sequence now; its slot and cells are free for the next `add`."""
+        if seq in self.active and not self._closed:
+            seq.cancelled = seq.done = True
+            self._retire(seq)
+
+    def _retire(self, seq: Sequence) -> None:
+        self.active.remove(seq)
+        self.target.drop_sequence(seq.seq_id)
+        if seq.speculate:
+            self.proposer.release(seq)
+        self._reserved -= seq.limit
+        self._free_ids.append(seq.seq_id)
+        self._free_ids.sort()
+
+    def reset(self) -> None:
+        """Drop every sequence and empty every cache (the `auto` layout keeps what it learned)."""
+        for seq in list(self.active):
+            self.cancel(seq)
+        self.target.clear()
+        if self.proposer is not None and hasattr(self.proposer, "reset"):
+            self.proposer.reset()
+
+    # --- the loop --------------------------------------------------------------------------------
+
+    def step(self) -> list[tuple[Sequence, Step]]:
+        """Prefill the sequences that joined, then one transaction for every active sequence.
+        Returns each sequence's step (a newly joined sequence may have two: prefill and spec)."""
+        out = [(seq, self._prefill(seq)) for seq in self.active if not seq.started]
+        live = [seq for seq in self.active if not seq.done]
+        if live:
+            out += self._transaction(live)
+        for seq in [s for s in self.active if s.done]:
+            self._retire(seq)
+        return out
+
+    def run(self) -> Iterator[tuple[Sequence, Step]]:
+        """Step until no sequence is active."""
+        while self.active:
+            yield from self.step()
+
+    def _decode_target(self, batch: Batch, spans: list[Span] | None) -> float:
+        """The only place the target decodes: the proposer flushes what it captured from the
+        previous decode first (those rows are overwritten now), then hears about the new rows.
+        Returns the seconds spent flushing."""
+        t = 0.0
+        if self.proposer is not None:
+            t0 = time.perf_counter()
+            self.proposer.flush()
+            t = time.perf_counter() - t0
+        self.target.decode(batch)
+        if self.proposer is not None and spans:
+            self.proposer.observe(spans)  # only speculating sequences' spans are passed
+        return t
+
+    def _flush(self) -> float:
+        t0 = time.perf_counter()
+        if self.proposer is not None:
+            self.proposer.flush()
+        return time.perf_counter() - t0
+
+    def _prefill(self, seq: Sequence) -> Step:
+        """Decode a sequence's prompt but its last token, in n_batch chunks, as llama.cpp's own
+        loop does: the last prompt token is the first step's id_last, so the first generated
+        token already comes with drafts (and every step sits where llama.cpp's would). Prompt
+        rows are committed, so they reach the draft right away."""
+        t0 = time.perf_counter()
+        t_inject = 0.0
+        body, chunk = seq.prompt[:-1], self.target.n_batch
+        for off in range(0, len(body), chunk):
+            part = body[off:off + chunk]
+            self._batch.clear().add_tokens(part, off, seq.seq_id, outputs="none")
+            spans = [Span(seq.seq_id, 0, len(part), off)] if seq.speculate else None
+            t_inject += self._decode_target(self._batch, spans)
+        t_inject += self._flush()
+        seq.id_last, seq.pos = int(seq.prompt[-1]), len(body)
+        t_total = time.perf_counter() - t0
+        step = Step([], "prefill", n_prompt=len(seq.prompt), t_verify=t_total - t_inject, t_inject=t_inject,
+                    t_total=t_total)
+        seq.stats.add(step)
+        return step
+
+    def _plan_drafts(self, live: list[Sequence]) -> tuple[int, list[Sequence]]:
+        """The common draft length of this step and the sequences that draft. Each sequence may
+        draft up to min(n_max, budget - 1, context room); blocks must be equal, so the length is
+        the largest of those, and a sequence whose context cannot hold it verifies alone."""
+        if self.proposer is None:
+            return 0, []
+        caps = {seq: min(self.n_max, seq.left - 1, seq.limit - seq.pos - 1) for seq in live if seq.speculate}
+        if not caps:
+            return 0, []
+        n = max(caps.values())
+        if n <= 0:
+            return 0, []
+        return n, [seq for seq in live if caps[seq] > 0 and seq.limit - seq.pos - 1 >= n]
+
+    def _transaction(self, live: list[Sequence]) -> list[tuple[Sequence, Step]]:
+        t_start = time.perf_counter()
+        calls0 = self._calls()
+        n, drafting = self._plan_drafts(live)
+        t_inject = self._flush()
+
+        t = time.perf_counter()
+        proposals = self.proposer.propose(drafting, n) if drafting else []
+        t_draft = time.perf_counter() - t
+        drafts = {seq: Draft(EMPTY) for seq in live}
+        for seq, d in zip(drafting, proposals):
+            cap = min(seq.left - 1, len(d))  # drafted past the budget: never verified
+            drafts[seq] = d if cap == len(d) else Draft(d.tokens[:cap], None if d.probs is None else d.probs[:cap])
+
+        # verify: every sequence's span [id_last, d1..dn] in one target decode
+        t = time.perf_counter()
+        self._batch.clear()
+        spans, blocks, row = [], {}, 0
+        for seq in live:
+            block = np.empty(len(drafts[seq]) + 1, dtype=np.int32)
+            block[0] = seq.id_last
+            block[1:] = drafts[seq].tokens
+            blocks[seq] = block
+            self._batch.add_tokens(block, seq.pos, seq.seq_id, outputs="all")
+            spans.append(Span(seq.seq_id, row, len(block), seq.pos))
+            row += len(block)
+        t_inject += self._decode_target(self._batch, [sp for seq, sp in zip(live, spans) if seq.speculate])
+        logits = self.target.logits_view()
+        outcomes = self.verifier.verify(logits, [(seq, drafts[seq], sp.row0) for seq, sp in zip(live, spans)])
+        margins = [top2_margin(logits[sp.row0]) if seq.record_margins else None for seq, sp in zip(live, spans)]
+        t_verify = time.perf_counter() - t
+
+        # commit or roll back, per sequence; replays of all sequences that need one in one decode
+        t = time.perf_counter()
+        replays = []
+        for seq, out in zip(live, outcomes):
+            keep = seq.pos + out.accepted + 1
+            if seq.speculate:
+                self.proposer.commit(seq, seq.pos, out.accepted + 1)
+            if out.accepted < len(drafts[seq]):
+                if self.target.can_truncate(keep, seq.seq_id):
+                    self.target.truncate(keep, seq.seq_id)  # roll back the rejected drafts
+                else:
+                    replays.append(seq)
+        t_commit = time.perf_counter() - t
+        t_replay = 0.0
+        if replays:
+            t = time.perf_counter()
+            t_inject += self._replay(replays, blocks, {seq: o.accepted for seq, o in zip(live, outcomes)})
+            t_replay = time.perf_counter() - t
+
+        t_total = time.perf_counter() - t_start
+        calls = self._calls() - calls0
+        self.stats.steps += 1
+        self.stats.calls += calls
+        self.stats.max_calls = max(self.stats.max_calls, calls)
+        self.stats.t_steps += t_total
+        result = []
+        for seq, out, margin in zip(live, outcomes, margins):
+            d = len(drafts[seq])
+            step = Step([], "spec" if d else "plain", drafted=d, accepted=out.accepted, t_draft=t_draft,
+                        t_verify=t_verify, t_inject=t_inject, t_replay=t_replay, replayed=seq in replays,
+                        t_total=t_total, margins=[margin] if margin is not None and not d else [])
+            step.t_verify += t_commit
+            if self.auto_lead is not None and d:
+                self.auto_lead.observe(out.accepted, d)
+            seq.pos += out.accepted + 1
+            self._commit_tokens(seq, step, out.tokens)
+            self.stats.tokens += len(step.tokens)
+            seq.stats.add(step)
+            result.append((seq, step))
+        return result
+
+    def _replay(self, seqs: list[Sequence], blocks: dict, accepted: dict) -> float:
+        """Rebuild recurrent states no plane kept: restore each sequence's input plane (its state
+        before this verify span) and decode its committed tokens [id_last, d1..da] again, all in
+        one call. No outputs: the committed tokens are known, and the draft got these rows'
+        features from the verify batch (flushed before this decode)."""
+        self._batch.clear()
+        for seq in seqs:
+            self.target.truncate(seq.pos, seq.seq_id)
+            self._batch.add_tokens(blocks[seq][:accepted[seq] + 1], seq.pos, seq.seq_id, outputs="none")
+        return self._decode_target(self._batch, None)
+
+    def _commit_tokens(self, seq: Sequence, step: Step, tokens: list[int]) -> None:
+        """Append a step's tokens, cut at the budget or after an end-of-generation token."""
+        is_eog = self.models.target.is_eog
+        for t in tokens[:seq.left]:
+            step.tokens.append(t)
+            if not seq.ignore_eos and is_eog(t):
+                seq.done = True
+                break
+        seq.tokens += step.tokens
+        seq.history += step.tokens
+        seq.id_last = tokens[-1]
+        if seq.left <= 0 or seq.pos >= seq.limit:
+            seq.done = True
+
+    def _calls(self) -> int:
+        return self.target.n_decodes + (self.draft_ctx.n_decodes if self.draft_ctx is not None else 0)
+
+    @property
+    def target_model(self):
+        return self.models.target
+
+    @property
+    def draft_model(self):
+        return self.models.draft
+
+    # --- reporting -------------------------------------------------------------------------------
+
+    @property
+    def plane_layout(self) -> str:
+        """The recurrent-state layout in words, for stats lines."""
+        if not (self.speculative and self.models.target.is_recurrent):
+            return "none"
+        planes = self.cfg.planes.n_planes(self.n_max)
+        if not self.cfg.planes.capped(self.n_max):
+            return f"{planes} planes (uncapped)"
+        if self.auto_lead is not None:
+            return f"{planes} planes, lead auto (now {self.auto_lead.lead}, {self.auto_lead.changes} changes)"
+        kept = sorted(k - 1 for k in self.target.rs_kept_counts(self.n_max + 1) if k >= 1)
+        return f"{planes} planes, lead {self.cfg.planes.lead} (keeps accepted {kept})"
+
+    def recurrent_bytes(self) -> int:
+        """Recurrent state memory per sequence: planes x bytes per plane (0 for dense targets)."""
+        if not self.models.target.is_recurrent:
+            return 0
+        return (1 + self.target.n_rs_seq) * self.target.recurrent_state_bytes()
+
+    # --- lifetime --------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        self._closed = True
+        for obj in (getattr(self, "_batch", None), self.proposer, self.draft_ctx, getattr(self, "target", None)):
+            if obj is not None:
+                obj.close()
+        if self._owns_models:
+            self.models.close()
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

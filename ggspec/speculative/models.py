@@ -1,0 +1,199 @@
+"""A pair's weights, loaded once, and what kind of drafting they allow.
+
+`Models` reads and checks every file before llama.cpp sees it, decides the speculative type
+(llama.cpp's names: `draft-dflash`, `draft-dspark`, `ngram-simple`), and loads the weights.
+Engines (contexts, caches, the loop) are built over a `Models` and closed before it: several
+engines with different context settings can share one set of weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ggspec.errors import InputError
+from ggspec.runtime import ContextParams, Model
+from ggspec.runtime.devices import Placement
+from ggspec.runtime.gguf_meta import GGUFMeta, read_meta
+from ggspec.runtime.preflight import check_memory, check_model
+from ggspec.speculative.dflash import INJECT_MODES, DFlashInfo, check_compatible, dflash_info, is_dflash
+from ggspec.speculative.planes import PlaneOptions
+
+DEFAULT_N_MAX = 15  # draft tokens per step when neither the user nor a named pair gives one
+
+# llama.cpp's speculative types at the pin (common/speculative.cpp), and those ggspec runs
+LLAMA_SPEC_TYPES = ("draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark",
+                    "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
+SPEC_TYPES = ("draft-dflash", "draft-dspark", "ngram-simple")
+
+
+@dataclass
+class PairConfig:
+    """Everything that decides how a pair runs; `Models` reads the files part, `Engine` the rest."""
+
+    target: Path
+    draft: Path | None = None
+    dflash: bool | None = None  # True: draft with the DFlash draft; False: do not use the draft
+    spec_type: str | None = None  # llama.cpp's name; None: detected from the draft
+    # draft tokens per step; None: DEFAULT_N_MAX fitted to the draft's block without a warning
+    # (a value someone asked for is clamped with one)
+    n_max: int | None = None
+    p_min: float = 0.0  # stop a draft where the draft's confidence falls below this (0: never)
+    ngram_size_n: int = 12  # ngram-simple: the pattern length (llama.cpp's default)
+    ngram_size_m: int = 48  # ngram-simple: the longest draft (llama.cpp's default)
+    parallel: int = 1  # sequences decoded together
+    ctx: ContextParams = field(default_factory=ContextParams)
+    n_gpu_layers: int = 0
+    n_gpu_layers_draft: int = 0
+    planes: PlaneOptions = field(default_factory=PlaneOptions)  # hybrid targets only
+    placement: Placement = field(default_factory=Placement)  # devices (target and draft alike)
+    inject: str = "pruned"  # how target features reach a DFlash draft: pruned | deferred | immediate
+
+    def validate(self) -> None:
+        """Option values that are wrong whatever the files are."""
+        if self.n_max is not None and self.n_max < 1:
+            raise InputError(f"the draft length must be at least 1 (got {self.n_max})", field="n_max")
+        if not 0.0 <= self.p_min <= 1.0:
+            raise InputError(f"the confidence cut-off must be within 0..1 (got {self.p_min})", field="p_min")
+        if not 1 <= self.parallel <= 256:
+            raise InputError(f"the parallel sequences must be 1..256 (got {self.parallel})", field="parallel")
+        for name in ("ngram_size_n", "ngram_size_m"):
+            if not 1 <= getattr(self, name) <= 1024:  # llama.cpp's own bounds
+                raise InputError(f"the n-gram {name[6:]} must be within 1..1024 (got {getattr(self, name)})", field=name)
+        if self.inject not in INJECT_MODES:
+            raise InputError(f"{self.inject}: expected one of {', '.join(INJECT_MODES)}", field="inject")
+        if self.spec_type is not None and self.spec_type not in SPEC_TYPES:
+            if self.spec_type in LLAMA_SPEC_TYPES:
+                raise InputError(f"{self.spec_type} is a llama.cpp type ggspec does not run "
+                                 f"(it runs {', '.join(SPEC_TYPES)})", field="spec_type")
+            raise InputError(f"{self.spec_type}: unknown speculative type (one of {', '.join(SPEC_TYPES)})",
+                             field="spec_type")
+        self.ctx.validate()
+
+
+@dataclass(frozen=True)
+class DraftPlan:
+    """How a pair drafts: the speculative type, and for DFlash-family drafts their metadata."""
+
+    spec_type: str | None  # None: plain decoding
+    info: DFlashInfo | None = None
+
+    @property
+    def kind(self) -> str:
+        """The proposer: dflash, dflash2, dspark, ngram-simple or none."""
+        if self.spec_type is None:
+            return "none"
+        if self.spec_type == "ngram-simple":
+            return "ngram-simple"
+        if self.info is not None and self.info.dspark:
+            return "dspark"
+        return "dflash2" if self.info is not None and self.info.selector_top_k > 0 else "dflash"
+
+    @property
+    def max_draft(self) -> int | None:
+        return self.info.max_draft if self.info is not None else None
+
+
+def plan_drafting(cfg: PairConfig, target: GGUFMeta, draft: GGUFMeta | None, warnings: list[str]) -> DraftPlan:
+    """The speculative type from the options and the draft's metadata (llama.cpp's auto-detection:
+    a DFlash draft with a Markov head is draft-dspark, any other DFlash draft draft-dflash)."""
+    wanted = cfg.spec_type
+    if cfg.dflash is False:
+        if wanted not in (None, "ngram-simple"):
+            raise InputError(f"{wanted} drafts with the draft model, which --no-dflash turns off", field="spec_type")
+        return DraftPlan("ngram-simple" if wanted else None)
+    if wanted == "ngram-simple":
+        if draft is not None:
+            warnings.append("ngram-simple drafts from the text itself: the draft model is not used")
+        return DraftPlan("ngram-simple")
+    if draft is None:
+        if cfg.dflash or wanted:
+            raise InputError(f"{wanted or 'draft-dflash'} needs a draft model", field="draft")
+        return DraftPlan(None)
+    if not is_dflash(draft):
+        if cfg.dflash or wanted:
+            raise InputError(f"the draft is not a DFlash model (architecture '{draft.arch}'): {draft.path}", field="draft")
+        raise InputError(f"the draft's architecture '{draft.arch}' is not supported (ggspec drafts with DFlash, "
+                         f"DFlash2 and DSpark models, or ngram-simple without a draft)", field="draft")
+    check_model(draft, "draft")
+    info = dflash_info(draft)
+    check_compatible(target, draft, info)
+    if wanted == "draft-dspark" and not info.dspark:
+        raise InputError("draft-dspark needs a DSpark draft (one with a Markov head, markov_w1.weight); "
+                         "this one is a plain DFlash draft", field="spec_type")
+    if wanted == "draft-dflash" and info.dspark:
+        raise InputError("the draft has a DSpark Markov head: its spec type is draft-dspark", field="spec_type")
+    if info.dspark and cfg.p_min > 0 and not info.has_confidence:
+        raise InputError("the DSpark draft has no confidence head, so a confidence cut-off cannot apply "
+                         "(set it to 0)", field="p_min")
+    own_head = {"d2t", "output.weight"} & draft.tensors
+    if own_head and cfg.placement.split_mode == "tensor" and not cfg.placement.mirror_output:
+        raise InputError(f"the draft has its own output head ({', '.join(sorted(own_head))}): under a tensor split "
+                         "the head is split by vocabulary rows and llama.cpp aborts on it; mirror the output head",
+                         field="mirror_output")
+    return DraftPlan("draft-dspark" if info.dspark else "draft-dflash", info)
+
+
+def resolve_n_max(requested: int | None, max_draft: int | None, warnings: list[str]) -> int:
+    """The draft length per step: the default fitted silently to the draft, a requested value
+    clamped to it with a warning."""
+    if requested is None:
+        return min(DEFAULT_N_MAX, max_draft) if max_draft is not None else DEFAULT_N_MAX
+    if max_draft is not None and requested > max_draft:
+        warnings.append(f"--spec-draft-n-max {requested} exceeds the draft's block (at most {max_draft} draft tokens "
+                        f"per step); using {max_draft}")
+        return max_draft
+    return requested
+
+
+class Models:
+    """The target (and draft) weights of a pair. Closed last, after every engine built on it."""
+
+    def __init__(self, cfg: PairConfig) -> None:
+        cfg.validate()
+        self.warnings: list[str] = []
+        self.target_meta = read_meta(cfg.target, "target")
+        if is_dflash(self.target_meta):
+            raise InputError(f"the target is a DFlash draft model, not a target: {cfg.target}", field="target")
+        check_model(self.target_meta, "target")
+        uses_draft = cfg.draft is not None and cfg.dflash is not False and cfg.spec_type != "ngram-simple"
+        self.draft_meta = read_meta(cfg.draft, "draft") if uses_draft else None
+        self.plan = plan_drafting(cfg, self.target_meta, self.draft_meta, self.warnings)
+        if self.plan.info is None:
+            self.draft_meta = None
+        self._check_memory(cfg)
+        self.target = Model(cfg.target, cfg.n_gpu_layers, what="target", placement=cfg.placement)
+        self.draft: Model | None = None
+        try:
+            if self.draft_meta is not None:
+                self.draft = Model(cfg.draft, cfg.n_gpu_layers_draft, what="draft", placement=cfg.placement)
+        except BaseException:
+            self.target.close()
+            raise
+
+    @property
+    def speculative(self) -> bool:
+        return self.plan.spec_type is not None
+
+    def _check_memory(self, cfg: PairConfig) -> None:
+        """Weights, caches and recurrent planes against free memory, before anything loads."""
+        if cfg.n_gpu_layers or cfg.n_gpu_layers_draft or cfg.placement.multi_device:
+            return
+        ctx = cfg.ctx
+        n_max = resolve_n_max(cfg.n_max, self.plan.max_draft, [])
+        planes = cfg.planes.n_planes(n_max) if self.speculative else 1
+        models = [(self.target_meta, planes * cfg.parallel)]
+        if self.draft_meta is not None:
+            models.append((self.draft_meta, 0))
+        check_memory(models, ctx.n_ctx, ctx.type_k, ctx.type_v, min(ctx.n_ubatch, ctx.n_batch))
+
+    def close(self) -> None:
+        for model in (self.draft, getattr(self, "target", None)):
+            if model is not None:
+                model.close()
+
+    def __enter__(self) -> "Models":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

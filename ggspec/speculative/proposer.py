@@ -1,0 +1,72 @@
+"""What every proposer provides to the engine, and the plain data they exchange.
+
+The engine runs one transaction per step for all active sequences together (see engine.py):
+  flush     before every target decode (and before drafting) the proposer may need to move what
+            it captured from the last target decode somewhere safe: the engine calls `flush()`
+            in exactly one place, right before it calls llama.cpp on the target;
+  propose   one call drafts for every sequence that speculates this step;
+  observe   after each target decode the engine says which batch rows belong to which sequence;
+  commit    after verification, of a sequence's verify span only its first rows stay.
+A proposer that needs no target features (n-gram) ignores observe/commit/flush.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from ggspec.speculative.sequence import Sequence
+
+
+@dataclass
+class Draft:
+    """One sequence's proposal: up to n tokens that follow its last committed token."""
+
+    tokens: np.ndarray  # (n,) int32, possibly shorter than asked (p-min truncation, no n-gram match)
+    # (n, n_vocab) the draft's distribution at each drafted position after the sampler transforms,
+    # for rejection sampling; None means a point mass on each drafted token (n-gram, DFlash2 walk)
+    probs: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass(frozen=True)
+class Span:
+    """The rows of one target decode that belong to one sequence."""
+
+    seq_id: int
+    row0: int  # first row of the sequence in the decode's batch
+    n_rows: int
+    pos0: int  # position of that first row
+
+
+class Proposer(Protocol):
+    """Drafts tokens for many sequences at once (see the module docstring for the call order)."""
+
+    name: str  # llama.cpp's speculative type name, e.g. "draft-dflash", "ngram-simple"
+    max_draft: int | None  # the most tokens one draft can hold (a DFlash block - 1), None: no limit
+
+    def begin(self, seq: Sequence) -> None:
+        """A sequence joins; its prompt is decoded on the target next (observe() follows)."""
+
+    def observe(self, spans: list[Span]) -> None:
+        """The target's last decode computed these rows (readable until the next target decode)."""
+
+    def commit(self, seq: Sequence, pos0: int, n_committed: int) -> None:
+        """Of the verify span observed at pos0 for this sequence, the first n_committed rows stay."""
+
+    def flush(self) -> None:
+        """Make what observe() captured survive the next target decode (the engine calls this)."""
+
+    def propose(self, seqs: list[Sequence], n: int) -> list[Draft]:
+        """Draft up to n tokens after each sequence's last committed token, in one pass."""
+
+    def release(self, seq: Sequence) -> None:
+        """A sequence left (finished or cancelled): forget it and free what it held."""
+
+    def close(self) -> None:
+        """Free owned llama.cpp objects."""

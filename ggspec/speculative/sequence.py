@@ -1,0 +1,47 @@
+"""One generation request inside the engine: its tokens, position, budget and statistics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ggspec.speculative.stats import RunStats
+
+
+@dataclass(eq=False)
+class Sequence:
+    """A prompt being continued. `seq_id` is the llama.cpp sequence (cache slot) it occupies
+    while it is active; the engine frees it when the sequence finishes or is cancelled."""
+
+    seq_id: int
+    prompt: np.ndarray  # (n_prompt,) int32
+    n_predict: int  # token budget
+    ignore_eos: bool = False
+    tag: object = None  # the caller's label (a prompt index, a request id)
+    speculate: bool = True  # False: plain decoding for this sequence (the proposer never sees it)
+    record_margins: bool = False  # keep the target's top-2 margin of each plain step (the oracle)
+    limit: int = 0  # positions it may use (prompt, budget, one verify block), set by the engine
+    tokens: list[int] = field(default_factory=list)  # generated (committed) tokens
+    history: list[int] = field(default_factory=list)  # prompt + committed tokens (n-gram lookups)
+    pos: int = 0  # position of id_last, which the target has not decoded yet
+    id_last: int = -1  # the last committed token
+    done: bool = False
+    cancelled: bool = False
+    stats: RunStats = field(default_factory=RunStats)
+    rng: np.random.Generator | None = None  # sampling state (the next issue); None: greedy
+
+    def __post_init__(self) -> None:
+        self.prompt = np.ascontiguousarray(self.prompt, dtype=np.int32)
+        if not self.history:
+            self.history = [int(t) for t in self.prompt]
+
+    @property
+    def left(self) -> int:
+        """Tokens still allowed by the budget."""
+        return self.n_predict - len(self.tokens)
+
+    @property
+    def started(self) -> bool:
+        """Whether its prompt has been decoded (id_last is known)."""
+        return self.id_last >= 0
