@@ -51,8 +51,9 @@ def test_shim_functions_resolve(lc):
                  "ggspec_set_embeddings_nextn", "ggspec_get_embeddings_nextn",
                  "ggspec_get_embeddings_nextn_ith", "ggspec_model_dflash_selector_top_k",
                  "ggspec_batch_add_tokens", "ggspec_batch_add_embd_rows", "ggspec_batch_add_layer_inputs",
-                 "ggspec_set_rs_planes", "ggspec_get_rs_planes", "ggspec_rs_kept_counts", "ggspec_rs_can_rollback"):
-        assert getattr(lib, name) is not None
+                 "ggspec_set_rs_planes", "ggspec_rs_kept_counts", "ggspec_rs_can_rollback"):
+        assert hasattr(lib, name), f"{name} is missing from libllama"
+        assert getattr(lib, name).argtypes is not None, f"{name} was not declared (ggspec.native.bindings)"
 
 
 def test_target_layer_ids_through_the_shim(lc, dense_pair):

@@ -111,7 +111,7 @@ def test_draft_with_its_own_head_needs_the_mirror(workers, dense_pair, tmp_path)
     # ggspec itself refuses before loading anything, in one line
     common = ("--rpc", workers, "-sm", "tensor", "-n", "16", "--ignore-eos", "-p", PROMPT)
     refused = run_cli("run", "-m", target, "-md", str(draft), *common)
-    assert refused.returncode == 1 and "add --mirror-output" in refused.stderr and "Traceback" not in refused.stderr
+    assert refused.returncode == 1 and "--mirror-output: the draft has its own output head" in refused.stderr and "Traceback" not in refused.stderr
     spec = run_cli("run", "-m", target, "-md", str(draft), "--mirror-output", *common)
     plain = run_cli("run", "-m", target, "--no-spec", *common)
     assert spec.returncode == 0, spec.stderr[-2000:]

@@ -136,8 +136,6 @@ def _declare_shim(lib: ctypes.CDLL) -> None:
     # patch 0008: the tokenizer without exceptions escaping into ctypes (INT32_MIN instead)
     _declare(lib, "ggspec_tokenize", [c_void_p, ctypes.c_char_p, c_int32, i32p, c_int32, c_bool, c_bool], c_int32)
     _declare(lib, "ggspec_token_to_piece", [c_void_p, c_int32, ctypes.c_char_p, c_int32, c_int32, c_bool], c_int32)
-    _declare(lib, "ggspec_model_n_devices", [c_void_p], c_int32)
-    _declare(lib, "ggspec_get_ctx_other", [c_void_p], c_void_p)
     # the bulk fillers run every step: they take numpy's raw data addresses (ndarray.ctypes.data),
     # which costs a fraction of building typed pointers with data_as()
     _declare(lib, "ggspec_batch_add_tokens",
@@ -150,7 +148,6 @@ def _declare_shim(lib: ctypes.CDLL) -> None:
     _declare(lib, "ggspec_model_meta_mirror_output", [c_void_p], c_bool)
     # patch 0002: recurrent-state plane layout (capped planes, leading snapshots)
     _declare(lib, "ggspec_set_rs_planes", [c_void_p, c_int32, c_int32], c_int32)
-    _declare(lib, "ggspec_get_rs_planes", [c_void_p, i32p, i32p], c_int32)
     _declare(lib, "ggspec_rs_kept_counts", [c_void_p, c_int32, i32p, c_int32], c_int32)
     _declare(lib, "ggspec_rs_can_rollback", [c_void_p, c_int32, c_int32], c_int32)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -125,17 +125,17 @@ class RunStats:
 
 
 def merge(runs) -> RunStats:
-    """Pool several runs' statistics (sums of counts and times)."""
+    """Pool several runs' statistics: every field summed (lists of counts element-wise)."""
     total = RunStats()
     for r in runs:
-        for name in ("n_prompt", "t_prompt", "n_generated", "n_decoded", "t_decode", "spec_steps", "drafted", "accepted",
-                     "committed_spec", "t_draft", "t_verify", "t_inject", "t_replay", "t_overhead", "replays"):
-            setattr(total, name, getattr(total, name) + getattr(r, name))
-        for name in ("accept_hist", "pos_drafted", "pos_accepted"):
-            mine, theirs = getattr(total, name), getattr(r, name)
-            mine.extend([0] * (len(theirs) - len(mine)))
-            for i, c in enumerate(theirs):
-                mine[i] += c
+        for f in fields(RunStats):
+            mine, theirs = getattr(total, f.name), getattr(r, f.name)
+            if isinstance(mine, list):
+                mine.extend([0] * (len(theirs) - len(mine)))
+                for i, c in enumerate(theirs):
+                    mine[i] += c
+            else:
+                setattr(total, f.name, mine + theirs)
     return total
 
 
