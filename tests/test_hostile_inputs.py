@@ -201,7 +201,7 @@ CASES: dict[str, Callable[[Path, dict, Path], Case]] = {
     "resume-runs-not-a-list": _resume(lambda d: d.__setitem__("runs", {"0": 1}), "'runs' is not a list"),
     "resume-profile-negative": _resume(lambda d: d["settings"].update(profile="x", profile_weights=[1, -2]),
                                        "non-negative"),
-    "resume-rpc-endpoint": _resume(lambda d: d["settings"]["placement"].__setitem__("rpc", ["no-port"]), "--rpc"),
+    "resume-rpc-endpoint": _resume(lambda d: d["settings"]["placement"].__setitem__("rpc", ["no-port"]), "no-port: expected host:port"),
     "resume-models-disagree": _resume(_set(lambda d: d["meta"], "target", "/elsewhere.gguf"), "different model files"),
     # 6. state on disk
     "home-is-a-file-run": lambda t, b, h: Case(("run", *TINY, "-n", "4"), "not a directory",

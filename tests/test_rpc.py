@@ -166,10 +166,10 @@ def test_rpc_server_warns_before_binding_beyond_loopback(build_info):
 @pytest.mark.parametrize("args, msg", [
     (("--rpc", "localhost"), "expected host:port"),
     (("--rpc", "127.0.0.1:1"), "cannot reach the RPC worker"),
-    (("-sm", "tensor"), "add devices with --rpc"),
+    (("-sm", "tensor"), "-sm: tensor splits a model across devices"),
     (("-sm", "diagonal"), "expected one of none, layer, row, tensor"),
-    (("--rpc", "127.0.0.1:1,127.0.0.1:2", "-ts", "1,1,1"), "3 proportions for 2 --rpc devices"),
-    (("--mirror-output",), "only applies to -sm tensor"),
+    (("--rpc", "127.0.0.1:1,127.0.0.1:2", "-ts", "1,1,1"), "-ts: 3 proportions for 2 RPC devices"),
+    (("--mirror-output",), "--mirror-output: only applies to a tensor split"),
 ])
 def test_bad_device_input_is_one_line(args, msg, dense_pair):
     proc = run_cli("run", "-m", str(dense_pair.target), "--no-spec", "-n", "4", *args)

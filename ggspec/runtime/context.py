@@ -53,30 +53,30 @@ class ContextParams:
     kv_unified: bool = False  # one cache shared by all sequences (else n_ctx / n_seq_max each)
 
     def validate(self) -> None:
-        for flag, name in (("-ctk", self.type_k), ("-ctv", self.type_v)):
+        for field, name in (("type_k", self.type_k), ("type_v", self.type_v)):
             if name not in CACHE_TYPES:
-                raise InputError(f"{flag} {name}: unknown cache type (one of {', '.join(CACHE_TYPES)})")
+                raise InputError(f"{name}: unknown cache type (one of {', '.join(CACHE_TYPES)})", field=field)
         if self.flash_attn not in FLASH_ATTN:
-            raise InputError(f"-fa {self.flash_attn}: expected one of auto, on, off")
+            raise InputError(f"{self.flash_attn}: expected one of auto, on, off", field="flash_attn")
         if self.type_v not in UNQUANTIZED and self.flash_attn == "off":
-            raise InputError(f"-ctv {self.type_v} (a quantized V cache) needs flash attention: use -fa on or auto")
+            raise InputError(f"{self.type_v} (a quantized V cache) needs flash attention on or auto", field="type_v")
         for name in ("n_ctx", "n_batch", "n_ubatch", "n_threads", "n_rs_seq", "n_seq_max"):
             if not is_int(getattr(self, name)):
-                raise InputError(f"{name} must be an integer (got {getattr(self, name)!r})")
+                raise InputError(f"{name} must be an integer (got {getattr(self, name)!r})", field=name)
         for name in ("n_ctx", "n_batch", "n_ubatch", "n_threads"):
             if getattr(self, name) < 1:
-                raise InputError(f"{name} must be at least 1")
+                raise InputError(f"{name} must be at least 1", field=name)
         if self.n_rs_seq < 0:
-            raise InputError("n_rs_seq must be >= 0")
+            raise InputError("n_rs_seq must be >= 0", field="n_rs_seq")
         # llama_context_params holds these as uint32 and positions are int32: a larger value
         # would wrap (-c 4294967296 became 0, i.e. the training context)
-        for name, flag in (("n_ctx", "-c"), ("n_batch", "-b"), ("n_ubatch", "-ub")):
+        for name, words in (("n_ctx", "context size"), ("n_batch", "batch size"), ("n_ubatch", "physical batch size")):
             if getattr(self, name) > MAX_CTX:
-                raise InputError(f"{name} {getattr(self, name)} ({flag}) is too large (at most {MAX_CTX})")
+                raise InputError(f"{words} {getattr(self, name)} is too large (at most {MAX_CTX})", field=name)
         if self.n_threads > GGML_MAX_N_THREADS:  # ggml's thread pool holds at most 512 threads
-            raise InputError(f"n_threads {self.n_threads} (-t) is too large (at most {GGML_MAX_N_THREADS})")
+            raise InputError(f"n_threads {self.n_threads} is too large (at most {GGML_MAX_N_THREADS})", field="n_threads")
         if not 1 <= self.n_seq_max <= 256:  # LLAMA_MAX_SEQ
-            raise InputError(f"n_seq_max {self.n_seq_max} is out of range (1..256)")
+            raise InputError(f"n_seq_max {self.n_seq_max} is out of range (1..256)", field="parallel")
 
 
 class Context(OwnedHandle):

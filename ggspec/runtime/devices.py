@@ -33,35 +33,35 @@ class Placement:
               rpc_timeout: float = 120.0) -> "Placement":
         sm = split_mode or "none"
         if sm not in SPLIT_MODES:
-            raise InputError(f"-sm {sm}: expected one of {', '.join(SPLIT_MODES)}")
+            raise InputError(f"{sm}: expected one of {', '.join(SPLIT_MODES)}", field="split_mode")
         endpoints = tuple(parse_endpoint(e) for e in rpc.split(",")) if rpc else ()
         if len(set(endpoints)) != len(endpoints):
-            raise InputError(f"--rpc {rpc}: a worker is listed twice")
+            raise InputError(f"{rpc}: a worker is listed twice", field="rpc")
         ts: tuple[float, ...] = ()
         if tensor_split:
             try:
                 ts = tuple(float(x) for x in tensor_split.replace("/", ",").split(","))
             except ValueError:
-                raise InputError(f"-ts {tensor_split}: expected proportions like 3,1") from None
+                raise InputError(f"{tensor_split}: expected proportions like 3,1", field="tensor_split") from None
             if not all(math.isfinite(x) and x >= 0 for x in ts) or sum(ts) <= 0 or len(ts) > 16:
-                raise InputError(f"-ts {tensor_split}: expected up to 16 finite, non-negative proportions, "
-                                 "not all zero")
+                raise InputError(f"{tensor_split}: expected up to 16 finite, non-negative proportions, "
+                                 "not all zero", field="tensor_split")
         if not (math.isfinite(rpc_timeout) and rpc_timeout > 0):
-            raise InputError(f"--rpc-timeout {rpc_timeout:g}: expected a finite number of seconds > 0")
+            raise InputError(f"{rpc_timeout:g}: expected a finite number of seconds > 0", field="rpc_timeout")
         p = Placement(sm, endpoints, ts, mirror_output, rpc_timeout)
         p.check()
         return p
 
     def check(self) -> None:
         if self.split_mode in ("layer", "row", "tensor") and not self.rpc and not _has_gpu():
-            raise InputError(f"-sm {self.split_mode} splits a model across devices, and this build has no GPU "
-                             "backend: add devices with --rpc host:port,...")
+            raise InputError(f"{self.split_mode} splits a model across devices, and this build has no GPU "
+                             "backend: add RPC workers (host:port,...)", field="split_mode")
         if self.split_mode == "row":
-            raise InputError("-sm row is a CUDA-only mode in llama.cpp; use -sm layer or -sm tensor with --rpc")
+            raise InputError("row is a CUDA-only mode in llama.cpp; use layer or tensor with RPC workers", field="split_mode")
         if self.tensor_split and self.rpc and len(self.tensor_split) != len(self.rpc):
-            raise InputError(f"-ts has {len(self.tensor_split)} proportions for {len(self.rpc)} --rpc devices")
+            raise InputError(f"{len(self.tensor_split)} proportions for {len(self.rpc)} RPC devices", field="tensor_split")
         if self.mirror_output and self.split_mode != "tensor":
-            raise InputError("--mirror-output only applies to -sm tensor (other modes keep the head whole)")
+            raise InputError("only applies to a tensor split (other modes keep the head whole)", field="mirror_output")
 
     @property
     def multi_device(self) -> bool:
@@ -71,7 +71,7 @@ class Placement:
 def parse_endpoint(text: str) -> str:
     host, sep, port = text.strip().rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise InputError(f"--rpc {text}: expected host:port")
+        raise InputError(f"{text}: expected host:port", field="rpc")
     return f"{host}:{int(port)}"
 
 
@@ -91,8 +91,8 @@ def check_reachable(endpoint: str, timeout: float = 3.0) -> None:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
             pass
     except OSError as exc:
-        raise InputError(f"--rpc {endpoint}: cannot reach the RPC worker ({exc.strerror or exc}); "
-                         f"start one with `ggspec rpc-server -p {port}`") from None
+        raise InputError(f"{endpoint}: cannot reach the RPC worker ({exc.strerror or exc}); "
+                         f"start one with `ggspec rpc-server -p {port}`", field="rpc") from None
 
 
 def rpc_device(endpoint: str, timeout: float = 120.0) -> int:

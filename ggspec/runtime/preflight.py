@@ -462,7 +462,7 @@ def check_memory(models: list[tuple[GGUFMeta, int]], n_ctx: int, type_k: str, ty
         return
     per_cell = max(need(2 * 256) - need(256), 1) / 256
     fits = int((available - weights - need(256) + 256 * per_cell) // per_cell) // 256 * 256
-    hint = f"at most about -c {fits} fits" if fits >= 256 else "no context fits beside the weights"
-    raise InputError(f"context size {n_ctx} (-c) needs {_gib(total)} for the KV cache, recurrent state and "
+    hint = f"a context of at most about {fits} fits" if fits >= 256 else "no context fits beside the weights"
+    raise InputError(f"context size {n_ctx} needs {_gib(total)} for the KV cache, recurrent state and "
                      f"attention buffers (+ {_gib(weights)} of weights), but only {_gib(available)} of memory "
-                     f"is available: {hint}")
+                     f"is available: {hint}", field="n_ctx")

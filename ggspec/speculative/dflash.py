@@ -105,17 +105,15 @@ def check_compatible(target: GGUFMeta, draft: GGUFMeta, info: DFlashInfo) -> Non
     if target.arch not in LAYER_INPUT_ARCHS:
         # enabling a layer input on any other graph aborts the process ("layer input tensor is null")
         raise InputError(f"the target's architecture '{target.arch}' does not expose its layer inputs in this "
-                         "llama.cpp build, so a DFlash draft cannot read it")
+                         "llama.cpp build, so a DFlash draft cannot read it", field="draft")
     if draft.n_vocab != target.n_vocab:
         raise InputError(
-            f"draft vocabulary ({draft.n_vocab} tokens) does not match the target's ({target.n_vocab})"
-        )
+            f"draft vocabulary ({draft.n_vocab} tokens) does not match the target's ({target.n_vocab})", field="draft")
     borrows_head = "token_embd.weight" not in draft.tensors
     if borrows_head and draft.n_embd != target.n_embd:
         raise InputError(
             f"draft hidden size {draft.n_embd} does not match the target's {target.n_embd} "
-            "(the draft borrows the target's embeddings and output head)"
-        )
+            "(the draft borrows the target's embeddings and output head)", field="draft")
     # Converter-made files count their multi-token-prediction blocks in block_count; those blocks
     # are not run by a normal decode, so their inputs are never extracted (llama.cpp asserts).
     n_main = target.n_layer_main
@@ -123,11 +121,11 @@ def check_compatible(target: GGUFMeta, draft: GGUFMeta, info: DFlashInfo) -> Non
     if bad:
         mtp = (f" (block_count {target.n_layer} includes {target.n_nextn} MTP block"
                f"{'s' if target.n_nextn != 1 else ''}, which a decode does not run)" if target.n_nextn else "")
-        raise InputError(f"draft reads target layer(s) {bad}, but the target has layers 0..{n_main - 1}{mtp}")
+        raise InputError(f"draft reads target layer(s) {bad}, but the target has layers 0..{n_main - 1}{mtp}", field="draft")
     if not 0 <= info.mask_token < target.n_vocab:
-        raise InputError(f"draft mask token {info.mask_token} is outside the vocabulary")
+        raise InputError(f"draft mask token {info.mask_token} is outside the vocabulary", field="draft")
     if info.block_size < 2:
-        raise InputError(f"draft block size {info.block_size} leaves no room for a draft token")
+        raise InputError(f"draft block size {info.block_size} leaves no room for a draft token", field="draft")
 
 
 def top_k_confidence(rows: np.ndarray, k: int = CONFIDENCE_TOP_K) -> np.ndarray:

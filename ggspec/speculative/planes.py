@@ -36,13 +36,13 @@ class PlaneOptions:
             try:
                 p = int(planes)
             except ValueError:
-                raise InputError(f"--spec-draft-rs-planes {planes}: expected a number or 'uncapped'") from None
+                raise InputError(f"{planes}: expected a number or 'uncapped'", field="planes") from None
         ld: int | str = "default" if lead is None else lead
         if isinstance(ld, str) and ld not in ("default", "auto"):
             try:
                 ld = int(ld)
             except ValueError:
-                raise InputError(f"--spec-draft-rs-planes-lead {lead}: expected a number, 'default' or 'auto'") from None
+                raise InputError(f"{lead}: expected a number, 'default' or 'auto'", field="lead") from None
         return PlaneOptions(p, ld)
 
     @property
@@ -51,13 +51,13 @@ class PlaneOptions:
 
     def check(self, n_max: int) -> None:
         if self.planes is not None and not 2 <= self.planes <= n_max + 1:
-            raise InputError(f"--spec-draft-rs-planes {self.planes}: must be 2..{n_max + 1} "
-                             f"(n_max + 1 = uncapped) for --spec-draft-n-max {n_max}")
+            raise InputError(f"{self.planes} planes: must be 2..{n_max + 1} "
+                             f"(n_max + 1 = uncapped) for a draft length of {n_max}", field="planes")
         if isinstance(self.lead, int):
             planes = self.planes if self.planes is not None else n_max + 1
             if not 0 <= self.lead <= planes - 2:
-                raise InputError(f"--spec-draft-rs-planes-lead {self.lead}: must be 0..{planes - 2} "
-                                 f"(planes - 2: one plane keeps the newest state, one the input state)")
+                raise InputError(f"lead {self.lead}: must be 0..{planes - 2} "
+                                 f"(planes - 2: one plane keeps the newest state, one the input state)", field="lead")
 
     def n_planes(self, n_max: int) -> int:
         return self.planes if self.planes is not None else n_max + 1
