@@ -18,7 +18,9 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from ggspec.errors import GGSpecError
+from ggspec import cli_options as opts
+from ggspec import fatal
+from ggspec.errors import GGSpecError, InputError
 from ggspec.streams import StdoutError, guard_std_streams, stdout_closed
 
 app = typer.Typer(
@@ -72,156 +74,133 @@ def build(
 
 # --- run ------------------------------------------------------------------------------------------
 
+DEFAULT_PROMPT = "def fibonacci(n):"
+
 
 @app.command()
 def run(
-    model: Annotated[Optional[Path], typer.Option("-m", "--model", help="Target model (GGUF).")] = None,
-    draft: Annotated[Optional[Path], typer.Option("-md", "--model-draft", help="Draft model (GGUF).")] = None,
-    pair: Annotated[Optional[str], typer.Option(
-        "--pair", help="A named pair from models.toml instead of -m/-md (see `ggspec models`).")] = None,
-    models_dir: Annotated[Optional[Path], typer.Option(
-        "--models-dir", help="Where your copies of the public pairs' files are.")] = None,
-    dflash: Annotated[Optional[bool], typer.Option(
-        "--dflash/--no-dflash", help="Draft with DFlash (auto-detected from the draft when omitted).")] = None,
+    model: opts.Model = None,
+    draft: opts.Draft = None,
+    pair: opts.Pair = None,
+    models_dir: opts.ModelsDir = None,
+    dflash: opts.DFlash = None,
+    spec_type: opts.SpecType = None,
     no_spec: Annotated[bool, typer.Option("--no-spec", help="Plain greedy decoding on the target (A/B baseline).")] = False,
-    prompt: Annotated[str, typer.Option("-p", "--prompt", help="Prompt text.")] = "def fibonacci(n):",
-    n_predict: Annotated[int, typer.Option("-n", "--n-predict", help="Tokens to generate.")] = 128,
-    n_max: Annotated[Optional[int], typer.Option(
-        "--spec-draft-n-max",
-        help="Most draft tokens per step \\[default: the pair's, else 15 or the draft's block size - 1 if smaller]; "
-             "a value beyond the draft's block is clamped with a warning.")] = None,
-    n_ctx: Annotated[Optional[int], typer.Option("-c", "--ctx-size", help="Context size \\[default: the pair's, else 4096].")] = None,
+    prompt: Annotated[Optional[str], typer.Option(
+        "-p", "--prompt", help=f"Prompt text \\[default: {DEFAULT_PROMPT}].")] = None,
+    prompt_file: Annotated[Optional[Path], typer.Option(
+        "-f", "--file", help="Prompts, one per line (blank lines skipped; \\n in a line is a newline, \\\\ a "
+                             "backslash), decoded -np at a time; each output is printed in the file's order.")] = None,
+    n_predict: opts.NPredict = opts.N_PREDICT,
+    n_max: opts.N_MAX.one = None,
+    p_min: opts.PMin = opts.P_MIN,
+    ngram_size_n: opts.NgramSizeN = opts.NGRAM_SIZE_N,
+    ngram_size_m: opts.NgramSizeM = opts.NGRAM_SIZE_M,
+    parallel: opts.PARALLEL.one = None,
+    n_ctx: opts.N_CTX.one = None,
     n_batch: Annotated[int, typer.Option("-b", "--batch-size", help="Logical batch size.")] = 512,
     n_ubatch: Annotated[int, typer.Option("-ub", "--ubatch-size", help="Physical batch size.")] = 512,
-    type_k: Annotated[Optional[str], typer.Option(
-        "-ctk", "--cache-type-k", help="K cache type: f32, f16, bf16, q8_0, q4_0, ... \\[default: the pair's, else f16].")] = None,
-    type_v: Annotated[Optional[str], typer.Option("-ctv", "--cache-type-v", help="V cache type \\[default: the pair's, else f16].")] = None,
+    type_k: opts.TYPE_K.one = None,
+    type_v: opts.TYPE_V.one = None,
     flash_attn: Annotated[str, typer.Option("-fa", "--flash-attn", help="Flash attention: on, off or auto (auto = off for a model on the CPU, where it slows verify batches).")] = "auto",
-    threads: Annotated[int, typer.Option("-t", "--threads", help="CPU threads (use 1 for tiny models on few cores).")] = 1,
-    n_gpu_layers: Annotated[Optional[int], typer.Option(
-        "-ngl", "--n-gpu-layers", help="Target layers to offload, -1 = all \\[default: all with --rpc, else 0].")] = None,
+    threads: opts.Threads = opts.THREADS,
+    n_gpu_layers: opts.GpuLayers = None,
     n_gpu_layers_draft: Annotated[Optional[int], typer.Option(
         "-ngld", "--n-gpu-layers-draft", help="Draft layers to offload \\[default: as -ngl].")] = None,
-    rpc: Annotated[Optional[str], typer.Option(
-        "--rpc", help="llama.cpp RPC workers host:port\\[,host:port...] to run on (see `ggspec rpc-server`).")] = None,
-    split_mode: Annotated[Optional[str], typer.Option(
-        "-sm", "--split-mode", help="How to spread the models over the devices: none, layer, row or tensor \\[default: none].")] = None,
-    tensor_split: Annotated[Optional[str], typer.Option(
-        "-ts", "--tensor-split", help="Proportions per device, e.g. 3,1 \\[default: llama.cpp's choice].")] = None,
-    mirror_output: Annotated[bool, typer.Option(
-        "--mirror-output", help="-sm tensor: keep a full copy of the output head on every device (patch 0004; "
-                                "needed by drafts with their own head / d2t).")] = False,
-    rpc_timeout: Annotated[float, typer.Option(
-        "--rpc-timeout", help="Seconds any llama.cpp call may wait on the RPC workers (the handshake included) "
-                              "before the run ends.")] = 120.0,
+    rpc: opts.Rpc = None,
+    split_mode: opts.SplitMode = None,
+    tensor_split: opts.TensorSplit = None,
+    mirror_output: opts.MirrorOutput = False,
+    rpc_timeout: opts.RpcTimeout = opts.RPC_TIMEOUT,
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="Keep generating past end-of-generation tokens.")] = False,
-    inject: Annotated[str, typer.Option(
-        "--spec-dflash-inject",
-        help="How target features reach the draft cache: pruned (only committed rows, in one call before "
-             "the next draft), deferred (seed 004: all verify rows before the next draft) or immediate "
-             "(upstream: all verify rows at once, rejected ones removed after).")] = "pruned",
-    rs_planes: Annotated[Optional[str], typer.Option(
-        "--spec-draft-rs-planes", "--spec-mtp-rs-planes", envvar="LLAMA_ARG_SPEC_DRAFT_RS_PLANES",
-        help="Recurrent-state planes per sequence for hybrid targets: 2..n_max+1 or 'uncapped' "
-             "\\[default: the pair's, else uncapped]. Fewer planes save memory; missed rollbacks replay.")] = None,
-    rs_lead: Annotated[Optional[str], typer.Option(
-        "--spec-draft-rs-planes-lead",
-        help="How many capped planes keep the states after the first draft tokens: 0 (old layout: newest "
-             "only), a number up to planes-2, 'default' (planes-2 for DFlash) or 'auto' (chosen from the "
-             "running acceptance histogram).")] = None,
+    inject: opts.INJECT.one = None,
+    rs_planes: opts.PLANES.one = None,
+    rs_lead: opts.LEAD.one = None,
 ) -> None:
-    """Generate from a prompt, speculatively (DFlash) or plain greedy with --no-spec."""
-    from ggspec.files import check_text
+    """Generate from a prompt (or a file of prompts, -np at a time), speculatively or plain greedy with --no-spec."""
+    from ggspec.files import check_text, read_text
     from ggspec.runtime import ContextParams
-    from ggspec.speculative.pair import PairConfig
+    from ggspec.speculative.planes import PlaneOptions
 
     if n_predict < 1:
         fail("-n must be at least 1")
-    check_text(prompt, "-p")
+    if prompt is not None and prompt_file is not None:
+        fail("-p and -f are exclusive: give one prompt or a file of prompts")
+    if prompt_file is not None:
+        prompts = opts.parse_prompt_lines(read_text(prompt_file, f"-f {prompt_file}"))
+        if not prompts:
+            fail(f"-f {prompt_file}: no prompt in the file (only blank lines)")
+    else:
+        prompts = [check_text(DEFAULT_PROMPT if prompt is None else prompt, "-p")]
     if stdout_closed():
         fail("standard output is closed: nowhere to write the text")
-    target, draft, rec = _resolve_models(model, draft, pair, models_dir, no_spec)
-    if draft is None and not no_spec:  # a target-only pair (its draft is not made yet)
+    shared = opts.Shared(model=model, draft=draft, pair=pair, models_dir=models_dir, dflash=dflash, spec_type=spec_type,
+                         p_min=p_min, ngram_size_n=ngram_size_n, ngram_size_m=ngram_size_m, threads=threads,
+                         n_gpu_layers=n_gpu_layers, rpc=rpc, split_mode=split_mode, tensor_split=tensor_split,
+                         mirror_output=mirror_output, rpc_timeout=rpc_timeout)
+    target, draft, rec = shared.resolve_models(plain=no_spec)
+    if draft is None and shared.needs_draft and not no_spec:  # a target-only pair (its draft is not made yet)
         err.print(f"[yellow]note:[/] pair '{pair}' has no draft model yet: plain greedy decoding", soft_wrap=True)
-    from ggspec.speculative.planes import PlaneOptions
-
-    planes = PlaneOptions.parse(_pick(rs_planes, rec, "planes", None), _pick(rs_lead, rec, "lead", None))
-    from ggspec.runtime.devices import Placement
-
-    placement = Placement.parse(split_mode, rpc, tensor_split, mirror_output, rpc_timeout)
-    ngl = n_gpu_layers if n_gpu_layers is not None else (-1 if placement.multi_device else 0)
-    cfg = PairConfig(
-        target=target,
-        draft=None if no_spec else draft,
-        dflash=False if no_spec else dflash,
-        n_max=_pick(n_max, rec, "n_max", None),  # None: the default, fitted to the draft without a warning
-        ctx=ContextParams(n_ctx=_pick(n_ctx, rec, "ctx", 4096), n_batch=n_batch, n_ubatch=n_ubatch,
-                          n_threads=threads, type_k=_pick(type_k, rec, "ctk", "f16"),
-                          type_v=_pick(type_v, rec, "ctv", "f16"), flash_attn=flash_attn),
-        n_gpu_layers=ngl,
-        n_gpu_layers_draft=n_gpu_layers_draft if n_gpu_layers_draft is not None else ngl,
-        planes=planes,
-        placement=placement,
-        inject=inject,
+    cfg = shared.pair_config(
+        target, draft, plain=no_spec, n_gpu_layers_draft=n_gpu_layers_draft,
+        n_max=opts.pick(n_max, rec, "n_max"),  # None: the default, fitted to the draft without a warning
+        parallel=parallel if parallel is not None else opts.DEFAULTS["parallel"],
+        ctx=ContextParams(n_ctx=opts.pick(n_ctx, rec, "ctx", opts.DEFAULTS["ctx"]), n_batch=n_batch,
+                          n_ubatch=n_ubatch, n_threads=threads, type_k=opts.pick(type_k, rec, "ctk", opts.DEFAULTS["ctk"]),
+                          type_v=opts.pick(type_v, rec, "ctv", opts.DEFAULTS["ctv"]), flash_attn=flash_attn),
+        planes=PlaneOptions.parse(opts.pick(rs_planes, rec, "planes"), opts.pick(rs_lead, rec, "lead")),
+        inject=inject if inject is not None else opts.DEFAULTS["inject"],
     )
-    _run(cfg, prompt, n_predict, ignore_eos)
+    _run(cfg, prompts, n_predict, ignore_eos, prompt_file)
 
 
-def _pick(given, recommended: dict, key: str, default):
-    """A flag the user gave wins over the pair's recommendation, which wins over the default."""
-    if given is not None:
-        return given
-    return recommended.get(key, default)
+def _run(cfg, prompts: list[str], n_predict: int, ignore_eos: bool, prompt_file: Path | None = None) -> None:
+    """Decode every prompt, -np at a time (continuous batching: a prompt joins as soon as a slot
+    and enough cache cells are free); outputs are printed in the prompts' order, the first one
+    streamed as it is committed, each followed by its stats line."""
+    from collections import deque
 
+    from ggspec.speculative.engine import Engine
+    from ggspec.speculative.stats import merge
 
-def _resolve_models(model: Path | None, draft: Path | None, pair: str | None, models_dir: Path | None,
-                    no_spec: bool) -> tuple[Path, Path | None, dict]:
-    """Target, draft and the recommended settings (empty unless a named pair is used)."""
-    if pair is not None:
-        if model is not None or draft is not None:
-            fail("--pair replaces -m/-md: give one or the other")
-        from ggspec.pairs import get_entry, resolve
-
-        entry = get_entry(pair)
-        files = resolve(entry, models_dir)
-        return files.target, files.draft, entry.settings
-    if model is None:
-        fail("no target model: give -m FILE (or --pair NAME)")
-    if draft is None and not no_spec:
-        fail("no draft model: give -md FILE, or --no-spec for plain decoding")
-    return model, draft, {}
-
-
-def _run(cfg, prompt: str, n_predict: int, ignore_eos: bool) -> None:
-    from ggspec.speculative.loop import generate_greedy, generate_spec
-    from ggspec.speculative.pair import SpecPair
-    from ggspec.speculative.stats import RunStats
-
-    with SpecPair(cfg) as sp:
+    with Engine.open(cfg) as sp:
         for w in sp.warnings:
             err.print(f"[yellow]warning:[/] {w}", soft_wrap=True)
-        tokens = sp.target_model.tokenize(prompt)
-        n_ctx = sp.target.n_ctx
-        if len(tokens) + n_predict > n_ctx:  # generation stops when the context is full
-            err.print(f"[yellow]warning:[/] -n {n_predict}: the prompt ({len(tokens)} tokens) leaves room for about "
-                      f"{max(n_ctx - len(tokens), 0)} generated tokens in the {n_ctx}-token context; raise -c to get them all",
+        tokens = [sp.target_model.tokenize(p) for p in prompts]
+        for k, t in enumerate(tokens):  # every prompt before the first is decoded
+            try:
+                sp.check_prompt(t)
+            except InputError as exc:
+                if prompt_file is None:
+                    raise
+                raise InputError(f"-f {prompt_file}: prompt {k + 1}: {exc}") from None
+        room = sp.capacity
+        longest = max(len(t) for t in tokens)
+        if longest + n_predict > room:  # generation stops when the context is full
+            which = "the prompt" if len(prompts) == 1 else "the longest prompt"
+            err.print(f"[yellow]warning:[/] -n {n_predict}: {which} ({longest} tokens) leaves room for about "
+                      f"{max(room - longest, 0)} generated tokens in the {room}-token context; raise -c to get them all",
                       soft_wrap=True)
-        if sp.speculative:
-            steps = generate_spec(sp.target, sp.proposer, tokens, n_predict, sp.n_max, ignore_eos=ignore_eos,
-                                  on_accept=sp.on_accept)
-        else:
-            steps = generate_greedy(sp.target, tokens, n_predict, ignore_eos=ignore_eos)
-        stats = RunStats()
-        text = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        out = sys.stdout
-        out.write(prompt)
-        for step in steps:
-            stats.add(step)
-            out.write(text.decode(b"".join(sp.target_model.token_bytes(t) for t in step.tokens)))
-            out.flush()
-        out.write(text.decode(b"", final=True) + "\n")
-        out.flush()
-        err.print(_stats_line(stats, sp), soft_wrap=True)
+        printer = _OrderedPrinter(prompts, sp)
+        pending = deque(enumerate(tokens))
+        seqs = []
+        while pending or sp.active:
+            while pending and sp.can_add(pending[0][1], n_predict):
+                i, toks = pending.popleft()
+                seqs.append(sp.add(toks, n_predict, ignore_eos=ignore_eos, tag=i))
+            results = sp.step()
+            for seq, step in results:
+                printer.add(seq.tag, step.tokens)
+            for seq in dict.fromkeys(seq for seq, _ in results if seq.done):
+                printer.finish(seq.tag, seq.stats)
+        if len(prompts) > 1:
+            s, total = sp.stats, merge(seq.stats for seq in seqs)
+            line = (f"[bold]{len(seqs)} sequences[/] (-np {cfg.parallel})  {s.tokens} tokens  aggregate decode "
+                    f"{s.tokens / s.t_steps if s.t_steps else 0.0:.1f} t/s  "
+                    f"{s.calls_per_step:.2f} llama.cpp calls per step ({s.steps} steps)")
+            if sp.speculative:
+                line += f"  τ {total.tau:.2f} (pooled)  accept {100 * total.acceptance_rate:.1f}%"
+            err.print(line, soft_wrap=True)
         if cfg.placement.multi_device:
             from ggspec.runtime.devices import memory_report
 
@@ -229,6 +208,50 @@ def _run(cfg, prompt: str, n_predict: int, ignore_eos: bool) -> None:
             head = f", output head {mirror}" if cfg.placement.split_mode == "tensor" else ""
             err.print(f"devices (-sm {cfg.placement.split_mode}{head}): " + "; ".join(memory_report(cfg.placement)),
                       soft_wrap=True)
+
+
+class _OrderedPrinter:
+    """Writes each prompt's output in prompt order: the first unfinished one streams, later ones
+    are held until every output before them is printed; each ends with its stats line."""
+
+    def __init__(self, prompts: list[str], engine) -> None:
+        self.prompts, self.engine = prompts, engine
+        self.held: dict[int, list[bytes]] = {i: [] for i in range(len(prompts))}
+        self.finished: dict[int, object] = {}
+        self.head = 0
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.started = False
+
+    def add(self, i: int, tokens: list[int]) -> None:
+        self.held[i].append(b"".join(self.engine.target_model.token_bytes(t) for t in tokens))
+        if i == self.head:
+            self._write_head()
+
+    def finish(self, i: int, stats) -> None:
+        self.finished[i] = stats
+        while self.head < len(self.prompts):
+            self._write_head()
+            if self.head not in self.finished:
+                break
+            self._end_head()
+
+    def _write_head(self) -> None:
+        out = sys.stdout
+        if not self.started:
+            out.write(self.prompts[self.head])
+            self.started = True
+        out.write(self.decoder.decode(b"".join(self.held[self.head])))
+        self.held[self.head].clear()
+        out.flush()
+
+    def _end_head(self) -> None:
+        sys.stdout.write(self.decoder.decode(b"", final=True) + "\n")
+        sys.stdout.flush()
+        self.decoder.reset()
+        err.print(_stats_line(self.finished.pop(self.head), self.engine), soft_wrap=True)
+        del self.held[self.head]
+        self.head += 1
+        self.started = False
 
 
 def _stats_line(s, sp) -> str:
@@ -329,49 +352,44 @@ FORMATS = ("md", "csv", "json", "jsonl")
 
 @app.command()
 def bench(
-    model: Annotated[Optional[Path], typer.Option("-m", "--model", help="Target model (GGUF).")] = None,
-    draft: Annotated[Optional[Path], typer.Option("-md", "--model-draft", help="DFlash draft model (GGUF).")] = None,
-    pair: Annotated[Optional[str], typer.Option("--pair", help="A named pair from models.toml instead of -m/-md.")] = None,
-    models_dir: Annotated[Optional[Path], typer.Option(
-        "--models-dir", help="Where your copies of the public pairs' files are.")] = None,
-    dflash: Annotated[bool, typer.Option("--dflash", help="Draft with DFlash (the only method so far).")] = True,
+    model: opts.Model = None,
+    draft: opts.Draft = None,
+    pair: opts.Pair = None,
+    models_dir: opts.ModelsDir = None,
+    dflash: opts.DFlash = None,
+    spec_type: opts.SpecType = None,
     prompts: Annotated[Optional[Path], typer.Option(
         "--prompts", help="JSONL file of {\"prompt\": ..., \"category\": ...} \\[default: the built-in set: "
                           "code-gen, code-edit, code-echo, prose].")] = None,
-    n_predict: Annotated[int, typer.Option("-n", "--n-predict", help="Tokens generated per prompt.")] = 128,
+    n_predict: opts.NPredict = opts.N_PREDICT,
     reps: Annotated[int, typer.Option("-r", "--repetitions", help="Repetitions of every configuration.")] = 5,
     warmup: Annotated[bool, typer.Option("--warmup/--no-warmup", help="An untimed run before each configuration.")] = True,
     matrix: Annotated[bool, typer.Option("--matrix", help="Run every combination of the comma-list axes.")] = False,
-    n_max: Annotated[Optional[str], typer.Option(
-        "--spec-draft-n-max", help="Draft lengths, e.g. 3,7,15 (one beyond the draft's block is skipped) "
-                                   "\\[default: the pair's, else 15 or the draft's block size - 1 if smaller].")] = None,
-    type_k: Annotated[Optional[str], typer.Option("-ctk", "--cache-type-k", help="K cache types, e.g. f16,q8_0 \\[default: the pair's, else f16].")] = None,
-    type_v: Annotated[Optional[str], typer.Option("-ctv", "--cache-type-v", help="V cache types \\[default: the pair's, else f16].")] = None,
-    n_ctx: Annotated[Optional[str], typer.Option("-c", "--ctx-size", help="Context sizes, e.g. 1024,4096 \\[default: the pair's, else 4096].")] = None,
-    rs_planes: Annotated[Optional[str], typer.Option(
-        "--spec-draft-rs-planes", help="Recurrent planes (hybrid targets), e.g. 3,4,5,uncapped \\[default: the pair's, else uncapped].")] = None,
-    rs_lead: Annotated[Optional[str], typer.Option(
-        "--spec-draft-rs-planes-lead", help="Plane layouts, e.g. 0,default,auto \\[default: the pair's, else default].")] = None,
-    inject: Annotated[Optional[str], typer.Option(
-        "--spec-dflash-inject", help="Injection modes, e.g. immediate,deferred,pruned \\[default: pruned].")] = None,
+    n_max: opts.N_MAX.axis = None,
+    p_min: opts.PMin = opts.P_MIN,
+    ngram_size_n: opts.NgramSizeN = opts.NGRAM_SIZE_N,
+    ngram_size_m: opts.NgramSizeM = opts.NGRAM_SIZE_M,
+    parallel: opts.PARALLEL.axis = None,
+    type_k: opts.TYPE_K.axis = None,
+    type_v: opts.TYPE_V.axis = None,
+    n_ctx: opts.N_CTX.axis = None,
+    rs_planes: opts.PLANES.axis = None,
+    rs_lead: opts.LEAD.axis = None,
+    inject: opts.INJECT.axis = None,
     native: Annotated[bool, typer.Option(
         "--native", help="Add rows from llama.cpp's own C++ loop and plain greedy decoding of the same build "
-                         "(needs `ggspec build --tools`); without a draft, only the plain rows.")] = False,
+                         "(needs `ggspec build --tools`; parallel 1 only); without a draft, only the plain rows.")] = False,
     profile: Annotated[Optional[str], typer.Option(
         "--acceptance-profile",
         help="BENCHMARK DEVICE: replay a histogram of accepted counts (dflash, mtp, uniform or a file of "
              "weights) instead of the draft's own proposals; every row says so.")] = None,
-    threads: Annotated[int, typer.Option("-t", "--threads", help="CPU threads.")] = 1,
-    n_gpu_layers: Annotated[Optional[int], typer.Option(
-        "-ngl", "--n-gpu-layers", help="Layers to offload, -1 = all \\[default: all with --rpc, else 0].")] = None,
-    rpc: Annotated[Optional[str], typer.Option("--rpc", help="llama.cpp RPC workers host:port\\[,...].")] = None,
-    split_mode: Annotated[Optional[str], typer.Option("-sm", "--split-mode", help="none, layer, row or tensor \\[default: none].")] = None,
-    tensor_split: Annotated[Optional[str], typer.Option("-ts", "--tensor-split", help="Proportions per device \\[default: llama.cpp's choice].")] = None,
-    mirror_output: Annotated[bool, typer.Option(
-        "--mirror-output", help="-sm tensor: a whole output head on every device (patch 0004).")] = False,
-    rpc_timeout: Annotated[float, typer.Option(
-        "--rpc-timeout", help="Seconds any llama.cpp call may wait on the RPC workers (the handshake included) "
-                              "before the run ends.")] = 120.0,
+    threads: opts.Threads = opts.THREADS,
+    n_gpu_layers: opts.GpuLayers = None,
+    rpc: opts.Rpc = None,
+    split_mode: opts.SplitMode = None,
+    tensor_split: opts.TensorSplit = None,
+    mirror_output: opts.MirrorOutput = False,
+    rpc_timeout: opts.RpcTimeout = opts.RPC_TIMEOUT,
     output: Annotated[str, typer.Option("-o", "--output", help="Output format: md, csv, json or jsonl.")] = "md",
     save: Annotated[Optional[Path], typer.Option(
         "--save", help="Also save the JSON document here (after every configuration), plots next to it.")] = None,
@@ -391,13 +409,22 @@ def bench(
         fail(f"-o {output}: expected one of {', '.join(FORMATS)}")
     if stdout_closed() and save is None and resume is None:
         fail("standard output is closed: nowhere to write the results (or give --save FILE)")
+    shared = opts.Shared(model=model, draft=draft, pair=pair, models_dir=models_dir, dflash=dflash, spec_type=spec_type,
+                         p_min=p_min, ngram_size_n=ngram_size_n, ngram_size_m=ngram_size_m, threads=threads,
+                         n_gpu_layers=n_gpu_layers, rpc=rpc, split_mode=split_mode, tensor_split=tensor_split,
+                         mirror_output=mirror_output, rpc_timeout=rpc_timeout)
     if resume is not None:
         given = [flag for flag, v in (("-m", model), ("-md", draft), ("--pair", pair), ("--prompts", prompts),
-                                      ("--spec-draft-n-max", n_max), ("-ctk", type_k), ("-ctv", type_v), ("-c", n_ctx),
+                                      ("--spec-type", spec_type), ("--spec-draft-n-max", n_max),
+                                      ("--spec-draft-p-min", p_min or None), ("-np", parallel),
+                                      ("--spec-ngram-simple-size-n", ngram_size_n != opts.NGRAM_SIZE_N or None),
+                                      ("--spec-ngram-simple-size-m", ngram_size_m != opts.NGRAM_SIZE_M or None),
+                                      ("-ctk", type_k), ("-ctv", type_v), ("-c", n_ctx),
                                       ("--spec-draft-rs-planes", rs_planes), ("--spec-draft-rs-planes-lead", rs_lead),
                                       ("--spec-dflash-inject", inject), ("--acceptance-profile", profile),
                                       ("--rpc", rpc), ("-sm", split_mode), ("-ts", tensor_split),
-                                      ("-ngl", n_gpu_layers)) if v is not None and v is not False]
+                                      ("-ngl", n_gpu_layers), ("--dflash/--no-dflash", dflash))
+                 if v is not None and v is not False]
         if given:
             fail(f"--resume continues with the saved settings: drop {', '.join(given)}")
         if save is not None and save != resume:
@@ -413,41 +440,41 @@ def bench(
             fail(f"-t {threads}: must be at least 1")
         if save is not None:
             check_writable(save, f"--save {save}")  # before anything is measured, not after
-        if not dflash:
-            fail("ggspec bench drafts with DFlash: --dflash is the only method so far")
-        target, draft_path, rec = _resolve_models(model, draft, pair, models_dir, no_spec=True)
-        if draft_path is None:
+        target, draft_path, rec = shared.resolve_models(plain=True)
+        if draft_path is None and shared.spec_type != "ngram-simple":
             if not native:
                 fail("no draft model: give -md FILE, or --native for a target-only benchmark "
-                     "(ggspec's plain greedy against llama.cpp's)")
+                     "(ggspec's plain greedy against llama.cpp's), or --spec-type ngram-simple")
             spec_only = [flag for flag, v in (("--spec-draft-n-max", n_max), ("--spec-draft-rs-planes", rs_planes),
                                               ("--spec-draft-rs-planes-lead", rs_lead), ("--spec-dflash-inject", inject),
-                                              ("--acceptance-profile", profile)) if v is not None]
+                                              ("--acceptance-profile", profile), ("--spec-type", spec_type))
+                         if v is not None]
             if spec_only:
                 fail(f"{', '.join(spec_only)}: speculative settings need a draft model (-md)")
-        from ggspec.speculative.pair import DEFAULT_N_MAX
-
+        if shared.spec_type == "ngram-simple" and inject is not None:
+            fail("--spec-dflash-inject: ngram-simple has no draft model to inject into")
+        base = shared.pair_config(target, draft_path)  # the options' own checks, each naming its flag
+        d = opts.DEFAULTS
         axes = Axes(
-            ctk=split_list("-ctk", type_k, (rec.get("ctk", "f16"),)),
-            ctv=split_list("-ctv", type_v, (rec.get("ctv", "f16"),)),
-            n_ctx=split_list("-c", n_ctx, (int(rec.get("ctx", 4096)),), int),
-            n_max=split_list("--spec-draft-n-max", n_max, (int(rec.get("n_max", DEFAULT_N_MAX)),), int),
-            planes=split_list("--spec-draft-rs-planes", rs_planes, (str(rec.get("planes", "uncapped")),)),
-            lead=split_list("--spec-draft-rs-planes-lead", rs_lead, (str(rec.get("lead", "default")),)),
-            inject=split_list("--spec-dflash-inject", inject, ("pruned",)),
+            ctk=split_list("-ctk", type_k, (opts.recommended(rec, "ctk"),)),
+            ctv=split_list("-ctv", type_v, (opts.recommended(rec, "ctv"),)),
+            n_ctx=split_list("-c", n_ctx, (int(opts.recommended(rec, "ctx")),), int),
+            n_max=split_list("--spec-draft-n-max", n_max, (int(opts.recommended(rec, "n_max")),), int),
+            planes=split_list("--spec-draft-rs-planes", rs_planes, (str(opts.recommended(rec, "planes")),)),
+            lead=split_list("--spec-draft-rs-planes-lead", rs_lead, (str(opts.recommended(rec, "lead")),)),
+            inject=split_list("--spec-dflash-inject", inject, (d["inject"],)),
+            parallel=split_list("-np", parallel, (d["parallel"],), int),
         )
         if axes.is_matrix and not matrix:
             fail(f"the comma lists make {axes.size} combinations: add --matrix to run them")
         name, weights = parse_profile(profile)
-        from ggspec.runtime.devices import Placement
-
-        placement = Placement.parse(split_mode, rpc, tensor_split, mirror_output, rpc_timeout)
-        if native and placement.rpc:
+        if native and base.placement.rpc:
             fail("--native cannot share the --rpc workers: a worker serves one client at a time")
-        ngl = n_gpu_layers if n_gpu_layers is not None else (-1 if placement.multi_device else 0)
-        settings = Settings(target=str(target), draft=str(draft_path or ""), n_predict=n_predict, reps=reps, threads=threads,
-                            warmup=warmup, profile=name, profile_weights=weights, prompts=tuple(load_prompts(prompts)),
-                            placement=placement, n_gpu_layers=ngl)
+        settings = Settings(target=str(target), draft=str(draft_path or ""), n_predict=n_predict, reps=reps,
+                            threads=threads, warmup=warmup, profile=name, profile_weights=weights,
+                            prompts=tuple(load_prompts(prompts)), placement=base.placement,
+                            n_gpu_layers=base.n_gpu_layers, spec_type=base.spec_type, p_min=base.p_min,
+                            ngram_size_n=base.ngram_size_n, ngram_size_m=base.ngram_size_m)
         n_max_source = "flag" if n_max is not None else "pair" if "n_max" in rec else "default"
         plan = Plan(settings, axes, native=native, save_path=save, n_max_source=n_max_source)
     _bench(BenchSession(plan), output, plot)
@@ -610,6 +637,7 @@ def main() -> None:
     from ggspec.pairs import NotPulledError
 
     guard_std_streams(err)
+    fatal.set_handler(_die)  # llama.cpp cannot go on (a ggml abort, a silent RPC worker): one line, exit 1
     try:
         signal.signal(signal.SIGINT, interrupt_outside_callbacks)  # Ctrl-C is never lost in a llama.cpp callback
         try:
@@ -627,12 +655,23 @@ def main() -> None:
         _error(f"{exc}: run `ggspec models pull {exc.name}`")
         sys.exit(1)
     except (GGSpecError, NotBuiltError, BuildError) as exc:
-        _error(str(exc))
+        _error(opts.error_text(exc))
         sys.exit(1)
     except KeyboardInterrupt:
         err.print("interrupted")
         sys.exit(130)
     sys.exit(code)
+
+
+def _die(reason: str) -> None:
+    """Runs on whatever thread found that the process cannot continue: say why, end it now."""
+    import os
+
+    try:
+        sys.stderr.write(f"error: {reason}\n")
+        sys.stderr.flush()
+    finally:
+        os._exit(1)
 
 
 def _error(message: str) -> None:

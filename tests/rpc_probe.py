@@ -109,5 +109,15 @@ def stop(args) -> int:
     return 0
 
 
+def _die(reason: str) -> None:
+    """As the CLI does: one error line and exit 1 when llama.cpp cannot go on (ggspec.fatal)."""
+    sys.stderr.write(f"error: {reason}\n")
+    sys.stderr.flush()
+    os._exit(1)
+
+
 if __name__ == "__main__":
+    from ggspec import fatal
+
+    fatal.set_handler(_die)
     sys.exit(main())

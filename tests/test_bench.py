@@ -16,7 +16,7 @@ import pytest
 
 from conftest import run_cli
 from ggspec.bench import report
-from ggspec.bench.configs import Axes, expand, split_list
+from ggspec.bench.configs import Axes, BenchConfig, expand, split_list
 from ggspec.errors import InputError
 
 SMALL = ("-r", "2", "-n", "12", "--no-warmup")
@@ -294,3 +294,120 @@ def test_real_pair_plain_side_by_side_with_llama_cpp(real_target, tmp_path, buil
     assert set(rows) == {"baseline", "native-baseline"}
     assert rows["native-baseline"]["identical"] == "2/2"
     assert rows["baseline"]["native_speedup_mean"] > 0
+
+
+# --- parallel sequences ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def parallel_1_2(tmp_path_factory, build_info):
+    """-np 1,2 on the built-in pair: the spec configuration and its baseline at both levels."""
+    tmp = tmp_path_factory.mktemp("parallel")
+    out = tmp / "p.json"
+    proc = run_cli("bench", "--pair", "tiny-coder", "--matrix", "--parallel", "1,2", "--prompts", str(_prompts(tmp, 3)),
+                   *SMALL, "-o", "jsonl", "--save", str(out), "--no-plot", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return out, [json.loads(line) for line in proc.stdout.splitlines()]
+
+
+def test_parallel_axis_rows(parallel_1_2):
+    path, rows = parallel_1_2
+    doc = json.loads(path.read_text())
+    assert rows == doc["rows"]
+    _rows_are_consistent(rows, 3)
+    by = {(r["kind"], r["parallel"]): r for r in rows}
+    assert set(by) == {("spec", 1), ("spec", 2), ("baseline", 1), ("baseline", 2)}
+    one, two = by[("spec", 1)], by[("spec", 2)]
+    # parallel 1 is what it always was: no parallel in the key or label, aggregate = per-sequence t/s
+    assert "parallel" not in one["config"] and "-np" not in one["label"]
+    assert "parallel=2" in two["config"] and two["label"].endswith("-np 2")
+    assert one["decode_tps_mean"] == one["seq_tps_mean"]
+    assert by[("baseline", 1)]["identical"] is None
+    # every sequence at -np 2 equals its prompt's solo plain greedy output, speculative or not
+    assert two["identical"] == "6/6" and by[("baseline", 2)]["identical"] == "6/6"
+    for r in rows:
+        assert r["seq_tps_mean"] > 0 and r["calls_per_step"] > 0
+    # one llama.cpp call per plain step whatever the parallel level; speculative steps do not grow
+    # with the number of sequences (one injection, one draft, one verify)
+    assert by[("baseline", 1)]["calls_per_step"] == by[("baseline", 2)]["calls_per_step"] == 1.0
+    assert 2 <= two["calls_per_step"] <= 3 and 2 <= one["calls_per_step"] <= 3
+    # the speedup is against the no-spec baseline of the same parallel level
+    assert two["baseline_tps_mean"] == pytest.approx(by[("baseline", 2)]["decode_tps_mean"], rel=0.3)
+    runs = [r for r in doc["runs"] if r["config"] == two["config"]]
+    assert len(runs) == 6 and all(r["engine_t"] > 0 and r["engine_steps"] > 0 for r in runs)
+    # the aggregate is the sum of tokens over the engine's transaction time (each run's share of it)
+    for rep in (0, 1):
+        mine = [r for r in runs if r["rep"] == rep]
+        assert sum(r["engine_t"] for r in mine) < sum(r["stats"]["t_decode"] for r in mine)
+
+
+def test_parallel_markdown_shows_per_sequence_speed(parallel_1_2):
+    path, rows = parallel_1_2
+    doc = json.loads(path.read_text())
+    settings = report.settings_from(doc)
+    text = report.to_markdown(rows, settings)
+    assert "| decode t/s (aggregate) | per-seq t/s | calls/step | speedup |" in text and "-np 2" in text
+    solo = report.to_markdown([r for r in rows if r["parallel"] == 1], settings)
+    assert "per-seq" not in solo and "| decode t/s | speedup |" in solo
+
+
+def test_resume_of_a_file_saved_before_parallel(parallel_1_2, tmp_path):
+    """An old document (no parallel, no engine shares, no spec type) resumes and reports as before."""
+    path, _ = parallel_1_2
+    doc = json.loads(path.read_text())
+    doc["configs"] = [c for c in doc["configs"] if c.pop("parallel") == 1]
+    old_keys = {BenchConfig(**c).key for c in doc["configs"]} | {BenchConfig(**c).baseline().key for c in doc["configs"]}
+    runs = [r for r in doc["runs"] if r["config"] in old_keys and r["rep"] == 0]
+    for r in runs:
+        for f in ("engine_t", "engine_calls", "engine_steps"):
+            r.pop(f)
+    doc.update(runs=runs, complete=False, rows=[])
+    for f in ("spec_type", "p_min", "ngram_size_n", "ngram_size_m"):
+        doc["settings"].pop(f)
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(doc))
+    proc = run_cli("bench", "--resume", str(old), "--no-plot", "-o", "jsonl", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    new = json.loads(old.read_text())
+    assert new["complete"] is True and len(new["runs"]) == 2 * 3 * 2
+    rows = [json.loads(line) for line in proc.stdout.splitlines()]
+    _rows_are_consistent(rows, 3)
+    assert {r["parallel"] for r in rows} == {1}
+
+
+def test_ngram_simple_bench_needs_no_draft(dense_pair, tmp_path):
+    path = tmp_path / "rep.jsonl"
+    path.write_text(json.dumps({"prompt": "a b c d a b c d a b c d a b c d", "category": "echo"}) + "\n")
+    proc = run_cli("bench", "-m", str(dense_pair.target), "--spec-type", "ngram-simple", "--spec-ngram-simple-size-n",
+                   "3", "--prompts", str(path), "-r", "1", "-n", "16", "--no-warmup", "-o", "jsonl", "-np", "1,2",
+                   "--matrix", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    rows = {(r["kind"], r["parallel"]): r for r in map(json.loads, proc.stdout.splitlines())}
+    assert set(rows) == {("spec", 1), ("spec", 2), ("baseline", 1), ("baseline", 2)}
+    assert rows[("spec", 1)]["inject"] is None and rows[("spec", 1)]["identical"] == "1/1"
+    doc_settings = rows[("spec", 1)]
+    assert doc_settings["acceptance_rate"] is not None
+
+
+def test_expand_parallel_levels():
+    configs, skipped = expand(Axes(n_max=(7,), parallel=(1, 4)), recurrent=False, n_tokens=100, native=True)
+    assert [(c.kind, c.parallel, c.inject) for c in configs] == [
+        ("native-baseline", 1, ""), ("spec", 1, "pruned"), ("spec", 4, "pruned"),
+        ("native", 1, "immediate"), ("native", 1, "deferred")]
+    assert any("parallel 1 only" in s.reason and "-np 4" in s.label for s in skipped)
+    assert configs[2].baseline() == BenchConfig("baseline", n_ctx=4096, parallel=4)
+    assert configs[2].solo() == BenchConfig("baseline", n_ctx=4096)
+    assert configs[1].key == "kind=spec|ctk=f16|ctv=f16|n_ctx=4096|n_max=7|inject=pruned"  # as before parallel
+    # the shared cache must hold every sequence, the batch every verify block
+    configs, skipped = expand(Axes(n_ctx=(1024,), n_max=(15,), parallel=(2, 8, 64)), recurrent=False, n_tokens=200)
+    assert [c.parallel for c in configs] == [2]
+    assert [s.reason.split(":")[0] for s in skipped] == ["-c 1024 is too small for -np 8", "-c 1024 is too small for -np 64"]
+    _, skipped = expand(Axes(n_ctx=(65536,), n_max=(15,), parallel=(64,)), recurrent=False, n_tokens=200)
+    assert "-np 64 x (n_max 15 + 1) verify rows exceed the batch of 512 tokens" in skipped[0].reason
+    plain, skipped = expand(Axes(parallel=(1, 2)), recurrent=False, n_tokens=10, native=True, speculative=False)
+    assert [(c.kind, c.parallel) for c in plain] == [("native-baseline", 1)] and "parallel 1 only" in skipped[0].reason
+    ngram, _ = expand(Axes(inject=("pruned", "deferred")), recurrent=False, n_tokens=10, dflash=False)
+    assert [c.inject for c in ngram] == [""]
+    with pytest.raises(InputError, match=r"1\.\.256 \(got 0\)") as exc:  # PairConfig's own rule
+        expand(Axes(parallel=(0,)), recurrent=False, n_tokens=10)
+    assert exc.value.field == "parallel"

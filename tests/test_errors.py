@@ -46,7 +46,8 @@ def test_missing_draft(dense_pair, tmp_path):
 
 def test_dflash_with_a_non_dflash_draft(dense_pair):
     proc = run_cli("run", "-m", str(dense_pair.target), "-md", str(dense_pair.target), "--dflash")
-    _assert_one_line_error(proc, "not a DFlash model")
+    _assert_one_line_error(proc, "error: -md: ")
+    assert "qwen3" in proc.stderr
 
 
 def test_non_dflash_draft_without_flag(dense_pair):
@@ -72,7 +73,47 @@ def test_draft_that_does_not_fit(dense_pair, bad_drafts, case, needle):
 def test_draft_n_max_zero(dense_pair):
     proc = run_cli("run", "-m", str(dense_pair.target), "-md", str(dense_pair.draft),
                    "--spec-draft-n-max", "0")
-    _assert_one_line_error(proc, "--spec-draft-n-max")
+    _assert_one_line_error(proc, "error: --spec-draft-n-max: ")
+    assert "at least 1 (got 0)" in proc.stderr
+
+
+@pytest.mark.parametrize("args, flag, detail", [
+    (["-np", "0"], "-np", "(got 0)"),
+    (["--spec-draft-p-min", "1.5"], "--spec-draft-p-min", "(got 1.5)"),
+    (["--spec-type", "ngram-cache"], "--spec-type", "ngram-cache"),
+    (["--spec-type", "medusa"], "--spec-type", "medusa"),
+    (["--spec-dflash-inject", "later"], "--spec-dflash-inject", "later"),
+    (["--spec-ngram-simple-size-n", "0"], "--spec-ngram-simple-size-n", "(got 0)"),
+    (["-np", "4", "--spec-draft-n-max", "7", "-b", "16"], "-b", "16"),
+])
+def test_errors_name_the_flag(dense_pair, args, flag, detail):
+    """The library names the field at fault; the CLI prints its flag in front, on both commands
+    (bench's comma lists are checked by the same rules)."""
+    proc = run_cli("run", "-m", str(dense_pair.target), "-md", str(dense_pair.draft), "-n", "4", *args)
+    _assert_one_line_error(proc, f"error: {flag}: ")
+    assert detail in proc.stderr
+    if "-b" not in args:  # bench has no -b
+        bench_args = [a if a != "-np" else "--parallel" for a in args]
+        bench = run_cli("bench", "-m", str(dense_pair.target), "-md", str(dense_pair.draft), *bench_args)
+        _assert_one_line_error(bench, f"error: {flag}: ")
+        assert proc.stderr == bench.stderr  # the same line from both commands
+
+
+def test_every_field_the_library_names_has_a_flag():
+    """One FIELD -> FLAG table: every `field="..."` an InputError of the library can carry is in it."""
+    import re
+    from pathlib import Path
+
+    from ggspec.cli_options import FLAGS, error_text
+    from ggspec.errors import InputError
+
+    root = Path(__file__).resolve().parents[1] / "ggspec"
+    fields = {m for f in root.rglob("*.py") for m in re.findall(r'field="(\w+)"', f.read_text())}
+    assert {"n_max", "p_min", "parallel", "spec_type", "draft"} <= fields
+    assert fields <= set(FLAGS), fields - set(FLAGS)
+    assert error_text(InputError("must be at least 1", field="n_ctx")) == "-c: must be at least 1"
+    assert error_text(InputError("plain message")) == "plain message"
+    assert error_text(InputError("unknown field", field="nonesuch")) == "unknown field"
 
 
 def test_prompt_longer_than_context(dense_pair):

@@ -186,11 +186,11 @@ def test_rpc_server_on_a_bad_host(host, msg, build_info):
 
 
 @pytest.mark.parametrize("args, msg", [
-    (("--rpc-timeout", "nan"), "--rpc-timeout nan: expected a finite number of seconds > 0"),
-    (("--rpc-timeout", "inf"), "--rpc-timeout inf: expected a finite number of seconds > 0"),
-    (("--rpc-timeout", "0"), "--rpc-timeout 0: expected a finite number of seconds > 0"),
-    (("-sm", "layer", "-ts", "nan,1"), "-ts nan,1: expected up to 16 finite, non-negative proportions"),
-    (("-sm", "layer", "-ts", "inf,1"), "-ts inf,1: expected up to 16 finite, non-negative proportions"),
+    (("--rpc-timeout", "nan"), "--rpc-timeout: nan: expected a finite number of seconds > 0"),
+    (("--rpc-timeout", "inf"), "--rpc-timeout: inf: expected a finite number of seconds > 0"),
+    (("--rpc-timeout", "0"), "--rpc-timeout: 0: expected a finite number of seconds > 0"),
+    (("-sm", "layer", "-ts", "nan,1"), "-ts: nan,1: expected up to 16 finite, non-negative proportions"),
+    (("-sm", "layer", "-ts", "inf,1"), "-ts: inf,1: expected up to 16 finite, non-negative proportions"),
     (("-sm", "layer", "-ts", "0,0"), "not all zero"),
 ])
 def test_nonsense_device_options(args, msg, dense_pair):

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
 from ggspec.errors import InputError
-from ggspec.runtime.context import CACHE_TYPES
-from ggspec.speculative.dflash import INJECT_MODES
+from ggspec.runtime.context import ContextParams
+from ggspec.speculative.models import PairConfig
 from ggspec.speculative.planes import UNCAPPED, PlaneOptions
 
+NO_FILE = Path()  # PairConfig.validate checks values, never files
+N_BATCH = ContextParams.n_batch  # every configuration's logical batch (the verify batch must fit it)
 NATIVE_MODES = ("immediate", "deferred")  # llama.cpp's own loop: upstream, and patch 0003's deferral
 KINDS = ("spec", "baseline", "native", "native-baseline")
 
@@ -33,11 +36,13 @@ class BenchConfig:
     planes: str = ""  # "uncapped" or a number (hybrid targets); "" where it does not apply
     lead: str = ""  # "default", "auto" or a number; "" where it does not apply
     inject: str = ""  # pruned | deferred | immediate (ggspec); immediate | deferred (native)
+    parallel: int = 1  # sequences decoded together in one engine (the prompts run this many at a time)
 
     @property
     def key(self) -> str:
-        """Stable identity (used by --resume)."""
-        return "|".join(f"{k}={v}" for k, v in asdict(self).items() if v not in ("", 0))
+        """Stable identity (used by --resume; parallel 1 is left out, as in files made before it)."""
+        return "|".join(f"{k}={v}" for k, v in asdict(self).items()
+                        if v not in ("", 0) and not (k == "parallel" and v == 1))
 
     @property
     def label(self) -> str:
@@ -53,6 +58,8 @@ class BenchConfig:
             parts.append("planes uncapped" if self.planes == UNCAPPED else f"planes {self.planes} lead {self.lead}")
         if self.inject:
             parts.append(self.inject)
+        if self.parallel != 1:
+            parts.append(f"-np {self.parallel}")
         return " ".join(parts)
 
     @property
@@ -62,7 +69,11 @@ class BenchConfig:
     def baseline(self) -> "BenchConfig":
         """ggspec's --no-spec with the same target-side settings: every configuration's runs are
         paired with its runs (speedup, `identical`)."""
-        return BenchConfig("baseline", ctk=self.ctk, ctv=self.ctv, n_ctx=self.n_ctx)
+        return BenchConfig("baseline", ctk=self.ctk, ctv=self.ctv, n_ctx=self.n_ctx, parallel=self.parallel)
+
+    def solo(self) -> "BenchConfig":
+        """The plain greedy reference every sequence is compared with: the baseline at parallel 1."""
+        return replace(self.baseline(), parallel=1)
 
     def native_baseline(self) -> "BenchConfig":
         """llama.cpp's own plain greedy with the same target-side settings (--native)."""
@@ -84,6 +95,7 @@ class Axes:
     planes: tuple[str, ...] = (UNCAPPED,)
     lead: tuple[str, ...] = ("default",)
     inject: tuple[str, ...] = ("pruned",)
+    parallel: tuple[int, ...] = (1,)
 
     @property
     def size(self) -> int:
@@ -112,19 +124,17 @@ def split_list(flag: str, text: str | None, default: tuple, cast=str) -> tuple:
 
 def check_axes(axes: Axes) -> None:
     """Values that are wrong whatever they are combined with: one error before anything runs."""
-    for flag, values in (("-ctk", axes.ctk), ("-ctv", axes.ctv)):
+    # the library's own rules (PairConfig.validate), one value at a time: its errors name the field
+    for values, make in ((axes.ctk, lambda v: PairConfig(NO_FILE, ctx=ContextParams(type_k=v))),
+                         (axes.ctv, lambda v: PairConfig(NO_FILE, ctx=ContextParams(type_v=v))),
+                         (axes.inject, lambda v: PairConfig(NO_FILE, inject=v)),
+                         (axes.n_max, lambda v: PairConfig(NO_FILE, n_max=v)),
+                         (axes.parallel, lambda v: PairConfig(NO_FILE, parallel=v))):
         for v in values:
-            if v not in CACHE_TYPES:
-                raise InputError(f"{flag} {v}: unknown cache type (one of {', '.join(CACHE_TYPES)})")
-    for v in axes.inject:
-        if v not in INJECT_MODES:
-            raise InputError(f"--spec-dflash-inject {v}: expected one of {', '.join(INJECT_MODES)}")
-    for v in axes.n_max:
-        if v < 1:
-            raise InputError(f"--spec-draft-n-max {v}: must be at least 1")
+            make(v).validate()
     for v in axes.n_ctx:
         if v < 64:
-            raise InputError(f"-c {v}: too small for a benchmark (at least 64)")
+            raise InputError(f"too small for a benchmark (at least 64, got {v})", field="n_ctx")
     for p in axes.planes:
         for lead in axes.lead:
             PlaneOptions.parse(p, lead)  # spelling only; ranges depend on n_max (skipped per config)
@@ -138,26 +148,35 @@ class Skipped:
 
 def expand(axes: Axes, recurrent: bool, n_tokens: int, native: bool = False,
            profile_len: int | None = None, n_max_limit: int | None = None,
-           speculative: bool = True) -> tuple[list[BenchConfig], list[Skipped]]:
+           speculative: bool = True, dflash: bool = True) -> tuple[list[BenchConfig], list[Skipped]]:
     """Every valid speculative configuration of the matrix (plus llama.cpp's own loop and plain
     greedy where asked), and the invalid combinations with the reason each was skipped. n_tokens:
     the longest prompt plus the tokens to generate (the context must hold them and a draft block).
     `speculative=False` (no draft): only the cache-type and context axes apply, and only the
-    native baselines are configurations of their own (ggspec's baseline runs paired with them)."""
+    native baselines are configurations of their own (ggspec's baseline runs paired with them).
+    `dflash=False` (ngram-simple): no injection axis, and no llama.cpp loop rows. Parallel levels
+    above 1 run ggspec's engine only (llama.cpp's tools decode one sequence)."""
     check_axes(axes)
+    injects = axes.inject if dflash else ("",)
     configs: list[BenchConfig] = []
     skipped: list[Skipped] = []
     if speculative:
-        for ctk, ctv, n_ctx, n_max, planes, lead, inject in itertools.product(
-                axes.ctk, axes.ctv, axes.n_ctx, axes.n_max, axes.planes, axes.lead, axes.inject):
+        for ctk, ctv, n_ctx, n_max, planes, lead, inject, par in itertools.product(
+                axes.ctk, axes.ctv, axes.n_ctx, axes.n_max, axes.planes, axes.lead, injects, axes.parallel):
             cfg = BenchConfig("spec", ctk, ctv, n_ctx, n_max, planes if recurrent else "", lead if recurrent else "",
-                              inject)
+                              inject, par)
             reason = _why_invalid(cfg, recurrent, planes, lead, profile_len, n_tokens, n_max_limit)
             if reason:
-                skipped.append(Skipped(f"n{n_max} {ctk}/{ctv} -c {n_ctx} planes {planes} lead {lead} {inject}", reason))
+                np_ = f" -np {par}" if par != 1 else ""
+                skipped.append(Skipped(f"n{n_max} {ctk}/{ctv} -c {n_ctx} planes {planes} lead {lead} {inject}".rstrip()
+                                       + np_, reason))
             elif cfg not in configs:
                 configs.append(cfg)
     else:
+        for par in axes.parallel:
+            if par != 1:
+                skipped.append(Skipped(f"no-spec -np {par}", "a target-only benchmark compares plain greedy with "
+                                                              "llama.cpp's, one sequence at a time: parallel 1 only"))
         for ctk, ctv, n_ctx in itertools.product(axes.ctk, axes.ctv, axes.n_ctx):
             cfg = BenchConfig("baseline", ctk, ctv, n_ctx)
             if n_ctx < n_tokens + 1:
@@ -168,12 +187,20 @@ def expand(axes: Axes, recurrent: bool, n_tokens: int, native: bool = False,
     if native:
         with_native: list[BenchConfig] = []
         for cfg in configs:  # llama.cpp's plain greedy first: it runs (and reports) next to ggspec's
-            if cfg.native_baseline() not in with_native:
+            if cfg.parallel == 1 and cfg.native_baseline() not in with_native:
                 with_native.append(cfg.native_baseline())
             if cfg.kind == "spec":
                 with_native.append(cfg)
         for cfg in configs:
             if cfg.kind != "spec":
+                continue
+            if cfg.parallel != 1:
+                skipped.append(Skipped(f"llama.cpp {cfg.label}", "llama.cpp's own loop decodes one sequence: "
+                                                                  "--native rows are parallel 1 only"))
+                continue
+            if not dflash:
+                skipped.append(Skipped(f"llama.cpp {cfg.label}", "llama.cpp's own loop rows are run for DFlash "
+                                                                  "drafts only"))
                 continue
             for mode in NATIVE_MODES:
                 nat = replace(cfg, kind="native", planes="", lead="", inject=mode)
@@ -199,6 +226,14 @@ def _why_invalid(cfg: BenchConfig, recurrent: bool, planes: str, lead: str, prof
         return str(exc)
     if cfg.n_ctx < n_tokens + cfg.n_max + 1:
         return f"-c {cfg.n_ctx} is too small: the longest prompt plus -n needs {n_tokens + cfg.n_max + 1}"
+    if cfg.parallel > 1:
+        need = cfg.parallel * (n_tokens + cfg.n_max + 1)
+        if cfg.n_ctx < need:  # one cache for all sequences: fewer would run at once than asked
+            return (f"-c {cfg.n_ctx} is too small for -np {cfg.parallel}: {cfg.parallel} sequences of the longest "
+                    f"prompt plus -n need {need}")
+        if cfg.parallel * (cfg.n_max + 1) > N_BATCH:
+            return (f"-np {cfg.parallel} x (n_max {cfg.n_max} + 1) verify rows exceed the batch of {N_BATCH} "
+                    "tokens")
     if profile_len is not None and profile_len != cfg.n_max + 1:
         return (f"the acceptance profile has {profile_len} entries; --spec-draft-n-max {cfg.n_max} "
                 f"needs {cfg.n_max + 1}")

@@ -66,7 +66,9 @@ def _decode_plot(plt, rows: list[dict], doc: dict, path: Path) -> None:
         if r["kind"] != "baseline" and r["speedup_mean"] is not None:
             x = r["decode_tps_mean"] + (r["decode_tps_sd"] or 0.0)
             ax.text(x, yi, f"  {r['speedup_mean']:.2f}×", va="center", fontsize=8)
-    ax.set_xlabel("decode tokens/s (mean ± sd over repetitions); grey = no-spec baseline (dashed); "
+    what = "aggregate decode tokens/s of all sequences (-np)" if any((r.get("parallel") or 1) > 1 for r in rows) \
+        else "decode tokens/s"
+    ax.set_xlabel(f"{what} (mean ± sd over repetitions); grey = no-spec baseline of the same parallel level (dashed); "
                   "orange = llama.cpp's loop (light: its plain greedy)", fontsize=8)
     ax.set_title(_title(doc), fontsize=9)
     fig.tight_layout()

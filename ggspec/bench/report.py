@@ -30,9 +30,10 @@ SCHEMA = "ggspec-bench/1"
 ROW_FIELDS = (
     # what was run
     "config", "kind", "label", "category", "n_prompts", "reps", "n_predict", "acceptance_profile",
-    "ctk", "ctv", "n_ctx", "n_max", "planes", "lead", "inject",
+    "ctk", "ctv", "n_ctx", "n_max", "planes", "lead", "inject", "parallel",
     # speed
-    "decode_tps_mean", "decode_tps_sd", "prompt_tps_mean", "speedup_mean", "speedup_sd", "baseline_tps_mean",
+    "decode_tps_mean", "decode_tps_sd", "seq_tps_mean", "calls_per_step", "prompt_tps_mean",
+    "speedup_mean", "speedup_sd", "baseline_tps_mean",
     "native_speedup_mean", "native_speedup_sd", "native_baseline_tps_mean",
     # acceptance
     "tau_pooled", "tau_request_mean", "tau_token_weighted", "acceptance_rate", "position_acceptance",
@@ -55,6 +56,30 @@ def _mean_sd(values: list[float]) -> tuple[float, float]:
 
 def _r(x: float | None, nd: int = 4):
     return None if x is None or (isinstance(x, float) and math.isnan(x)) else round(x, nd)
+
+
+def _engine_time(r: Run) -> float:
+    """A run's share of its engine's transaction time (runs saved before parallel: its decode time,
+    the same thing for one sequence at a time)."""
+    return r.engine_t if r.engine_t else r.stats.t_decode
+
+
+def aggregate_tps(runs: list[Run]) -> float:
+    """Tokens of all the runs over their engines' transaction time (prefills excluded): with one
+    sequence at a time, the pooled decode t/s; with several, what the engine delivered in all."""
+    t = sum(_engine_time(r) for r in runs)
+    return sum(r.stats.n_decoded for r in runs) / t if t > 0 else 0.0
+
+
+def _pooled_tps(groups: list[list[Run]]) -> float:
+    """aggregate_tps of several repetitions' runs, summed per repetition first (as `merge` pools)."""
+    t = sum(sum(_engine_time(r) for r in g) for g in groups)
+    return sum(sum(r.stats.n_decoded for r in g) for g in groups) / t if t > 0 else 0.0
+
+
+def _calls_per_step(runs: list[Run]) -> float | None:
+    steps = sum(r.engine_steps for r in runs)
+    return sum(r.engine_calls for r in runs) / steps if steps else None
 
 
 def make_rows(configs: list[BenchConfig], runs: list[Run], settings: Settings, meta: dict) -> list[dict]:
@@ -85,19 +110,22 @@ def make_rows(configs: list[BenchConfig], runs: list[Run], settings: Settings, m
 def _row(cfg: BenchConfig, category: str, runs: list[Run], by_config: dict, settings: Settings, meta: dict) -> dict:
     reps = sorted({r.rep for r in runs})
     per_rep = {rep: merge(r.stats for r in runs if r.rep == rep) for rep in reps}
-    tps = [per_rep[rep].decode_tps for rep in reps]
+    runs_of = {rep: [r for r in runs if r.rep == rep] for rep in reps}
+    tps = [aggregate_tps(runs_of[rep]) for rep in reps]  # = per_rep[rep].decode_tps at parallel 1
     total = merge(r.stats for r in runs)
     row = {f: None for f in ROW_FIELDS}
     row.update(config=cfg.key, kind=cfg.kind, label=cfg.label, category=category,
                n_prompts=len({r.prompt for r in runs}), reps=len(reps), n_predict=settings.n_predict,
                acceptance_profile=settings.profile if cfg.speculative else None,
                ctk=cfg.ctk, ctv=cfg.ctv, n_ctx=cfg.n_ctx, n_max=cfg.n_max or None, planes=cfg.planes or None,
-               lead=cfg.lead or None, inject=cfg.inject or None,
+               lead=cfg.lead or None, inject=cfg.inject or None, parallel=cfg.parallel,
                build=meta.get("build"), patches=",".join(meta.get("patches", [])),
                target_sha256=meta.get("target_sha256"), draft_sha256=meta.get("draft_sha256"),
                machine=meta.get("machine"), devices=settings.devices)
     mean, sd = _mean_sd(tps)
     row.update(decode_tps_mean=_r(mean, 2), decode_tps_sd=_r(sd, 2),
+               seq_tps_mean=_r(statistics.fmean(per_rep[rep].decode_tps for rep in reps), 2),
+               calls_per_step=_r(_calls_per_step(runs), 3),
                rss_mib=_r(max(r.rss_mib for r in runs), 1), peak_rss_mib=_r(max(r.peak_rss_mib for r in runs), 1))
     if cfg.kind in ("spec", "baseline"):
         row["prompt_tps_mean"] = _r(statistics.fmean(per_rep[rep].prompt_tps for rep in reps), 2)
@@ -108,23 +136,26 @@ def _row(cfg: BenchConfig, category: str, runs: list[Run], by_config: dict, sett
     native_runs = [r for r in by_config.get(cfg.native_baseline().key, []) if category in ("all", r.category)]
     if native_runs:
         native_per_rep = {rep: merge(r.stats for r in native_runs if r.rep == rep) for rep in reps}
-        ratios = [per_rep[rep].decode_tps / native_per_rep[rep].decode_tps for rep in reps
+        ratios = [tps[k] / native_per_rep[rep].decode_tps for k, rep in enumerate(reps)
                   if native_per_rep[rep].decode_tps]
         n_mean, n_sd = _mean_sd(ratios)
         row.update(native_speedup_mean=_r(n_mean), native_speedup_sd=_r(n_sd),
                    native_baseline_tps_mean=_r(merge(native_per_rep.values()).decode_tps, 2))
     if cfg.kind == "baseline":
         row.update(speedup_mean=1.0, speedup_sd=0.0, baseline_tps_mean=row["decode_tps_mean"])
+        if cfg.parallel > 1:  # batched plain decoding, checked against each prompt's solo output
+            row["identical"] = f"{sum(bool(r.identical) for r in runs)}/{len(runs)}"
         return row
 
     # speedup: ratios of paired runs (same repetition, same prompts, run back to back)
     base_runs = [r for r in by_config.get(cfg.baseline().key, []) if r.paired_with == cfg.key]
-    base_per_rep = {rep: merge(r.stats for r in base_runs if r.rep == rep and category in ("all", r.category))
-                    for rep in reps}
-    ratios = [per_rep[rep].decode_tps / base_per_rep[rep].decode_tps for rep in reps if base_per_rep[rep].decode_tps]
+    base_of = {rep: [r for r in base_runs if r.rep == rep and category in ("all", r.category)] for rep in reps}
+    base_per_rep = {rep: merge(r.stats for r in base_of[rep]) for rep in reps}
+    ratios = [tps[k] / aggregate_tps(base_of[rep]) for k, rep in enumerate(reps) if aggregate_tps(base_of[rep])]
     s_mean, s_sd = _mean_sd(ratios)
     base_total = merge(base_per_rep.values())
-    row.update(speedup_mean=_r(s_mean), speedup_sd=_r(s_sd), baseline_tps_mean=_r(base_total.decode_tps, 2),
+    base_tps = _pooled_tps([base_of[rep] for rep in reps])
+    row.update(speedup_mean=_r(s_mean), speedup_sd=_r(s_sd), baseline_tps_mean=_r(base_tps, 2),
                acceptance_rate=_r(total.acceptance_rate) if cfg.speculative else None,
                identical=f"{sum(bool(r.identical) for r in runs)}/{len(runs)}")
     if cfg.kind != "spec":
@@ -218,15 +249,17 @@ _STATS_TYPES = {f: (lambda v: _is_num(v) and v >= 0) for f in RunStats.__datacla
 _STATS_TYPES.update({f: (lambda v: isinstance(v, list) and all(is_int(x) and x >= 0 for x in v))
                      for f in ("accept_hist", "pos_drafted", "pos_accepted")})
 _CONFIG_TYPES = {"kind": (str,), "ctk": (str,), "ctv": (str,), "n_ctx": is_int, "n_max": is_int,
-                 "planes": (str,), "lead": (str,), "inject": (str,)}
+                 "planes": (str,), "lead": (str,), "inject": (str,), "parallel": is_int}
 _RUN_TYPES = {"config": (str,), "rep": is_int, "prompt": is_int, "category": (str,), "stats": (dict,),
               "identical": lambda v: v is None or isinstance(v, bool), "paired_with": (str,),
-              "rss_mib": _is_num, "peak_rss_mib": _is_num, "plane_bytes": is_int, "plane_layout": (str,)}
+              "rss_mib": _is_num, "peak_rss_mib": _is_num, "plane_bytes": is_int, "plane_layout": (str,),
+              **{f: lambda v: _is_num(v) and v >= 0 for f in ("engine_t", "engine_calls", "engine_steps")}}
 _SETTINGS_TYPES = {"target": (str,), "draft": (str,), "n_predict": is_int, "reps": is_int, "threads": is_int,
                    "warmup": (bool,), "profile": lambda v: v is None or isinstance(v, str),
                    "profile_weights": lambda v: v is None or (isinstance(v, list) and all(_is_num(x) for x in v)),
                    "prompts": (list,), "placement": lambda v: v is None or isinstance(v, dict),
-                   "n_gpu_layers": is_int}
+                   "n_gpu_layers": is_int, "spec_type": lambda v: v is None or isinstance(v, str),
+                   "p_min": _is_num, "ngram_size_n": is_int, "ngram_size_m": is_int}
 _PLACEMENT_TYPES = {"split_mode": (str,), "rpc": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
                     "tensor_split": lambda v: isinstance(v, list) and all(_is_num(x) and x >= 0 for x in v),
                     "mirror_output": (bool,), "rpc_timeout": lambda v: _is_num(v) and v > 0}
@@ -263,7 +296,9 @@ def _check_document(doc: dict, what: str) -> None:
             cfg = BenchConfig(**c)
             _need(cfg.kind in KINDS, f"{where}.kind {cfg.kind!r} is not one of {', '.join(KINDS)}")
             check_axes(Axes(ctk=(cfg.ctk,), ctv=(cfg.ctv,), n_ctx=(cfg.n_ctx,), n_max=(max(cfg.n_max, 1),),
-                            inject=(cfg.inject or "pruned",)))
+                            inject=(cfg.inject or "pruned",), parallel=(cfg.parallel,)))
+            _need(cfg.parallel == 1 or cfg.kind in ("spec", "baseline"),
+                  f"{where}.parallel {cfg.parallel}: llama.cpp's tools run parallel 1 only")
             _need(cfg.n_max >= 0 and cfg.speculative == (cfg.n_max >= 1),
                   f"{where}.n_max {cfg.n_max} does not fit kind {cfg.kind}")
             if cfg.kind == "spec":
@@ -271,8 +306,9 @@ def _check_document(doc: dict, what: str) -> None:
             if cfg.kind == "native":
                 _need(cfg.inject in NATIVE_MODES, f"{where}.inject {cfg.inject!r} is not one of {', '.join(NATIVE_MODES)}")
         except InputError as exc:
-            raise _Damaged(f"{where}: {exc}") from None
-        _need(not (cfg.speculative and not settings.draft), f"{where} is speculative, the benchmark has no draft")
+            raise _Damaged(f"{where}: {exc.field + ': ' if exc.field else ''}{exc}") from None
+        _need(not (cfg.speculative and not settings.draft and settings.spec_type != "ngram-simple"),
+              f"{where} is speculative, the benchmark has no draft")
         _need(not (cfg.speculative and settings.profile_weights and len(settings.profile_weights) != cfg.n_max + 1),
               f"{where}.n_max {cfg.n_max} does not fit the acceptance profile's {len(settings.profile_weights or ())} "
               "entries")
@@ -393,7 +429,9 @@ def to_markdown(rows: list[dict], settings: Settings) -> str:
     """llama-bench-like table: the figures people compare; csv / json carry everything. A column
     no row fills (τ and the rest on a target-only benchmark, replay on a dense target) is left out."""
     native = any(r["native_speedup_mean"] is not None for r in rows)
-    head = ["configuration", "category", "decode t/s", "speedup"] + (["vs llama.cpp no-spec"] if native else []) + [
+    par = any((r["parallel"] or 1) > 1 for r in rows)  # parallel levels: aggregate and per-sequence speed
+    head = ["configuration", "category", "decode t/s" + (" (aggregate)" if par else "")] + (
+        ["per-seq t/s", "calls/step"] if par else []) + ["speedup"] + (["vs llama.cpp no-spec"] if native else []) + [
         "τ pooled", "accept", "S_max", "replay", "time: draft/verify/inject/replay/other %", "identical"]
     table = []
     for r in rows:
@@ -403,6 +441,7 @@ def to_markdown(rows: list[dict], settings: Settings) -> str:
         table.append([
             label, r["category"],
             f"{_fmt(r['decode_tps_mean'], '.1f')} ± {_fmt(r['decode_tps_sd'], '.1f')}",
+            *([_fmt(r["seq_tps_mean"], ".1f"), _fmt(r["calls_per_step"], ".2f")] if par else []),
             f"{_fmt(r['speedup_mean'], '.2f')} ± {_fmt(r['speedup_sd'], '.2f')}" if r["kind"] != "baseline" else "1.00",
             *([_ratio(r["native_speedup_mean"], r["native_speedup_sd"], r["kind"] == "native-baseline")] if native else []),
             _fmt(r["tau_pooled"], ".2f"),
@@ -411,12 +450,15 @@ def to_markdown(rows: list[dict], settings: Settings) -> str:
             "" if r["replay_share"] is None or r["planes"] is None else f"{100 * r['replay_share']:.0f}%",
             shares, r["identical"] or "",
         ])
-    keep = [i for i in range(len(head)) if i < 4 or any(cells[i] for cells in table)]
+    keep = [i for i in range(len(head)) if i <= head.index("speedup") or any(cells[i] for cells in table)]
     out = ["| " + " | ".join(head[i] for i in keep) + " |", "|" + "---|" * len(keep)]
     out += ["| " + " | ".join(cells[i] for i in keep) + " |" for cells in table]
     lines = "\n".join(out)
     note = (f"\n\n{settings.n_predict} tokens per prompt, {settings.reps} repetitions, {len(settings.prompts)} prompts; "
-            "speedup = mean of paired ratios to the no-spec baseline with the same cache types")
+            "speedup = mean of paired ratios to the no-spec baseline with the same cache types"
+            + (" and parallel level; decode t/s (aggregate) = tokens of all sequences / the engine's transaction "
+               "time, per-seq t/s = one sequence's tokens / the time of the steps it was in; identical = every "
+               "output equals the prompt's solo plain greedy output" if par else ""))
     if any(r["tau_pooled"] is not None for r in rows):
         note += ("; τ pooled = committed tokens / speculative steps (bonus token included); "
                  "S_max = τ·T_target(1) / (T_draft + T_verify)")

@@ -3,7 +3,10 @@
 Configurations run one after another; inside each, every (repetition, prompt) runs the
 configuration and its `--no-spec` baseline back to back, in alternating order (A B, B A, ...),
 so machine drift hits both alike and every speedup is a ratio of paired runs (llama.cpp's own
-loops, `--native`, are paired with ggspec's baseline the same way). Models are loaded
+loops, `--native`, are paired with ggspec's baseline the same way). At parallel P > 1 the unit is
+a repetition: all its prompts go through one engine P at a time (continuous batching), then
+through the baseline engine of the same parallel level (alternating order per repetition); each
+sequence still gets its own `Run`, carrying its share of the engine's transaction time and calls. Models are loaded
 once; each configuration gets its own contexts, closed before the next one starts (a matrix of
 18 configurations must not hold 18 KV caches). Like mlx-lm's `generate`, this is a generator:
 the CLI shows progress and saves what has been measured, and stops cleanly on Ctrl-C.
@@ -15,7 +18,7 @@ import itertools
 import resource
 import tempfile
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -26,11 +29,12 @@ from ggspec.bench.prompts import Prompt
 from ggspec.runtime import ContextParams
 from ggspec.runtime.context import resolve_flash_attn
 from ggspec.runtime.devices import Placement
-from ggspec.testing.forced import ForcedAcceptance, profile_lengths
-from ggspec.speculative.loop import generate_greedy, generate_spec
-from ggspec.speculative.pair import PairConfig, SpecPair
+from ggspec.speculative.engine import Engine
+from ggspec.speculative.loop import generate_greedy, proposing
+from ggspec.speculative.models import Models, PairConfig
 from ggspec.speculative.planes import PlaneOptions
 from ggspec.speculative.stats import RunStats
+from ggspec.testing.forced import ForcedAcceptance, profile_lengths
 
 WARMUP_TOKENS = 16
 
@@ -49,6 +53,10 @@ class Settings:
     prompts: tuple[Prompt, ...]
     placement: Placement = Placement()  # devices: the same for every configuration
     n_gpu_layers: int = 0
+    spec_type: str | None = None  # --spec-type (None: detected from the draft)
+    p_min: float = PairConfig.p_min
+    ngram_size_n: int = PairConfig.ngram_size_n
+    ngram_size_m: int = PairConfig.ngram_size_m
 
     @property
     def devices(self) -> str:
@@ -62,6 +70,16 @@ class Settings:
 
 
 @dataclass
+class Decoded:
+    """One sequence's result inside `Runner._decode`."""
+    stats: RunStats = field(default_factory=RunStats)
+    tokens: list[int] = field(default_factory=list)
+    engine_t: float = 0.0
+    engine_calls: float = 0.0
+    engine_steps: float = 0.0
+
+
+@dataclass
 class Run:
     """One measured generation: a configuration (or its paired baseline) on one prompt."""
     config: str  # BenchConfig.key
@@ -69,12 +87,19 @@ class Run:
     prompt: int  # index into Settings.prompts
     category: str
     stats: RunStats
-    identical: bool | None = None  # output equal to the paired baseline run's (None: baseline itself)
+    # output equal to the paired baseline run's (parallel > 1: to the prompt's solo plain greedy
+    # output, for baseline runs too); None: a parallel-1 baseline run itself
+    identical: bool | None = None
     paired_with: str = ""  # for baseline runs: the configuration they were paired with
     rss_mib: float = 0.0
     peak_rss_mib: float = 0.0
     plane_bytes: int = 0  # recurrent state memory per sequence (hybrid targets)
     plane_layout: str = ""
+    # this run's share of its engine's transactions (each one's wall time, llama.cpp calls and count
+    # divided evenly among the sequences in it): aggregate t/s = tokens / engine_t over runs
+    engine_t: float = 0.0
+    engine_calls: float = 0.0
+    engine_steps: float = 0.0
     tokens: list[int] = field(default_factory=list, repr=False)  # not saved
     text: str = field(default="", repr=False)  # llama.cpp's tool: its printed text (not saved)
 
@@ -99,11 +124,11 @@ def rss_mib() -> tuple[float, float]:
 class Runner:
     def __init__(self, settings: Settings) -> None:
         self.s = settings
-        # owns the loaded models for the whole benchmark; tiny contexts, never used to measure
-        self.anchor = SpecPair(self._pair_config(None, ContextParams(n_ctx=256, n_threads=settings.threads), n_max=1))
-        self.recurrent = self.anchor.target_model.is_recurrent
-        self.tokens = [self.anchor.target_model.tokenize(p.text) for p in settings.prompts]
-        self._baselines: dict[str, SpecPair] = {}
+        # the weights, loaded once for the whole benchmark; every configuration's engine uses them
+        self.models = Models(self._pair_config(None, ContextParams(n_ctx=256, n_threads=settings.threads), n_max=1))
+        self.recurrent = self.models.target.is_recurrent
+        self.tokens = [self.models.target.tokenize(p.text) for p in settings.prompts]
+        self._baselines: dict[str, Engine] = {}
         self._references: dict[tuple[str, int], np.ndarray] = {}
         self._tools: dict[str, Path] = {}
         self._tmp = tempfile.TemporaryDirectory(prefix="ggspec-bench-")
@@ -116,7 +141,7 @@ class Runner:
         for sp in self._baselines.values():
             sp.close()
         self._baselines.clear()
-        self.anchor.close()
+        self.models.close()
         self._tmp.cleanup()
 
     # --- pairs -----------------------------------------------------------------------------------
@@ -128,54 +153,85 @@ class Runner:
                      speculative: bool = True) -> PairConfig:
         s = self.s
         return PairConfig(target=Path(s.target), draft=Path(s.draft) if speculative and s.draft else None,
-                          n_max=cfg.n_max if cfg else n_max, ctx=ctx,
+                          spec_type=s.spec_type if speculative else None, p_min=s.p_min,
+                          ngram_size_n=s.ngram_size_n, ngram_size_m=s.ngram_size_m,
+                          n_max=cfg.n_max if cfg else n_max, ctx=ctx, parallel=cfg.parallel if cfg else 1,
                           planes=cfg.plane_options if cfg else PlaneOptions(), inject=(cfg.inject if cfg else "") or "pruned",
                           placement=s.placement, n_gpu_layers=s.n_gpu_layers, n_gpu_layers_draft=s.n_gpu_layers)
 
-    def _pair(self, cfg: BenchConfig) -> SpecPair:
-        return SpecPair(self._pair_config(cfg, self._ctx(cfg)), share_models=self.anchor)
+    def _pair(self, cfg: BenchConfig) -> Engine:
+        return Engine(self.models, self._pair_config(cfg, self._ctx(cfg)))
 
-    def _baseline(self, cfg: BenchConfig) -> SpecPair:
-        base = cfg.baseline()
+    def _baseline(self, base: BenchConfig) -> Engine:
+        """ggspec's plain engine of a baseline configuration (kept for the whole benchmark)."""
         if base.key not in self._baselines:
-            pc = self._pair_config(None, self._ctx(base), speculative=False)
-            self._baselines[base.key] = SpecPair(pc, share_models=self.anchor)
+            pc = replace(self._pair_config(None, self._ctx(base), speculative=False), parallel=base.parallel)
+            self._baselines[base.key] = Engine(self.models, pc, plain=True)
         return self._baselines[base.key]
 
     def _reference(self, cfg: BenchConfig, i: int, n_max: int) -> np.ndarray:
-        """Prompt + greedy continuation (long enough for a last full draft block), per baseline
-        context: the forced-acceptance proposer replays it."""
-        key = (cfg.baseline().key, i)
+        """Prompt + solo plain greedy continuation (long enough for a last full draft block), per
+        baseline context: the forced-acceptance proposer replays it, parallel runs are compared with it."""
+        key = (cfg.solo().key, i)
         need = len(self.tokens[i]) + self.s.n_predict + n_max + 1
         if key not in self._references or len(self._references[key]) < need:
-            sp = self._baseline(cfg)
-            sp.reset()
             n = self.s.n_predict + n_max + 1
-            out = [t for st in generate_greedy(sp.target, self.tokens[i], n, ignore_eos=True) for t in st.tokens]
+            solo = self._baseline(cfg.solo())
+            out = [t for st in generate_greedy(solo, self.tokens[i], n, ignore_eos=True) for t in st.tokens]
             self._references[key] = np.concatenate([self.tokens[i], np.asarray(out, dtype=np.int32)])
         return self._references[key]
 
+    def _solo_tokens(self, cfg: BenchConfig, i: int) -> list[int]:
+        """The prompt's plain greedy output decoded alone (what every parallel sequence must equal)."""
+        start = len(self.tokens[i])
+        return [int(t) for t in self._reference(cfg, i, 0)[start:start + self.s.n_predict]]
+
     # --- single runs -------------------------------------------------------------------------------
 
-    def _lengths(self, i: int, n_max: int):
-        return profile_lengths(self.s.profile_weights, n_max, seed=i)
+    def _lengths(self, seed: int, n_max: int):
+        return profile_lengths(self.s.profile_weights, n_max, seed=seed)
 
-    def _generate(self, sp: SpecPair, cfg: BenchConfig, i: int, n: int) -> tuple[RunStats, list[int]]:
-        sp.reset()
-        prompt = self.tokens[i]
-        if sp.speculative:
-            proposer = sp.proposer
-            if self.s.profile_weights is not None:
-                proposer = ForcedAcceptance(sp.proposer, self._reference(cfg, i, cfg.n_max), self._lengths(i, cfg.n_max),
-                                            sp.target_model.n_vocab)
-            steps = generate_spec(sp.target, proposer, prompt, n, sp.n_max, ignore_eos=True, on_accept=sp.on_accept)
-        else:
-            steps = generate_greedy(sp.target, prompt, n, ignore_eos=True)
-        stats, tokens = RunStats(), []
-        for step in steps:
-            stats.add(step)
-            tokens += step.tokens
-        return stats, tokens
+    def _decode(self, sp: Engine, cfg: BenchConfig, prompts: list[int], n: int, seed: int) -> dict[int, Decoded]:
+        """Decode `prompts` (indices) through `sp`, as many at a time as it has slots and cells
+        (continuous batching; one prompt: a plain single-sequence run). `seed`: the acceptance
+        profile's draws (benchmark device) when there is one."""
+        proposer = None
+        if sp.speculative and self.s.profile_weights is not None:
+            refs = {i: self._reference(cfg, i, cfg.n_max) for i in prompts}  # before anything is timed
+            proposer = ForcedAcceptance(sp.proposer, lambda seq: refs[seq.tag], self._lengths(seed, cfg.n_max),
+                                        sp.target_model.n_vocab)
+        out = {i: Decoded() for i in prompts}
+        pending = list(prompts)
+        with proposing(sp, proposer):
+            try:
+                while pending or sp.active:
+                    while pending and sp.can_add(self.tokens[pending[0]], n):
+                        i = pending.pop(0)
+                        sp.add(self.tokens[i], n, ignore_eos=True, tag=i)
+                    calls = sp.stats.calls
+                    results = sp.step()
+                    live = [(seq, step) for seq, step in results if step.kind != "prefill"]
+                    calls = sp.stats.calls - calls
+                    for seq, step in results:
+                        d = out[seq.tag]
+                        d.stats.add(step)
+                        d.tokens += step.tokens
+                    for seq, step in live:  # this transaction, shared evenly by its sequences
+                        d = out[seq.tag]
+                        d.engine_t += step.t_total / len(live)
+                        d.engine_calls += calls / len(live)
+                        d.engine_steps += 1 / len(live)
+            finally:
+                for seq in list(sp.active):  # interrupted: free the slots for the next use
+                    sp.cancel(seq)
+        return out
+
+    def _run(self, cfg: BenchConfig, rep: int, i: int, d: Decoded, sp: Engine | None = None, **kw) -> Run:
+        run = Run(cfg.key, rep, i, self.s.prompts[i].category, d.stats, tokens=d.tokens, engine_t=d.engine_t,
+                  engine_calls=d.engine_calls, engine_steps=d.engine_steps, **kw)
+        if sp is not None and sp.speculative:
+            run.plane_bytes, run.plane_layout = sp.recurrent_bytes(), sp.plane_layout
+        return run
 
     def check_tools(self, configs: list[BenchConfig]) -> None:
         """Find llama.cpp's tools the configurations need before anything is measured."""
@@ -202,7 +258,8 @@ class Runner:
             forced.write_text(" ".join(map(str, ref)) + "\n" + " ".join(map(str, counts)) + "\n")
         res = run_cpp(self._tool(TOOL), Path(self.s.target), Path(self.s.draft), self.s.prompts[i].text, n, cfg.n_max,
                       defer=cfg.inject == "deferred", n_ctx=cfg.n_ctx, ctk=cfg.ctk, ctv=cfg.ctv,
-                      flash_attn=flash_attn, threads=self.s.threads, forced=forced)
+                      flash_attn=flash_attn, threads=self.s.threads, forced=forced,
+                      spec_type=self.models.plan.spec_type or "draft-dflash", p_min=self.s.p_min or None)
         stats = RunStats(n_decoded=res.n_decoded, n_generated=res.n_decoded, t_decode=res.seconds,
                          drafted=res.drafted, accepted=res.accepted)
         return stats, res.text
@@ -212,14 +269,18 @@ class Runner:
     def run_config(self, cfg: BenchConfig, done: set[tuple[int, int]] = frozenset()) -> Iterator[Run]:
         """Every (rep, prompt) not in `done`: the configuration's run, then its paired baseline
         run (or the other way round), as two Run records."""
-        base_sp = self._baseline(cfg)
-        base_key = cfg.baseline().key
+        base = cfg.baseline()
+        base_sp = self._baseline(base)
         sp = self._pair(cfg) if cfg.kind == "spec" else None
         try:
             if self.s.warmup:
-                self._generate(base_sp, cfg.baseline(), 0, WARMUP_TOKENS)
+                first = list(range(min(cfg.parallel, len(self.s.prompts))))
+                self._decode(base_sp, base, first, WARMUP_TOKENS, seed=0)
                 if sp is not None:
-                    self._generate(sp, cfg, 0, WARMUP_TOKENS)
+                    self._decode(sp, cfg, first, WARMUP_TOKENS, seed=0)
+            if cfg.parallel > 1:
+                yield from self._run_parallel(cfg, sp, base_sp, done)
+                return
             for rep in range(self.s.reps):
                 for i, prompt in enumerate(self.s.prompts):
                     if (rep, i) in done:
@@ -228,13 +289,11 @@ class Runner:
                     runs = {}
                     for which in (("config", "base") if first_is_config else ("base", "config")):
                         if which == "base":
-                            stats, tokens = self._generate(base_sp, cfg.baseline(), i, self.s.n_predict)
-                            runs["base"] = Run(base_key, rep, i, prompt.category, stats, paired_with=cfg.key,
-                                               tokens=tokens)
+                            d = self._decode(base_sp, base, [i], self.s.n_predict, seed=i)[i]
+                            runs["base"] = self._run(base, rep, i, d, paired_with=cfg.key)
                         elif sp is not None:
-                            stats, tokens = self._generate(sp, cfg, i, self.s.n_predict)
-                            runs["config"] = Run(cfg.key, rep, i, prompt.category, stats, tokens=tokens,
-                                                 plane_bytes=sp.recurrent_bytes(), plane_layout=sp.plane_layout)
+                            d = self._decode(sp, cfg, [i], self.s.n_predict, seed=i)[i]
+                            runs["config"] = self._run(cfg, rep, i, d, sp)
                         else:
                             stats, text = self._native(cfg, i, self.s.n_predict)
                             runs["config"] = Run(cfg.key, rep, i, prompt.category, stats, text=text)
@@ -248,8 +307,31 @@ class Runner:
             if sp is not None:
                 sp.close()
 
+    def _run_parallel(self, cfg: BenchConfig, sp: Engine, base_sp: Engine, done) -> Iterator[Run]:
+        """Parallel P: per repetition, all its missing prompts through the configuration's engine
+        and through the baseline engine of the same parallel level, one after the other (in
+        alternating order); every output is compared with the prompt's solo plain greedy output."""
+        base = cfg.baseline()
+        for rep in range(self.s.reps):
+            todo = [i for i in range(len(self.s.prompts)) if (rep, i) not in done]
+            if not todo:
+                continue
+            decoded = {}
+            for which in (("config", "base") if rep % 2 == 0 else ("base", "config")):
+                engine, what = (sp, cfg) if which == "config" else (base_sp, base)
+                decoded[which] = self._decode(engine, what, todo, self.s.n_predict, seed=1000 * (rep + 1))
+            for i in todo:
+                solo = self._solo_tokens(cfg, i)
+                c = self._run(cfg, rep, i, decoded["config"][i], sp)
+                b = self._run(base, rep, i, decoded["base"][i], paired_with=cfg.key)
+                for r in (c, b):
+                    r.identical = r.tokens == solo
+                    r.rss_mib, r.peak_rss_mib = rss_mib()
+                yield c
+                yield b
+
     @staticmethod
-    def _same(c: Run, b: Run, prompt: str, base_sp: SpecPair) -> bool:
+    def _same(c: Run, b: Run, prompt: str, base_sp: Engine) -> bool:
         if c.text:  # llama.cpp's tools: compared as text (the speculative one may run a few tokens on)
             model = base_sp.target_model
             # with --ignore-eos llama.cpp never samples an end-of-generation token, where ggspec's plain

@@ -76,12 +76,13 @@ class BenchSession:
                 draft = Path(self.settings.draft) if self.settings.draft else None
                 self.meta = collect(Path(self.settings.target), draft, self.settings.threads)
                 profile_len = len(self.settings.profile_weights) if self.settings.profile_weights else None
-                info = self.runner.anchor.info
-                limit = info.n_max_limit if info is not None else None
+                drafting = self.runner.models.plan
+                limit = drafting.max_draft
                 self.configs, self.skipped = expand(self._fit_n_max(plan, limit), self.runner.recurrent,
                                                     self.runner.longest_prompt + self.settings.n_predict,
                                                     native=plan.native, profile_len=profile_len,
-                                                    n_max_limit=limit, speculative=info is not None)
+                                                    n_max_limit=limit, speculative=drafting.spec_type is not None,
+                                                    dflash=drafting.spec_type != "ngram-simple")
                 self.done_runs = []
             if not self.configs:
                 raise InputError("no configuration left to run: " + "; ".join(

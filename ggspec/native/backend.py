@@ -9,12 +9,11 @@ should see one line saying so rather than a core dump.
 from __future__ import annotations
 
 import ctypes
-import os
-import sys
 from ctypes import CFUNCTYPE, POINTER, c_char_p, c_size_t, c_void_p
 from functools import cache
 from types import SimpleNamespace
 
+from ggspec import fatal
 from ggspec.native.bindings import library_path, load
 
 _ABORT_CB = CFUNCTYPE(None, c_char_p)
@@ -47,10 +46,10 @@ def ggml() -> SimpleNamespace:
 
 
 def install_abort_handler(hint: str) -> None:
-    """Turn a ggml abort (an assertion, a lost RPC worker) into one line on stderr and exit 1.
+    """Turn a ggml abort (an assertion, a lost RPC worker) into one reason handed to
+    ggspec.fatal, whose handler ends the process (the CLI: one line, exit 1).
 
-    Runs on whatever thread aborted (e.g. the RPC dispatcher); the process cannot continue, so it
-    ends right there with os._exit, after saying why."""
+    Runs on whatever thread aborted (e.g. the RPC dispatcher); the process cannot continue."""
     global _abort_callback, _hint
     _hint = hint
     if _abort_callback is not None:
@@ -61,9 +60,7 @@ def install_abort_handler(hint: str) -> None:
         why = text[-1] if text else "unknown error"
         if "RPC server" in why or "Failed to connect" in why or "RPC handshake" in why:
             why = f"an RPC worker stopped answering ({_hint}): {why.rsplit(': ', 1)[-1]}"
-        sys.stderr.write(f"error: llama.cpp aborted: {why}\n")
-        sys.stderr.flush()
-        os._exit(1)
+        fatal.end(f"llama.cpp aborted: {why}")
 
     _abort_callback = _ABORT_CB(on_abort)
     ggml().set_abort_callback(_abort_callback)

@@ -4,7 +4,8 @@ The pinned RPC client has no timeouts: a worker that stopped (SIGSTOP, a frozen 
 that accepts connections and never answers leaves llama.cpp blocked forever, in whichever call
 happened to need the worker: the handshake inside `ggml_backend_rpc_add_server`, a model load,
 context creation, a decode, a logits or layer-input read, a memory/state call, a free. A blocked C
-call cannot be interrupted from Python, so the watchdog ends the process with one line instead.
+call cannot be interrupted from Python, so the watchdog ends the process (ggspec.fatal)
+with one line instead.
 
 One mechanism covers all of those calls, without wrapping any of them: from before the first
 contact with a worker (`arm`, called by ggspec.runtime.devices) a daemon thread looks at what
@@ -21,9 +22,10 @@ from __future__ import annotations
 import math
 import os
 import platform
-import sys
 import threading
 import time
+
+from ggspec import fatal
 
 _limit: float | None = None  # seconds; None: not armed
 _what = ""
@@ -73,15 +75,8 @@ def end() -> None:
 
 
 def _fire() -> None:
-    message = (f"error: no answer from the RPC workers for {_limit:g} s ({_what}); "
-               "a worker stopped or its host is unreachable (raise --rpc-timeout for slow links)\n")
-    try:
-        sys.stderr.write(message)
-        sys.stderr.flush()
-    except Exception:  # noqa: BLE001, S110 - stderr closed or replaced: end the process all the same
-        pass
-    finally:
-        os._exit(1)
+    fatal.end(f"no answer from the RPC workers for {_limit:g} s ({_what}); "
+              "a worker stopped or its host is unreachable (raise the RPC timeout for slow links)")
 
 
 # --- /proc inspection ------------------------------------------------------------------------------

@@ -143,9 +143,7 @@ class DFlashProposer:
 
     def __init__(self, target: Context, draft: Context, info: DFlashInfo, inject: str = "pruned",
                  p_min: float = 0.0) -> None:
-        if inject not in INJECT_MODES:
-            raise InputError(f"{inject}: expected one of {', '.join(INJECT_MODES)}", field="inject")
-        self.target = target
+        self.target = target  # (the inject mode was checked with the other options: PairConfig.validate)
         self.draft = draft
         self.info = info
         self.inject = inject

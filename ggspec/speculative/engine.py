@@ -343,10 +343,16 @@ class Engine:
         t = time.perf_counter()
         self._batch.clear()
         spans, blocks, row = [], {}, 0
+        width = self._span_width(live, drafts)
+        if width:  # a sequence whose cells cannot hold an equal span has filled its context: it ends
+            for seq in [seq for seq in live if seq.limit - seq.pos < width]:
+                seq.done = True
+                live.remove(seq)
+            if not live:
+                return []
         for seq in live:
-            block = np.empty(len(drafts[seq]) + 1, dtype=np.int32)
-            block[0] = seq.id_last
-            block[1:] = drafts[seq].tokens
+            block = np.full(width or len(drafts[seq]) + 1, seq.id_last, dtype=np.int32)
+            block[1:len(drafts[seq]) + 1] = drafts[seq].tokens  # any padding after the drafts is rolled back
             blocks[seq] = block
             self._batch.add_tokens(block, seq.pos, seq.seq_id, outputs="all")
             spans.append(Span(seq.seq_id, row, len(block), seq.pos))
@@ -364,7 +370,7 @@ class Engine:
             keep = seq.pos + out.accepted + 1
             if seq.speculate:
                 self.proposer.commit(seq, seq.pos, out.accepted + 1)
-            if out.accepted < len(drafts[seq]):
+            if keep < seq.pos + len(blocks[seq]):  # rejected drafts (or padding) to roll back
                 if self.target.can_truncate(keep, seq.seq_id):
                     self.target.truncate(keep, seq.seq_id)  # roll back the rejected drafts
                 else:
@@ -397,6 +403,15 @@ class Engine:
             seq.stats.add(step)
             result.append((seq, step))
         return result
+
+    def _span_width(self, live: list[Sequence], drafts: dict) -> int | None:
+        """Hybrid targets with several sequences verify equal spans: llama.cpp splits a batch into
+        ubatches holding the same number of tokens of every sequence, and a span split across two
+        ubatches loses its input state (no replay could rebuild it). Shorter spans are padded
+        (the padding is rolled back like rejected drafts). None: spans keep their own length."""
+        if not (self.models.target.is_recurrent and len(live) > 1):
+            return None
+        return max(len(d) for d in drafts.values()) + 1
 
     def _replay(self, seqs: list[Sequence], blocks: dict, accepted: dict) -> float:
         """Rebuild recurrent states no plane kept: restore each sequence's input plane (its state

@@ -140,7 +140,7 @@ def resolve_n_max(requested: int | None, max_draft: int | None, warnings: list[s
     if requested is None:
         return min(DEFAULT_N_MAX, max_draft) if max_draft is not None else DEFAULT_N_MAX
     if max_draft is not None and requested > max_draft:
-        warnings.append(f"--spec-draft-n-max {requested} exceeds the draft's block (at most {max_draft} draft tokens "
+        warnings.append(f"a draft length of {requested} exceeds the draft's block (at most {max_draft} draft tokens "
                         f"per step); using {max_draft}")
         return max_draft
     return requested

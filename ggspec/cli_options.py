@@ -1,0 +1,252 @@
+"""The options `ggspec run` and `ggspec bench` share: each flag, its help and its default, once.
+
+A setting that `bench` sweeps (cache types, context size, draft length, planes, injection,
+parallel sequences) is defined once as a `Setting` and has two forms: `.one` (a single value,
+for `run`) and `.axis` (a comma list, for `bench`). The other shared options are plain
+`Annotated` aliases. `Shared` holds the values both commands read the same way and turns them
+into a `PairConfig` (`Shared.pair_config`); `FLAGS` maps the library's field names
+(`InputError.field`) back to the flags, so an error names the flag the user typed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from ggspec.errors import InputError
+from ggspec.speculative.models import DEFAULT_N_MAX, SPEC_TYPES, PairConfig
+
+# the defaults when neither a flag nor a named pair's recommendation (models.toml) gives one
+DEFAULTS = {"ctk": "f16", "ctv": "f16", "ctx": 4096, "n_max": DEFAULT_N_MAX, "planes": "uncapped",
+            "lead": "default", "inject": "pruned", "parallel": 1}
+
+# PairConfig / ContextParams / request field -> the flag that sets it (errors name the flag)
+FLAGS = {
+    "target": "-m", "draft": "-md", "spec_type": "--spec-type", "n_max": "--spec-draft-n-max",
+    "p_min": "--spec-draft-p-min", "parallel": "-np", "inject": "--spec-dflash-inject",
+    "n_ctx": "-c", "n_batch": "-b", "n_ubatch": "-ub", "type_k": "-ctk", "type_v": "-ctv",
+    "flash_attn": "-fa", "n_threads": "-t", "n_gpu_layers": "-ngl", "n_gpu_layers_draft": "-ngld",
+    "planes": "--spec-draft-rs-planes", "n_rs_seq": "--spec-draft-rs-planes", "n_seq_max": "-np",
+    "lead": "--spec-draft-rs-planes-lead",
+    "mirror_output": "--mirror-output", "split_mode": "-sm", "tensor_split": "-ts", "rpc": "--rpc",
+    "rpc_timeout": "--rpc-timeout", "prompt": "-p", "n_predict": "-n",
+    "ngram_size_n": "--spec-ngram-simple-size-n", "ngram_size_m": "--spec-ngram-simple-size-m",
+}
+
+
+def error_text(exc: Exception) -> str:
+    """An error's one line: an InputError naming a field is prefixed with that field's flag."""
+    name = getattr(exc, "field", None)
+    flag = FLAGS.get(name) if name else None
+    return f"{flag}: {exc}" if flag else str(exc)
+
+
+# --- settings bench sweeps: one definition, a single-value and a comma-list form -------------------
+
+
+@dataclass(frozen=True)
+class Setting:
+    names: tuple[str, ...]  # flag spellings (the first is the one errors use)
+    help: str  # what one value means (run)
+    axis_help: str  # what the comma list means, with an example (bench)
+    default: str  # the "[default: ...]" text
+    type: type = str
+    note: str = ""  # after the default, single form only (e.g. "; clamped to ...")
+    run_only: dict = field(default_factory=dict)  # typer.Option extras of the single form (aliases, envvar)
+
+    @property
+    def one(self):
+        names = self.names + tuple(self.run_only.get("aliases", ()))
+        extra = {k: v for k, v in self.run_only.items() if k != "aliases"}
+        text = f"{self.help} \\[default: {self.default}]{self.note}."
+        return Annotated[Optional[self.type], typer.Option(*names, help=text, **extra)]
+
+    @property
+    def axis(self):
+        return Annotated[Optional[str], typer.Option(*self.names, help=f"{self.axis_help} \\[default: {self.default}].")]
+
+
+N_MAX = Setting(
+    ("--spec-draft-n-max",), "Most draft tokens per step", "Draft lengths, e.g. 3,7,15 (one beyond the draft's block "
+                                                          "is skipped)",
+    f"the pair's, else {DEFAULT_N_MAX} or the draft's block size - 1 if smaller", int,
+    note="; a value beyond the draft's block is clamped with a warning")
+N_CTX = Setting(("-c", "--ctx-size"), "Context size", "Context sizes, e.g. 1024,4096 (with -np > 1, shared by all "
+                                                      "sequences)",
+                f"the pair's, else {DEFAULTS['ctx']}", int, note="; with -np > 1, shared by all sequences")
+TYPE_K = Setting(("-ctk", "--cache-type-k"), "K cache type: f32, f16, bf16, q8_0, q4_0, ...",
+                 "K cache types, e.g. f16,q8_0", f"the pair's, else {DEFAULTS['ctk']}")
+TYPE_V = Setting(("-ctv", "--cache-type-v"), "V cache type", "V cache types", f"the pair's, else {DEFAULTS['ctv']}")
+PLANES = Setting(
+    ("--spec-draft-rs-planes",),
+    "Recurrent-state planes per sequence for hybrid targets: 2..n_max+1 or 'uncapped'. Fewer planes save memory; "
+    "missed rollbacks replay", "Recurrent planes (hybrid targets), e.g. 3,4,5,uncapped",
+    f"the pair's, else {DEFAULTS['planes']}",
+    run_only={"aliases": ("--spec-mtp-rs-planes",), "envvar": "LLAMA_ARG_SPEC_DRAFT_RS_PLANES"})
+LEAD = Setting(
+    ("--spec-draft-rs-planes-lead",),
+    "How many capped planes keep the states after the first draft tokens: 0 (old layout: newest only), a number "
+    "up to planes-2, 'default' (planes-2 for DFlash) or 'auto' (chosen from the running acceptance histogram)",
+    "Plane layouts, e.g. 0,default,auto", f"the pair's, else {DEFAULTS['lead']}")
+INJECT = Setting(
+    ("--spec-dflash-inject",),
+    "How target features reach the draft cache: pruned (only committed rows, in one call before the next draft), "
+    "deferred (seed 004: all verify rows before the next draft) or immediate (upstream: all verify rows at once, "
+    "rejected ones removed after)", "Injection modes, e.g. immediate,deferred,pruned", DEFAULTS["inject"])
+PARALLEL = Setting(
+    ("-np", "--parallel"), "Sequences decoded together (continuous batching; with -f, up to this many prompts at "
+                           "once)", "Parallel sequences, e.g. 1,2,4,8 (the prompts run this many at a time)",
+    str(DEFAULTS["parallel"]), int)
+
+# --- options both commands take alike ---------------------------------------------------------------
+
+Model = Annotated[Optional[Path], typer.Option("-m", "--model", help="Target model (GGUF).")]
+Draft = Annotated[Optional[Path], typer.Option("-md", "--model-draft", help="Draft model (GGUF).")]
+Pair = Annotated[Optional[str], typer.Option(
+    "--pair", help="A named pair from models.toml instead of -m/-md (see `ggspec models`).")]
+ModelsDir = Annotated[Optional[Path], typer.Option(
+    "--models-dir", help="Where your copies of the public pairs' files are.")]
+DFlash = Annotated[Optional[bool], typer.Option(
+    "--dflash/--no-dflash", help="Draft with the DFlash draft (auto-detected from the draft when omitted); "
+                                 "--no-dflash leaves the draft model unused.")]
+SpecType = Annotated[Optional[str], typer.Option(
+    "--spec-type", help=f"Speculative type: {', '.join(SPEC_TYPES)} (ngram-simple drafts from the text itself, "
+                        "no -md) \\[default: detected from the draft].")]
+PMin = Annotated[float, typer.Option(
+    "--spec-draft-p-min", "--draft-p-min",
+    help="Stop a draft where the draft's confidence falls below this, 0..1 (0: never; drafts with a "
+         "confidence head).")]
+NgramSizeN = Annotated[int, typer.Option(
+    "--spec-ngram-simple-size-n", help="ngram-simple: the length of the n-gram looked up in the text.")]
+NgramSizeM = Annotated[int, typer.Option(
+    "--spec-ngram-simple-size-m", help="ngram-simple: the most tokens one lookup drafts (then cut to "
+                                       "--spec-draft-n-max).")]
+NPredict = Annotated[int, typer.Option("-n", "--n-predict", help="Tokens to generate (per prompt).")]
+Threads = Annotated[int, typer.Option("-t", "--threads", help="CPU threads (use 1 for tiny models on few cores).")]
+GpuLayers = Annotated[Optional[int], typer.Option(
+    "-ngl", "--n-gpu-layers", help="Target layers to offload, -1 = all \\[default: all with --rpc, else 0].")]
+Rpc = Annotated[Optional[str], typer.Option(
+    "--rpc", help="llama.cpp RPC workers host:port\\[,host:port...] to run on (see `ggspec rpc-server`).")]
+SplitMode = Annotated[Optional[str], typer.Option(
+    "-sm", "--split-mode", help="How to spread the models over the devices: none, layer, row or tensor "
+                                "\\[default: none].")]
+TensorSplit = Annotated[Optional[str], typer.Option(
+    "-ts", "--tensor-split", help="Proportions per device, e.g. 3,1 \\[default: llama.cpp's choice].")]
+MirrorOutput = Annotated[bool, typer.Option(
+    "--mirror-output", help="-sm tensor: keep a full copy of the output head on every device (patch 0004; "
+                            "needed by drafts with their own head / d2t).")]
+RpcTimeout = Annotated[float, typer.Option(
+    "--rpc-timeout", help="Seconds any llama.cpp call may wait on the RPC workers (the handshake included) "
+                          "before the run ends.")]
+
+# the defaults of the options above that are not None (one place; `run` and `bench` use these)
+N_PREDICT, THREADS, RPC_TIMEOUT = 128, 1, 120.0
+P_MIN, NGRAM_SIZE_N, NGRAM_SIZE_M = PairConfig.p_min, PairConfig.ngram_size_n, PairConfig.ngram_size_m
+
+
+def pick(given, recommended: dict, key: str, default=None):
+    """A flag the user gave wins over the pair's recommendation, which wins over `default`."""
+    if given is not None:
+        return given
+    return recommended.get(key, default)
+
+
+def recommended(rec: dict, key: str):
+    """The pair's recommendation for a setting, else ggspec's default."""
+    return rec.get(key, DEFAULTS[key])
+
+
+@dataclass
+class Shared:
+    """The values of the options `run` and `bench` read alike, as given on the command line."""
+
+    model: Path | None = None
+    draft: Path | None = None
+    pair: str | None = None
+    models_dir: Path | None = None
+    dflash: bool | None = None
+    spec_type: str | None = None
+    p_min: float = P_MIN
+    ngram_size_n: int = NGRAM_SIZE_N
+    ngram_size_m: int = NGRAM_SIZE_M
+    threads: int = THREADS
+    n_gpu_layers: int | None = None
+    rpc: str | None = None
+    split_mode: str | None = None
+    tensor_split: str | None = None
+    mirror_output: bool = False
+    rpc_timeout: float = RPC_TIMEOUT
+
+    @property
+    def needs_draft(self) -> bool:
+        """Whether the draft model is wanted (not with ngram-simple or --no-dflash)."""
+        return self.spec_type != "ngram-simple" and self.dflash is not False
+
+    def resolve_models(self, plain: bool = False) -> tuple[Path, Path | None, dict]:
+        """Target, draft (None when it is not used) and the recommended settings (empty unless a
+        named pair is used). `plain`: no drafting wanted at all (run --no-spec)."""
+        if self.pair is not None:
+            if self.model is not None or self.draft is not None:
+                raise InputError("--pair replaces -m/-md: give one or the other")
+            from ggspec.pairs import get_entry, resolve
+
+            entry = get_entry(self.pair)
+            files = resolve(entry, self.models_dir)
+            return files.target, files.draft if self.needs_draft else None, entry.settings
+        if self.model is None:
+            raise InputError("no target model: give -m FILE (or --pair NAME)")
+        if self.draft is None and self.needs_draft and not plain:
+            raise InputError("no draft model: give -md FILE, --spec-type ngram-simple (drafts from the text itself), "
+                             "or --no-spec for plain decoding")
+        return self.model, self.draft if self.needs_draft else None, {}
+
+    def placement(self):
+        """The devices, and the target layers to offload (all of them when --rpc adds devices)."""
+        from ggspec.runtime.devices import Placement
+
+        placement = Placement.parse(self.split_mode, self.rpc, self.tensor_split, self.mirror_output, self.rpc_timeout)
+        ngl = self.n_gpu_layers if self.n_gpu_layers is not None else (-1 if placement.multi_device else 0)
+        return placement, ngl
+
+    def pair_config(self, target: Path, draft: Path | None, *, plain: bool = False, n_gpu_layers_draft: int | None = None,
+                    **settings):
+        """The PairConfig of these options; `settings`: PairConfig fields (n_max, planes, inject,
+        parallel, ctx) a command sets from its own or per-configuration values. Checked (each error
+        names its field) before any model is read."""
+        from ggspec.runtime import ContextParams
+
+        placement, ngl = self.placement()
+        settings.setdefault("ctx", ContextParams(n_threads=self.threads))
+        cfg = PairConfig(target=target, draft=None if plain else draft, dflash=False if plain else self.dflash,
+                         spec_type=None if plain else self.spec_type, p_min=self.p_min,
+                         ngram_size_n=self.ngram_size_n, ngram_size_m=self.ngram_size_m,
+                         n_gpu_layers=ngl, n_gpu_layers_draft=ngl if n_gpu_layers_draft is None else n_gpu_layers_draft,
+                         placement=placement, **settings)
+        cfg.validate()
+        return cfg
+
+
+# --- prompt files ---------------------------------------------------------------------------------
+
+
+def parse_prompt_lines(text: str) -> list[str]:
+    """`run -f`: one prompt per line, blank lines skipped; `\\n` in a line is a newline and `\\\\`
+    a backslash (any other backslash stays as it is)."""
+    prompts = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        out, i = [], 0
+        while i < len(line):
+            c = line[i]
+            if c == "\\" and i + 1 < len(line) and line[i + 1] in "n\\":
+                out.append("\n" if line[i + 1] == "n" else "\\")
+                i += 2
+            else:
+                out.append(c)
+                i += 1
+        prompts.append("".join(out))
+    return prompts
