@@ -14,8 +14,9 @@ _ADD_ERRORS = {-1: "batch is full", -2: "invalid token or embedding row", -3: "i
 
 
 @functools.cache
-def _output_flags(which: str, n: int) -> np.ndarray:
-    """Read-only output flags for n rows: "all", "last" or "none" (cached: built once per size)."""
+def _output_flags(which: str, n: int) -> tuple[np.ndarray, int, int]:
+    """Read-only output flags for n rows: "all", "last" or "none", with their address and the
+    number of outputs (cached: built once per size; this runs for every batch of every step)."""
     flags = np.zeros(n, dtype=np.int8)
     if which == "all":
         flags[:] = 1
@@ -24,7 +25,7 @@ def _output_flags(which: str, n: int) -> np.ndarray:
     elif which not in ("last", "none"):
         raise ValueError(f"outputs={which!r}: expected 'all', 'last', 'none' or flags")
     flags.flags.writeable = False
-    return flags
+    return flags, flags.ctypes.data, int(flags.sum())
 
 
 class Batch(OwnedHandle):
@@ -39,6 +40,7 @@ class Batch(OwnedHandle):
         if not self.ptr:
             raise LlamaError("llama_batch_ext_init failed")
         self.capacity: int = ctx.n_batch
+        self._add_tokens = self.lc._lib.ggspec_batch_add_tokens  # looked up once: it runs every step
         self.n_tokens = 0
         self.n_outputs = 0
         self._layer_ids: dict[tuple, ctypes.Array] = {}  # ctypes copies of layer id lists
@@ -54,12 +56,13 @@ class Batch(OwnedHandle):
         ids = np.ascontiguousarray(tokens, dtype=np.int32)
         n = len(ids)
         if isinstance(outputs, str):
-            flags = _output_flags(outputs, n)
+            flags, flags_addr, n_out = _output_flags(outputs, n)
         else:
             flags = np.ascontiguousarray(outputs, dtype=np.int8)
+            flags_addr, n_out = flags.ctypes.data, int(np.count_nonzero(flags))
         self._check_room(n)
-        rc = self.lc._lib.ggspec_batch_add_tokens(self.ptr, seq_id, ids.ctypes.data, n, pos0, flags.ctypes.data)
-        self._added(rc, n, n if outputs == "all" else int(np.count_nonzero(flags)))
+        rc = self._add_tokens(self.ptr, seq_id, ids.ctypes.data, n, pos0, flags_addr)
+        self._added(rc, n, n_out)
         return self
 
     def add_embd_rows(self, rows: np.ndarray, pos0: int, seq_id: int = 0) -> "Batch":

@@ -123,6 +123,11 @@ class Context(OwnedHandle):
         self.n_vocab = model.n_vocab
         self._n_outputs = 0
         self._n_rows = 0  # rows of the last decode
+        # llama_get_logits returning the bare address (its own function object: the bindings'
+        # keeps its float-pointer result type); it runs every step
+        lib = self.lc._lib
+        self._get_logits = type(lib.llama_get_logits)(("llama_get_logits", lib))
+        self._get_logits.argtypes, self._get_logits.restype = [ctypes.c_void_p], ctypes.c_void_p
         self._logits_key: tuple[int | None, int] = (None, -1)  # (buffer address, rows) of _logits
         self._logits = np.empty((0, model.n_vocab), dtype=np.float32)
         self._layer_inputs_on: frozenset[int] = frozenset()  # layers whose inputs decodes extract
@@ -152,7 +157,7 @@ class Context(OwnedHandle):
         """Like `logits()` but a view into llama.cpp's buffer: valid until the next decode."""
         # np.ctypeslib.as_array costs ~10 us a call; the buffer rarely moves, so keep the view of
         # the current (address, rows) and rebuild it only when llama.cpp hands out another one
-        addr = ctypes.cast(self.lc.llama_get_logits(self.ptr), ctypes.c_void_p).value
+        addr = self._get_logits(self.ptr)
         key = (addr, self._n_outputs)
         if self._logits_key != key:
             n = self._n_outputs * self.n_vocab

@@ -37,6 +37,16 @@ from ggspec.speculative.stats import Step, top2_margin
 from ggspec.speculative.verifier import GreedyVerifier, Verifier
 
 EMPTY = np.empty(0, dtype=np.int32)
+NO_DRAFT = Draft(EMPTY)
+
+
+def _span(id_last: int, drafts: np.ndarray, width: int | None) -> np.ndarray:
+    """A verify span [id_last, d1..dn], padded with id_last to `width` tokens when given."""
+    span = np.empty(width or len(drafts) + 1, dtype=np.int32)
+    span[0] = id_last
+    span[1:len(drafts) + 1] = drafts
+    span[len(drafts) + 1:] = id_last
+    return span
 
 
 class CapacityError(InputError):
@@ -122,6 +132,7 @@ class Engine:
         self.active: list[Sequence] = []
         self._reserved = 0  # cache cells reserved by active sequences (shared cache)
         self.stats = EngineStats()
+        self._is_eog = models.target.is_eog
 
     @classmethod
     def open(cls, cfg: PairConfig, **kwargs) -> "Engine":
@@ -332,17 +343,15 @@ class Engine:
         t_inject = self._flush()
 
         t = time.perf_counter()
-        proposals = self.proposer.propose(drafting, n) if drafting else []
+        drafts = dict.fromkeys(live, NO_DRAFT)
+        if drafting:
+            for seq, d in zip(drafting, self.proposer.propose(drafting, n)):
+                cap = seq.left - 1  # drafted past the budget: never verified
+                drafts[seq] = d if len(d) <= cap else Draft(d.tokens[:cap], None if d.probs is None else d.probs[:cap])
         t_draft = time.perf_counter() - t
-        drafts = {seq: Draft(EMPTY) for seq in live}
-        for seq, d in zip(drafting, proposals):
-            cap = min(seq.left - 1, len(d))  # drafted past the budget: never verified
-            drafts[seq] = d if cap == len(d) else Draft(d.tokens[:cap], None if d.probs is None else d.probs[:cap])
 
         # verify: every sequence's span [id_last, d1..dn] in one target decode
         t = time.perf_counter()
-        self._batch.clear()
-        spans, blocks, row = [], {}, 0
         width = self._span_width(live, drafts)
         if width:  # a sequence whose cells cannot hold an equal span has filled its context: it ends
             for seq in [seq for seq in live if seq.limit - seq.pos < width]:
@@ -350,51 +359,47 @@ class Engine:
                 live.remove(seq)
             if not live:
                 return []
+        batch = self._batch.clear()
+        spans, blocks, row = [], [], 0
         for seq in live:
-            block = np.full(width or len(drafts[seq]) + 1, seq.id_last, dtype=np.int32)
-            block[1:len(drafts[seq]) + 1] = drafts[seq].tokens  # any padding after the drafts is rolled back
-            blocks[seq] = block
-            self._batch.add_tokens(block, seq.pos, seq.seq_id, outputs="all")
+            block = _span(seq.id_last, drafts[seq].tokens, width)
+            blocks.append(block)
+            batch.add_tokens(block, seq.pos, seq.seq_id, outputs="all")
             spans.append(Span(seq.seq_id, row, len(block), seq.pos))
             row += len(block)
-        t_inject += self._decode_target(self._batch, [sp for seq, sp in zip(live, spans) if seq.speculate])
+        t_inject += self._decode_target(batch, [sp for seq, sp in zip(live, spans) if seq.speculate])
         logits = self.target.logits_view()
         outcomes = self.verifier.verify(logits, [(seq, drafts[seq], sp.row0) for seq, sp in zip(live, spans)])
-        margins = [top2_margin(logits[sp.row0]) if seq.record_margins else None for seq, sp in zip(live, spans)]
-        t_verify = time.perf_counter() - t
 
         # commit or roll back, per sequence; replays of all sequences that need one in one decode
-        t = time.perf_counter()
         replays = []
-        for seq, out in zip(live, outcomes):
+        for seq, out, block in zip(live, outcomes, blocks):
             keep = seq.pos + out.accepted + 1
             if seq.speculate:
                 self.proposer.commit(seq, seq.pos, out.accepted + 1)
-            if keep < seq.pos + len(blocks[seq]):  # rejected drafts (or padding) to roll back
+            if keep < seq.pos + len(block):  # rejected drafts (or padding) to roll back
                 if self.target.can_truncate(keep, seq.seq_id):
-                    self.target.truncate(keep, seq.seq_id)  # roll back the rejected drafts
+                    self.target.truncate(keep, seq.seq_id)
                 else:
-                    replays.append(seq)
-        t_commit = time.perf_counter() - t
+                    replays.append((seq, block[:out.accepted + 1]))
+        t_verify = time.perf_counter() - t  # the verify decode, acceptance and rolling back
         t_replay = 0.0
         if replays:
             t = time.perf_counter()
-            t_inject += self._replay(replays, blocks, {seq: o.accepted for seq, o in zip(live, outcomes)})
+            t_inject += self._replay(replays)
             t_replay = time.perf_counter() - t
 
         t_total = time.perf_counter() - t_start
-        calls = self._calls() - calls0
-        self.stats.steps += 1
-        self.stats.calls += calls
-        self.stats.max_calls = max(self.stats.max_calls, calls)
-        self.stats.t_steps += t_total
+        self._count(t_total, self._calls() - calls0)
+        replayed = {seq for seq, _ in replays}
         result = []
-        for seq, out, margin in zip(live, outcomes, margins):
+        for seq, out, sp in zip(live, outcomes, spans):
             d = len(drafts[seq])
             step = Step([], "spec" if d else "plain", drafted=d, accepted=out.accepted, t_draft=t_draft,
-                        t_verify=t_verify, t_inject=t_inject, t_replay=t_replay, replayed=seq in replays,
-                        t_total=t_total, margins=[margin] if margin is not None and not d else [])
-            step.t_verify += t_commit
+                        t_verify=t_verify, t_inject=t_inject, t_replay=t_replay, replayed=seq in replayed,
+                        t_total=t_total)
+            if seq.record_margins and not d:
+                step.margins.append(top2_margin(logits[sp.row0]))
             if self.auto_lead is not None and d:
                 self.auto_lead.observe(out.accepted, d)
             seq.pos += out.accepted + 1
@@ -403,6 +408,13 @@ class Engine:
             seq.stats.add(step)
             result.append((seq, step))
         return result
+
+    def _count(self, seconds: float, calls: int) -> None:
+        st = self.stats
+        st.steps += 1
+        st.calls += calls
+        st.max_calls = max(st.max_calls, calls)
+        st.t_steps += seconds
 
     def _span_width(self, live: list[Sequence], drafts: dict) -> int | None:
         """Hybrid targets with several sequences verify equal spans: llama.cpp splits a batch into
@@ -413,20 +425,20 @@ class Engine:
             return None
         return max(len(d) for d in drafts.values()) + 1
 
-    def _replay(self, seqs: list[Sequence], blocks: dict, accepted: dict) -> float:
+    def _replay(self, replays: list[tuple[Sequence, np.ndarray]]) -> float:
         """Rebuild recurrent states no plane kept: restore each sequence's input plane (its state
         before this verify span) and decode its committed tokens [id_last, d1..da] again, all in
         one call. No outputs: the committed tokens are known, and the draft got these rows'
         features from the verify batch (flushed before this decode)."""
         self._batch.clear()
-        for seq in seqs:
+        for seq, committed in replays:
             self.target.truncate(seq.pos, seq.seq_id)
-            self._batch.add_tokens(blocks[seq][:accepted[seq] + 1], seq.pos, seq.seq_id, outputs="none")
+            self._batch.add_tokens(committed, seq.pos, seq.seq_id, outputs="none")
         return self._decode_target(self._batch, None)
 
     def _commit_tokens(self, seq: Sequence, step: Step, tokens: list[int]) -> None:
         """Append a step's tokens, cut at the budget or after an end-of-generation token."""
-        is_eog = self.models.target.is_eog
+        is_eog = self._is_eog
         for t in tokens[:seq.left]:
             step.tokens.append(t)
             if not seq.ignore_eos and is_eog(t):

@@ -43,11 +43,13 @@ class GreedyVerifier:
     after them is committed too. One argmax over every row of the batch."""
 
     def verify(self, logits: np.ndarray, spans: list[tuple[Sequence, Draft, int]]) -> list[Outcome]:
-        argmax = logits.argmax(axis=1)
+        argmax = logits.argmax(axis=1).tolist()  # plain ints: the drafts are a few tokens each
         out = []
         for _seq, draft, row0 in spans:
-            n = len(draft)
-            rows = argmax[row0:row0 + n + 1]
-            a = accept_greedy(draft.tokens, rows)
-            out.append(Outcome(a, [int(t) for t in draft.tokens[:a]] + [int(rows[a])]))
+            drafted = draft.tokens.tolist()
+            target = argmax[row0:row0 + len(drafted) + 1]
+            a = 0
+            while a < len(drafted) and drafted[a] == target[a]:
+                a += 1
+            out.append(Outcome(a, drafted[:a] + [target[a]]))
         return out
