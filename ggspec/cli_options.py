@@ -74,9 +74,9 @@ N_MAX = Setting(
                                                           "is skipped)",
     f"the pair's, else {DEFAULT_N_MAX} or the draft's block size - 1 if smaller", int,
     note="; a value beyond the draft's block is clamped with a warning")
-N_CTX = Setting(("-c", "--ctx-size"), "Context size", "Context sizes, e.g. 1024,4096 (with -np > 1, shared by all "
-                                                      "sequences)",
-                f"the pair's, else {DEFAULTS['ctx']}", int, note="; with -np > 1, shared by all sequences")
+N_CTX = Setting(("-c", "--ctx-size"), "Context size", "Context sizes, e.g. 1024,4096 (with -np > 1, split among the "
+                                                      "slots)",
+                f"the pair's, else {DEFAULTS['ctx']}", int, note="; with -np > 1, split evenly among the slots")
 TYPE_K = Setting(("-ctk", "--cache-type-k"), "K cache type: f32, f16, bf16, q8_0, q4_0, ...",
                  "K cache types, e.g. f16,q8_0", f"the pair's, else {DEFAULTS['ctk']}")
 TYPE_V = Setting(("-ctv", "--cache-type-v"), "V cache type", "V cache types", f"the pair's, else {DEFAULTS['ctv']}")

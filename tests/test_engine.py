@@ -138,17 +138,22 @@ def test_capped_planes_replay_several_sequences_in_one_call(planes, hybrid_pair,
 
 
 def test_capacity_is_checked_before_anything_runs(dense_pair, build_info):
-    small = replace(EXACT, n_ctx=256)
+    small = replace(EXACT, n_ctx=512)
     cfg = PairConfig(target=dense_pair.target, draft=dense_pair.draft, n_max=N_MAX, ctx=small, parallel=2)
     with Engine.open(cfg) as eng:
+        assert eng.capacity == 256  # every slot has its own cells: -c / -np
         prompt = eng.target_model.tokenize(PROMPTS[0])
         eng.add(prompt, 200)
-        assert not eng.can_add(prompt, 200)  # the shared cache is reserved by the first one
-        with pytest.raises(CapacityError, match="cache cells"):
+        eng.add(prompt, 200)
+        assert not eng.can_add(prompt, 200)
+        with pytest.raises(CapacityError, match="slots are busy"):
             eng.add(prompt, 200)
         with pytest.raises(InputError) as err:
             eng.add(np.zeros(0, dtype=np.int32), 4)
         assert err.value.field == "prompt"
+        with pytest.raises(InputError) as err:
+            eng.check_prompt(np.ones(250, dtype=np.int32))  # with a draft block it needs 258 positions
+        assert err.value.field == "prompt" and "holds 256" in str(err.value)
     with pytest.raises(InputError) as err:
         Engine.open(replace(cfg, parallel=64, ctx=replace(small, n_batch=256, n_ubatch=256)))
     assert err.value.field == "n_batch" and "64 x" in str(err.value)

@@ -40,6 +40,10 @@ EMPTY = np.empty(0, dtype=np.int32)
 NO_DRAFT = Draft(EMPTY)
 
 
+def _seq_id(seq: Sequence) -> int:
+    return seq.seq_id
+
+
 def _span(id_last: int, drafts: np.ndarray, width: int | None) -> np.ndarray:
     """A verify span [id_last, d1..dn], padded with id_last to `width` tokens when given."""
     span = np.empty(width or len(drafts) + 1, dtype=np.int32)
@@ -50,7 +54,7 @@ def _span(id_last: int, drafts: np.ndarray, width: int | None) -> np.ndarray:
 
 
 class CapacityError(InputError):
-    """No free sequence slot, or not enough cache cells left, for another sequence right now."""
+    """No free sequence slot for another sequence right now."""
 
 
 @dataclass
@@ -130,7 +134,6 @@ class Engine:
             raise
         self._free_ids = list(range(self.parallel))
         self.active: list[Sequence] = []
-        self._reserved = 0  # cache cells reserved by active sequences (shared cache)
         self.stats = EngineStats()
         self._is_eog = models.target.is_eog
 
@@ -150,7 +153,7 @@ class Engine:
 
     def _target_params(self):
         cfg, model = self.cfg, self.models.target
-        params = replace(cfg.ctx, n_seq_max=self.parallel, kv_unified=self.parallel > 1)
+        params = replace(cfg.ctx, n_seq_max=self.parallel)
         planes = cfg.planes.n_planes(self.n_max)
         if self.speculative and model.is_recurrent:
             params.n_rs_seq = planes - 1  # one plane holds the working state, the others rollback snapshots
@@ -184,7 +187,7 @@ class Engine:
             if self.cfg.p_min > 0:
                 self.warnings.append("ngram-simple drafts have no confidence: the confidence cut-off does nothing")
         elif self.plan.info is not None:
-            params = replace(self.cfg.ctx, n_seq_max=self.parallel, kv_unified=self.parallel > 1, n_rs_seq=0)
+            params = replace(self.cfg.ctx, n_seq_max=self.parallel, n_rs_seq=0)
             # the draft borrows the target's embeddings / output head through ctx_other
             self.draft_ctx = Context(self.models.draft, params, ctx_other=self.target, what="draft")
             self.proposer = make_dflash_proposer(self.target, self.draft_ctx, self.plan.info, self.cfg.inject,
@@ -194,8 +197,11 @@ class Engine:
 
     @property
     def capacity(self) -> int:
-        """Cache cells all sequences share (one sequence's with parallel 1)."""
-        return self.target.n_ctx_seq if self.parallel == 1 else self.target.n_ctx
+        """Cache cells of one sequence: every parallel slot gets its own n_ctx / parallel (llama.cpp
+        pads it to a multiple of 256). Separate streams keep each sequence's attention to its own
+        cells: with one cache shared by all, every verify row attends over every sequence's
+        cells, which cost 22 % of the aggregate speed at -np 4 on the tiny pair (measured)."""
+        return self.target.n_ctx_seq
 
     def _need(self, n_prompt: int, n_predict: int) -> int:
         """Cells a sequence may occupy: its prompt, its budget and one verify block past it."""
@@ -214,9 +220,8 @@ class Engine:
                              field="prompt")
 
     def can_add(self, prompt: np.ndarray, n_predict: int) -> bool:
-        """Whether `add` would find a free slot and enough cache cells now."""
-        need = min(self._need(len(prompt), n_predict), self.capacity)
-        return bool(self._free_ids) and self._reserved + need <= self.capacity
+        """Whether `add` would find a free slot now (every slot has its own cells)."""
+        return bool(self._free_ids)
 
     def add(self, prompt, n_predict: int, *, ignore_eos: bool = False, tag: object = None,
             speculate: bool = True, record_margins: bool = False) -> Sequence:
@@ -229,12 +234,10 @@ class Engine:
         if n_predict < 1:
             raise InputError(f"the token budget must be at least 1 (got {n_predict})", field="n_predict")
         if not self.can_add(prompt, n_predict):
-            raise CapacityError(f"no room for another sequence now ({len(self.active)} active of {self.parallel}, "
-                                f"{self.capacity - self._reserved} cache cells free)", field="parallel")
+            raise CapacityError(f"no room for another sequence now: all {self.parallel} slots are busy", field="parallel")
         seq = Sequence(self._free_ids.pop(0), prompt, n_predict, ignore_eos=ignore_eos, tag=tag,
                        speculate=speculate and self.proposer is not None, record_margins=record_margins)
         seq.limit = min(self._need(len(prompt), n_predict), self.capacity)  # positions it may use
-        self._reserved += seq.limit
         self.active.append(seq)
         if seq.speculate:
             self.proposer.begin(seq)
@@ -251,7 +254,6 @@ class Engine:
         self.target.drop_sequence(seq.seq_id)
         if seq.speculate:
             self.proposer.release(seq)
-        self._reserved -= seq.limit
         self._free_ids.append(seq.seq_id)
         self._free_ids.sort()
 
@@ -269,7 +271,8 @@ class Engine:
         """Prefill the sequences that joined, then one transaction for every active sequence.
         Returns each sequence's step (a newly joined sequence may have two: prefill and spec)."""
         out = [(seq, self._prefill(seq)) for seq in self.active if not seq.started]
-        live = [seq for seq in self.active if not seq.done]
+        # in sequence-id order: llama.cpp puts consecutive sequence ids into one ubatch
+        live = sorted((seq for seq in self.active if not seq.done), key=_seq_id)
         if live:
             out += self._transaction(live)
         for seq in [s for s in self.active if s.done]:
