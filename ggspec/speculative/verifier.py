@@ -3,7 +3,7 @@
 A verify span of a sequence is [id_last, d1..dn]; row i of the target predicts the token after
 the span's i-th token. Every rule returns the number of drafts accepted (a leading run) and the
 committed tokens: those drafts plus one token from the target (the correction or the bonus).
-Greedy lives here; the rejection sampler of speculative sampling plugs in beside it.
+Greedy (temperature 0) and the rejection sampler of speculative sampling (temperature > 0).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Protocol
 import numpy as np
 
 from ggspec.speculative.proposer import Draft
+from ggspec.speculative.sampling import SamplerSettings, distribution, sample
 from ggspec.speculative.sequence import Sequence
 
 
@@ -53,3 +54,40 @@ class GreedyVerifier:
                 a += 1
             out.append(Outcome(a, drafted[:a] + [target[a]]))
         return out
+
+
+class RejectionVerifier:
+    """Speculative sampling: the committed tokens follow exactly the target's sampling distribution p
+    (after the sampler transforms), whatever the draft proposed.
+
+    At each drafted position i the draft token x, proposed with probability q(x), is accepted with
+    probability min(1, p(x) / q(x)); at the first rejection the committed token is drawn from the
+    residual norm(max(0, p - q)) and the step ends; when every draft is accepted the bonus token
+    is drawn from p at the next row. A draft without a distribution (n-gram, a DFlash2 walk, a
+    greedy draft) is a point mass on its token: accepted with probability p(x), the residual is p
+    without x. Each sequence draws from its own generator (`Sequence.rng`)."""
+
+    def __init__(self, settings: SamplerSettings) -> None:
+        self.settings = settings
+
+    def verify(self, logits: np.ndarray, spans: list[tuple[Sequence, Draft, int]]) -> list[Outcome]:
+        return [self.verify_one(distribution(logits[row0:row0 + len(draft) + 1], self.settings), draft, seq.rng)
+                for seq, draft, row0 in spans]
+
+    @staticmethod
+    def verify_one(p: np.ndarray, draft: Draft, rng: np.random.Generator) -> Outcome:
+        """p: (len(draft) + 1, n_vocab) target distributions of the span's rows."""
+        tokens = draft.tokens.tolist()
+        for i, x in enumerate(tokens):
+            q_x = 1.0 if draft.probs is None else float(draft.probs[i, x])
+            if q_x > 0 and rng.random() * q_x < p[i, x]:  # u < p(x) / q(x), without dividing
+                continue
+            if draft.probs is None:
+                residual = p[i].copy()
+                residual[x] = 0.0
+            else:
+                residual = np.maximum(p[i] - draft.probs[i], 0.0)
+            if residual.sum() <= 0:  # p == q here: cannot reject (guards float round-off)
+                residual = p[i]
+            return Outcome(i, tokens[:i] + [sample(residual, rng.random())])
+        return Outcome(len(tokens), tokens + [sample(p[len(tokens)], rng.random())])
