@@ -92,6 +92,11 @@ def run(
         "-f", "--file", help="Prompts, one per line (blank lines skipped; \\n in a line is a newline, \\\\ a "
                              "backslash), decoded -np at a time; each output is printed in the file's order.")] = None,
     n_predict: opts.NPredict = opts.N_PREDICT,
+    temp: opts.Temp = opts.TEMP,
+    top_k: opts.TopK = opts.TOP_K,
+    top_p: opts.TopP = opts.TOP_P,
+    min_p: opts.MinP = opts.MIN_P,
+    seed: opts.Seed = opts.SEED,
     n_max: opts.N_MAX.one = None,
     p_min: opts.PMin = opts.P_MIN,
     ngram_size_n: opts.NgramSizeN = opts.NGRAM_SIZE_N,
@@ -137,7 +142,8 @@ def run(
     shared = opts.Shared(model=model, draft=draft, pair=pair, models_dir=models_dir, dflash=dflash, spec_type=spec_type,
                          p_min=p_min, ngram_size_n=ngram_size_n, ngram_size_m=ngram_size_m, threads=threads,
                          n_gpu_layers=n_gpu_layers, rpc=rpc, split_mode=split_mode, tensor_split=tensor_split,
-                         mirror_output=mirror_output, rpc_timeout=rpc_timeout)
+                         mirror_output=mirror_output, rpc_timeout=rpc_timeout,
+                         sampling=opts.SamplerSettings(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed))
     target, draft, rec = shared.resolve_models(plain=no_spec)
     if draft is None and shared.needs_draft and not no_spec:  # a target-only pair (its draft is not made yet)
         err.print(f"[yellow]note:[/] pair '{pair}' has no draft model yet: plain greedy decoding", soft_wrap=True)
@@ -187,7 +193,9 @@ def _run(cfg, prompts: list[str], n_predict: int, ignore_eos: bool, prompt_file:
         while pending or sp.active:
             while pending and sp.can_add(pending[0][1], n_predict):
                 i, toks = pending.popleft()
-                seqs.append(sp.add(toks, n_predict, ignore_eos=ignore_eos, tag=i))
+                seed = cfg.sampling.seed
+                seqs.append(sp.add(toks, n_predict, ignore_eos=ignore_eos, tag=i,
+                                   seed=None if seed == opts.DEFAULT_SEED else (seed + i) % 2**32))
             results = sp.step()
             for seq, step in results:
                 printer.add(seq.tag, step.tokens)

@@ -18,6 +18,7 @@ import typer
 
 from ggspec.errors import InputError
 from ggspec.speculative.models import DEFAULT_N_MAX, SPEC_TYPES, PairConfig
+from ggspec.speculative.sampling import DEFAULT_SEED, SamplerSettings
 
 # the defaults when neither a flag nor a named pair's recommendation (models.toml) gives one
 DEFAULTS = {"ctk": "f16", "ctv": "f16", "ctx": 4096, "n_max": DEFAULT_N_MAX, "planes": "uncapped",
@@ -34,6 +35,7 @@ FLAGS = {
     "mirror_output": "--mirror-output", "split_mode": "-sm", "tensor_split": "-ts", "rpc": "--rpc",
     "rpc_timeout": "--rpc-timeout", "prompt": "-p", "n_predict": "-n",
     "ngram_size_n": "--spec-ngram-simple-size-n", "ngram_size_m": "--spec-ngram-simple-size-m",
+    "temp": "--temp", "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p", "seed": "--seed",
 }
 
 
@@ -125,6 +127,16 @@ NgramSizeM = Annotated[int, typer.Option(
     "--spec-ngram-simple-size-m", help="ngram-simple: the most tokens one lookup drafts (then cut to "
                                        "--spec-draft-n-max).")]
 NPredict = Annotated[int, typer.Option("-n", "--n-predict", help="Tokens to generate (per prompt).")]
+Temp = Annotated[float, typer.Option(
+    "--temp", help="Temperature: 0 decodes greedily (ggspec's default: output equal to plain greedy, token for "
+                   "token); above 0 samples, speculatively with rejection sampling (lossless in distribution).")]
+TopK = Annotated[int, typer.Option("--top-k", help="Sampling: keep the k most likely tokens (<= 0: all).")]
+TopP = Annotated[float, typer.Option("--top-p", help="Sampling: keep the most likely tokens up to this total "
+                                                     "probability (1.0: off).")]
+MinP = Annotated[float, typer.Option("--min-p", help="Sampling: drop tokens below this share of the most likely "
+                                                     "one's probability (0.0: off).")]
+Seed = Annotated[int, typer.Option("-s", "--seed", help="Sampling seed (4294967295: a random one); with -f, prompt "
+                                                        "i uses seed + i.")]
 Threads = Annotated[int, typer.Option("-t", "--threads", help="CPU threads (use 1 for tiny models on few cores).")]
 GpuLayers = Annotated[Optional[int], typer.Option(
     "-ngl", "--n-gpu-layers", help="Target layers to offload, -1 = all \\[default: all with --rpc, else 0].")]
@@ -144,6 +156,8 @@ RpcTimeout = Annotated[float, typer.Option(
 
 # the defaults of the options above that are not None (one place; `run` and `bench` use these)
 N_PREDICT, THREADS, RPC_TIMEOUT = 128, 1, 120.0
+# sampling: llama.cpp's defaults, but greedy unless a temperature is given
+TEMP, TOP_K, TOP_P, MIN_P, SEED = 0.0, SamplerSettings.top_k, SamplerSettings.top_p, SamplerSettings.min_p, DEFAULT_SEED
 P_MIN, NGRAM_SIZE_N, NGRAM_SIZE_M = PairConfig.p_min, PairConfig.ngram_size_n, PairConfig.ngram_size_m
 
 
@@ -179,6 +193,7 @@ class Shared:
     tensor_split: str | None = None
     mirror_output: bool = False
     rpc_timeout: float = RPC_TIMEOUT
+    sampling: SamplerSettings = SamplerSettings(temp=0.0)
 
     @property
     def needs_draft(self) -> bool:
@@ -222,7 +237,7 @@ class Shared:
         settings.setdefault("ctx", ContextParams(n_threads=self.threads))
         cfg = PairConfig(target=target, draft=None if plain else draft, dflash=False if plain else self.dflash,
                          spec_type=None if plain else self.spec_type, p_min=self.p_min,
-                         ngram_size_n=self.ngram_size_n, ngram_size_m=self.ngram_size_m,
+                         ngram_size_n=self.ngram_size_n, ngram_size_m=self.ngram_size_m, sampling=self.sampling,
                          n_gpu_layers=ngl, n_gpu_layers_draft=ngl if n_gpu_layers_draft is None else n_gpu_layers_draft,
                          placement=placement, **settings)
         cfg.validate()

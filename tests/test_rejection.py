@@ -86,7 +86,8 @@ def test_the_verifier_applies_the_sampler_transforms():
 
     logits = np.log(np.array([[0.6, 0.4, 1e-3, 1e-3], [0.6, 0.4, 1e-3, 1e-3]]))
     v = RejectionVerifier(SamplerSettings(temp=1.0, top_k=2, top_p=1.0, min_p=0.0))
-    seq = SimpleNamespace(rng=np.random.default_rng(1))
+    gen = np.random.default_rng(1)
+    seq = SimpleNamespace(rng=lambda _purpose: gen)
     firsts = [v.verify(logits, [(seq, Draft(np.array([3], dtype=np.int32)), 0)])[0].tokens[0] for _ in range(4000)]
     assert set(firsts) == {0, 1}  # the draft's token 3 is outside top-k: always rejected
     assert np.mean(np.array(firsts) == 0) == pytest.approx(0.6, abs=0.03)

@@ -328,6 +328,11 @@ class Recording:
         return drafts
 
 
+def _prompt_tokens(target: Path) -> np.ndarray:
+    with Model(target) as m:
+        return m.tokenize(PROMPT)
+
+
 def _ggspec_drafts(target: Path, draft: Path, p_min: float | None) -> tuple[list, float, str]:
     cfg = PairConfig(target=target, draft=draft, n_max=N_MAX, p_min=p_min or 0.0, ctx=CTX)
     with Engine.open(cfg) as eng:
@@ -361,10 +366,14 @@ def test_ggspec_drafts_the_same_tokens_as_llama_cpp(variant, p_min, coder, tool,
     theirs = dict(res.drafts)
     # away from the end of the budget both ask for full blocks: compare those calls one by one
     full = [(pos, d) for pos, d in mine[:-3]]
+    end = len(_prompt_tokens(target)) - 1 + N  # the position after which -n allows nothing
     assert len(full) > 10
     for pos, d in full:
         assert pos in theirs, f"llama.cpp never drafted at position {pos} (its calls: {sorted(theirs)[:20]}...)"
-        assert theirs[pos] == d, f"position {pos}: ggspec {d}, llama.cpp {theirs[pos]}"
+        # near the end llama.cpp cuts a full block's drafts to the budget before its dump; ggspec
+        # cuts them after the proposer (both draft the same full block)
+        cut = len(theirs[pos]) < len(d) and pos + len(theirs[pos]) + 1 >= end
+        assert theirs[pos] == (d[:len(theirs[pos])] if cut else d), f"position {pos}: ggspec {d}, llama.cpp {theirs[pos]}"
     # the same steps in the same places: the same acceptance, up to the budget's last steps
     assert [pos for pos, _ in full] == [pos for pos, _ in res.drafts[:len(full)]]
     their_tau = 1 + res.accepted / sum(1 for _, d in res.drafts if d)  # τ over steps that drafted

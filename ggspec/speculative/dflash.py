@@ -36,6 +36,8 @@ from ggspec.runtime import Batch, Context
 from ggspec.runtime.gguf_meta import GGUFMeta
 from ggspec.speculative.archs import LAYER_INPUT_ARCHS
 from ggspec.speculative.proposer import Draft, Span
+from ggspec.speculative.sampling import SamplerSettings, distribution, sample
+from ggspec.speculative.verifier import DRAFT
 
 INJECT_MODES = ("pruned", "deferred", "immediate")
 CONFIDENCE_TOP_K = 10  # llama.cpp's DFlash draft sampler: top-10, confidence = softmax over those
@@ -142,12 +144,15 @@ class DFlashProposer:
     name = "draft-dflash"
 
     def __init__(self, target: Context, draft: Context, info: DFlashInfo, inject: str = "pruned",
-                 p_min: float = 0.0) -> None:
+                 p_min: float = 0.0, sampling: SamplerSettings | None = None) -> None:
         self.target = target  # (the inject mode was checked with the other options: PairConfig.validate)
         self.draft = draft
         self.info = info
         self.inject = inject
         self.p_min = p_min
+        # sampling at temperature > 0: drafts are drawn from the draft's own distribution q (after
+        # the same transforms as the target's), which the verifier's acceptance rule needs
+        self.sampling = sampling if sampling is not None and not sampling.greedy else None
         self.max_draft: int | None = info.max_draft
         target.enable_layer_inputs(info.target_layers)
         draft.set_causal_attn(info.causal)
@@ -236,7 +241,7 @@ class DFlashProposer:
         for seq in seqs:
             self._batch.add_tokens(self._block(seq.id_last, n), seq.pos, seq.seq_id, outputs=self._outputs)
         self.draft.decode(self._batch)
-        drafts = self._read(len(seqs), rows, n)
+        drafts = self._read(len(seqs), rows, n) if self.sampling is None else self._sample(seqs, rows, n)
         for seq in seqs:
             self.draft.remove(seq.pos, seq.seq_id)  # the noise block must not stay in the draft cache
         return drafts
@@ -253,6 +258,18 @@ class DFlashProposer:
             conf = top_k_confidence(logits.reshape(n_seqs * n, -1)).reshape(n_seqs, n)
             return [Draft(_cut(t, c < self.p_min)) for t, c in zip(tokens, conf)]
         return [Draft(t) for t in tokens]
+
+    def _sample(self, seqs, rows: int, n: int) -> list[Draft]:
+        """Drafts drawn from the draft's distribution at each block row (DFlash's rows 1..n), each
+        sequence with its own generator; the distributions travel with the drafts."""
+        logits = self.draft.logits_view().reshape(len(seqs), rows, -1)[:, rows - n:]
+        drafts = []
+        for seq, block in zip(seqs, logits):
+            q = distribution(block, self.sampling)
+            rng = seq.rng(DRAFT)
+            tokens = np.fromiter((sample(row, rng.random()) for row in q), dtype=np.int32, count=n)
+            drafts.append(Draft(tokens, q))
+        return drafts
 
     def release(self, seq) -> None:
         self._rows.pop(seq.seq_id, None)
@@ -330,10 +347,12 @@ def _cut(tokens: np.ndarray, low: np.ndarray) -> np.ndarray:
     return tokens[:stop[0]] if len(stop) else tokens
 
 
-def make_dflash_proposer(target: Context, draft: Context, info: DFlashInfo, inject: str, p_min: float):
-    """The family member the draft's metadata calls for."""
+def make_dflash_proposer(target: Context, draft: Context, info: DFlashInfo, inject: str, p_min: float,
+                         sampling: SamplerSettings | None = None):
+    """The family member the draft's metadata calls for. Only plain DFlash samples its drafts at
+    temperature > 0; a DFlash2 walk and a DSpark block are point masses (llama.cpp's choices)."""
     if info.dspark:
         return DSparkProposer(target, draft, info, inject, p_min)
     if info.selector_top_k > 0:
         return DFlash2Proposer(target, draft, info, inject, p_min)
-    return DFlashProposer(target, draft, info, inject, p_min)
+    return DFlashProposer(target, draft, info, inject, p_min, sampling)

@@ -32,9 +32,10 @@ from ggspec.speculative.dflash import make_dflash_proposer
 from ggspec.speculative.models import DraftPlan, Models, PairConfig, resolve_n_max
 from ggspec.speculative.planes import AutoLead, default_lead
 from ggspec.speculative.proposer import Draft, Proposer, Span
+from ggspec.speculative.sampling import DEFAULT_SEED
 from ggspec.speculative.sequence import Sequence
 from ggspec.speculative.stats import Step, top2_margin
-from ggspec.speculative.verifier import GreedyVerifier, Verifier
+from ggspec.speculative.verifier import GreedyVerifier, RejectionVerifier, Verifier
 
 EMPTY = np.empty(0, dtype=np.int32)
 NO_DRAFT = Draft(EMPTY)
@@ -118,7 +119,9 @@ class Engine:
         if self.speculative and models.target.is_recurrent:
             cfg.planes.check(self.n_max)
         check_options(cfg, self.n_max, self.speculative, draft_model=self.plan.info is not None)
-        self.verifier: Verifier = verifier or GreedyVerifier()
+        self.sampling = cfg.sampling
+        self.verifier: Verifier = verifier or (GreedyVerifier() if cfg.sampling.greedy
+                                               else RejectionVerifier(cfg.sampling))
         self.auto_lead: AutoLead | None = None
         self._owns_models = False
         self._closed = False
@@ -191,7 +194,7 @@ class Engine:
             # the draft borrows the target's embeddings / output head through ctx_other
             self.draft_ctx = Context(self.models.draft, params, ctx_other=self.target, what="draft")
             self.proposer = make_dflash_proposer(self.target, self.draft_ctx, self.plan.info, self.cfg.inject,
-                                                 self.cfg.p_min)
+                                                 self.cfg.p_min, self.cfg.sampling)
 
     # --- sequences -------------------------------------------------------------------------------
 
@@ -224,9 +227,11 @@ class Engine:
         return bool(self._free_ids)
 
     def add(self, prompt, n_predict: int, *, ignore_eos: bool = False, tag: object = None,
-            speculate: bool = True, record_margins: bool = False) -> Sequence:
+            speculate: bool = True, record_margins: bool = False, seed: int | None = None) -> Sequence:
         """A new sequence; its prompt is decoded at the next step. `speculate=False` decodes it
-        plainly (the baseline), `record_margins` keeps the target's top-2 margin of its plain steps."""
+        plainly (the baseline), `record_margins` keeps the target's top-2 margin of its plain steps,
+        `seed` keys its random draws when sampling (default: the settings' seed; llama.cpp's
+        default seed means a random one)."""
         if self._closed:
             raise ClosedError("this Engine is closed (close() was called): it cannot be used any more")
         prompt = np.ascontiguousarray(prompt, dtype=np.int32)
@@ -236,12 +241,17 @@ class Engine:
         if not self.can_add(prompt, n_predict):
             raise CapacityError(f"no room for another sequence now: all {self.parallel} slots are busy", field="parallel")
         seq = Sequence(self._free_ids.pop(0), prompt, n_predict, ignore_eos=ignore_eos, tag=tag,
-                       speculate=speculate and self.proposer is not None, record_margins=record_margins)
+                       speculate=speculate and self.proposer is not None, record_margins=record_margins,
+                       seed=self._seed(seed))
         seq.limit = min(self._need(len(prompt), n_predict), self.capacity)  # positions it may use
         self.active.append(seq)
         if seq.speculate:
             self.proposer.begin(seq)
         return seq
+
+    def _seed(self, seed: int | None) -> int:
+        seed = self.sampling.seed if seed is None else seed
+        return int(np.random.SeedSequence().entropy % 2**32) if seed == DEFAULT_SEED else seed
 
     def cancel(self, seq: Sequence) -> None:
         """Stop a sequence now; its slot and cells are free for the next `add`."""
@@ -326,18 +336,21 @@ class Engine:
         return step
 
     def _plan_drafts(self, live: list[Sequence]) -> tuple[int, list[Sequence]]:
-        """The common draft length of this step and the sequences that draft. Each sequence may
-        draft up to min(n_max, budget - 1, context room); blocks must be equal, so the length is
-        the largest of those, and a sequence whose context cannot hold it verifies alone."""
+        """The common draft length of this step and the sequences that draft. A sequence drafts
+        while its budget leaves room for a draft; its block is as long as n_max and its context
+        allow, whatever its budget (as in llama.cpp's loop: a DFlash block's length changes its
+        drafts, so a sequence's drafts, and its sampled text, never depend on the others); the
+        drafts past the budget are cut before verifying. Blocks must be equal: the length is the
+        largest of those, and a sequence whose context cannot hold it verifies alone."""
         if self.proposer is None:
             return 0, []
-        caps = {seq: min(self.n_max, seq.left - 1, seq.limit - seq.pos - 1) for seq in live if seq.speculate}
-        if not caps:
+        room = {seq: min(self.n_max, seq.limit - seq.pos - 1) for seq in live if seq.speculate and seq.left > 1}
+        if not room:
             return 0, []
-        n = max(caps.values())
+        n = max(room.values())
         if n <= 0:
             return 0, []
-        return n, [seq for seq in live if caps[seq] > 0 and seq.limit - seq.pos - 1 >= n]
+        return n, [seq for seq, r in room.items() if r >= n]
 
     def _transaction(self, live: list[Sequence]) -> list[tuple[Sequence, Step]]:
         t_start = time.perf_counter()

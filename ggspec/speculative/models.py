@@ -18,6 +18,7 @@ from ggspec.runtime.gguf_meta import GGUFMeta, read_meta
 from ggspec.runtime.preflight import check_memory, check_model
 from ggspec.speculative.dflash import INJECT_MODES, DFlashInfo, check_compatible, dflash_info, is_dflash
 from ggspec.speculative.planes import PlaneOptions
+from ggspec.speculative.sampling import SamplerSettings
 
 DEFAULT_N_MAX = 15  # draft tokens per step when neither the user nor a named pair gives one
 
@@ -48,6 +49,8 @@ class PairConfig:
     planes: PlaneOptions = field(default_factory=PlaneOptions)  # hybrid targets only
     placement: Placement = field(default_factory=Placement)  # devices (target and draft alike)
     inject: str = "pruned"  # how target features reach a DFlash draft: pruned | deferred | immediate
+    # how tokens are chosen: greedy by default; temperature > 0 samples (speculative sampling)
+    sampling: SamplerSettings = field(default_factory=lambda: SamplerSettings(temp=0.0))
 
     def validate(self) -> None:
         """Option values that are wrong whatever the files are."""
@@ -69,6 +72,7 @@ class PairConfig:
             raise InputError(f"{self.spec_type}: unknown speculative type (one of {', '.join(SPEC_TYPES)})",
                              field="spec_type")
         self.ctx.validate()
+        self.sampling.validate()
 
 
 @dataclass(frozen=True)

@@ -43,43 +43,43 @@ class SamplerSettings:
 def distribution(logits: np.ndarray, s: SamplerSettings) -> np.ndarray:
     """The sampling distribution of every row: (rows, n_vocab) logits -> float64 probabilities,
     zero outside the tokens top-k, top-p and min-p keep (llama.cpp's order), softmax(logit / temp)
-    inside. Greedy settings give a point mass on each row's argmax."""
+    inside. Greedy settings give a point mass on each row's argmax. Only the top-k candidates are
+    worked on (they are all that can be drawn), so a large vocabulary costs one partition."""
     x = np.asarray(logits, dtype=np.float64)
     if x.ndim == 1:
         return distribution(x[None], s)[0]
     rows, n = x.shape
+    out = np.zeros_like(x)
     if s.greedy:
-        out = np.zeros_like(x)
         out[np.arange(rows), x.argmax(axis=1)] = 1.0
         return out
-    keep = np.ones_like(x, dtype=bool)
     if 0 < s.top_k < n:
-        drop = np.argpartition(-x, s.top_k - 1, axis=1)[:, s.top_k:]
-        np.put_along_axis(keep, drop, False, axis=1)
+        cand = np.argpartition(-x, s.top_k - 1, axis=1)[:, :s.top_k]
+    else:
+        cand = np.broadcast_to(np.arange(n), (rows, n))
+    v = np.take_along_axis(x, cand, axis=1)
+    keep = np.ones(v.shape, dtype=bool)
     if s.top_p < 1.0:
-        keep &= _top_p(x, keep, s.top_p)
+        keep &= _top_p(v, s.top_p)
     if s.min_p > 0.0:
-        top = np.where(keep, x, -np.inf).max(axis=1, keepdims=True)
-        keep &= x >= top + np.log(s.min_p)  # p_i >= min_p * p_max among the kept tokens
-    z = np.where(keep, x / s.temp, -np.inf)
-    z -= z.max(axis=1, keepdims=True)
-    p = np.exp(z)
-    return p / p.sum(axis=1, keepdims=True)
+        keep &= v >= v.max(axis=1, keepdims=True) + np.log(s.min_p)  # p_i >= min_p * p_max among the kept
+    z = np.where(keep, v / s.temp, -np.inf)
+    p = np.exp(z - z.max(axis=1, keepdims=True))
+    np.put_along_axis(out, cand, p / p.sum(axis=1, keepdims=True), axis=1)
+    return out
 
 
-def _top_p(x: np.ndarray, keep: np.ndarray, top_p: float) -> np.ndarray:
-    """The smallest set of most probable kept tokens whose probability reaches top_p (at least one),
-    probabilities taken at temperature 1 over the kept tokens, as llama.cpp does."""
-    z = np.where(keep, x, -np.inf)
-    order = np.argsort(-z, axis=1, kind="stable")
-    zs = np.take_along_axis(z, order, axis=1)
-    ps = np.exp(zs - zs[:, :1])
-    ps /= ps.sum(axis=1, keepdims=True)
-    cum = np.cumsum(ps, axis=1)
-    n_keep = np.minimum((cum < top_p).sum(axis=1) + 1, keep.sum(axis=1))  # through the first reaching p
-    ranks = np.empty_like(order)
-    np.put_along_axis(ranks, order, np.arange(x.shape[1])[None].repeat(len(x), axis=0), axis=1)
-    return ranks < n_keep[:, None]
+def _top_p(v: np.ndarray, top_p: float) -> np.ndarray:
+    """Of each row's candidates, the smallest set of the most probable whose probability reaches
+    top_p (at least one), probabilities at temperature 1 over the candidates, as llama.cpp does."""
+    order = np.argsort(-v, axis=1, kind="stable")
+    vs = np.take_along_axis(v, order, axis=1)
+    ps = np.exp(vs - vs[:, :1])
+    cum = np.cumsum(ps / ps.sum(axis=1, keepdims=True), axis=1)
+    n_keep = (cum < top_p).sum(axis=1) + 1  # through the first reaching top_p
+    keep = np.zeros(v.shape, dtype=bool)
+    np.put_along_axis(keep, order, np.arange(v.shape[1])[None] < n_keep[:, None], axis=1)
+    return keep
 
 
 def sample(p: np.ndarray, u: float) -> int:

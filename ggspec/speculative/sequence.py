@@ -29,7 +29,7 @@ class Sequence:
     done: bool = False
     cancelled: bool = False
     stats: RunStats = field(default_factory=RunStats)
-    rng: np.random.Generator | None = None  # sampling state (the next issue); None: greedy
+    seed: int = 0  # sampling: every random draw derives from (seed, purpose, position)
 
     def __post_init__(self) -> None:
         self.prompt = np.ascontiguousarray(self.prompt, dtype=np.int32)
@@ -45,3 +45,9 @@ class Sequence:
     def started(self) -> bool:
         """Whether its prompt has been decoded (id_last is known)."""
         return self.id_last >= 0
+
+    def rng(self, purpose: int) -> np.random.Generator:
+        """The generator of one step's draws of one kind (0: drafting, 1: verifying), keyed by the
+        sequence's seed and position: the same seed gives the same draws whatever other sequences
+        run beside it and however many draws earlier steps made."""
+        return np.random.default_rng((self.seed, purpose, self.pos))

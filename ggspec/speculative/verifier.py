@@ -18,6 +18,9 @@ from ggspec.speculative.sampling import SamplerSettings, distribution, sample
 from ggspec.speculative.sequence import Sequence
 
 
+DRAFT, VERIFY = 0, 1  # the purposes of a sequence's random draws (Sequence.rng)
+
+
 @dataclass(frozen=True)
 class Outcome:
     accepted: int  # leading drafts the target accepted
@@ -65,13 +68,14 @@ class RejectionVerifier:
     residual norm(max(0, p - q)) and the step ends; when every draft is accepted the bonus token
     is drawn from p at the next row. A draft without a distribution (n-gram, a DFlash2 walk, a
     greedy draft) is a point mass on its token: accepted with probability p(x), the residual is p
-    without x. Each sequence draws from its own generator (`Sequence.rng`)."""
+    without x. Each sequence draws from its own generator (`Sequence.rng`), keyed by its seed and
+    position."""
 
     def __init__(self, settings: SamplerSettings) -> None:
         self.settings = settings
 
     def verify(self, logits: np.ndarray, spans: list[tuple[Sequence, Draft, int]]) -> list[Outcome]:
-        return [self.verify_one(distribution(logits[row0:row0 + len(draft) + 1], self.settings), draft, seq.rng)
+        return [self.verify_one(distribution(logits[row0:row0 + len(draft) + 1], self.settings), draft, seq.rng(VERIFY))
                 for seq, draft, row0 in spans]
 
     @staticmethod

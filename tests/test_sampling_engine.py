@@ -1,0 +1,137 @@
+"""Speculative sampling through the engine on the trained tiny pair: the joint distribution of the
+first two sampled tokens equals plain sampling's (chi-square over many seeds, p > 0.01), a wrong
+acceptance rule is rejected by the same test, and the same seed gives the same text at parallel 1
+and 4. Statistical, not timed."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from scipy.stats import chi2_contingency
+
+from ggspec.pairs import get_entry, resolve
+from ggspec.runtime import ContextParams
+from ggspec.speculative.engine import Engine
+from ggspec.speculative.models import Models, PairConfig
+from ggspec.speculative.planes import PlaneOptions
+from ggspec.speculative.sampling import SamplerSettings, sample
+from ggspec.speculative.verifier import Outcome, RejectionVerifier
+
+SEEDS = 1500
+PROMPT = "import os\nimport sys\n\n\ndef main("
+CTX = ContextParams(n_ctx=2048, n_threads=1, type_k="f32", type_v="f32", flash_attn="off")
+SETTINGS = {
+    "t0.7-defaults": SamplerSettings(temp=0.7),  # llama.cpp's top-k 40, top-p 0.95, min-p 0.05
+    "t1.0-plain": SamplerSettings(temp=1.0, top_k=0, top_p=1.0, min_p=0.0),
+    "t1.0-topk-topp": SamplerSettings(temp=1.0, top_k=20, top_p=0.9, min_p=0.0),
+}
+
+
+def _draws(eng: Engine, prompt, speculate: bool, n: int = 2) -> Counter:
+    """The first n committed tokens of every seed, as a histogram of tuples. Plain and speculative
+    runs take different seeds: the samples must be independent for the two-sample test."""
+    counts: Counter = Counter()
+    pending = list(range(SEEDS)) if speculate else list(range(10**6, 10**6 + SEEDS))
+    while pending or eng.active:
+        while pending and eng.can_add(prompt, n):
+            eng.add(prompt, n, ignore_eos=True, seed=pending.pop(), speculate=speculate, tag="x")
+        for seq in {seq: None for seq, _ in eng.step() if seq.done}:  # a joining sequence has two steps
+            counts[tuple(seq.tokens[:n])] += 1
+    return counts
+
+
+def _p_value(a: Counter, b: Counter) -> float:
+    """Two-sample chi-square: outcomes seen at least 10 times in all, the rest pooled."""
+    total = a + b
+    common = [k for k, c in total.items() if c >= 10]
+    rows = [[a[k] for k in common] + [sum(a.values()) - sum(a[k] for k in common)],
+            [b[k] for k in common] + [sum(b.values()) - sum(b[k] for k in common)]]
+    if rows[0][-1] + rows[1][-1] == 0:
+        rows = [r[:-1] for r in rows]
+    return chi2_contingency(np.array(rows)).pvalue
+
+
+@pytest.fixture(scope="module")
+def coder():
+    files = resolve(get_entry("tiny-coder"))
+    cfg = PairConfig(target=files.target, draft=files.draft, n_max=7, ctx=CTX, parallel=8)
+    with Models(cfg) as models:
+        yield models, cfg
+
+
+@pytest.mark.parametrize("name", list(SETTINGS))
+def test_speculative_sampling_has_the_plain_distribution(name, coder):
+    models, cfg = coder
+    cfg = replace(cfg, sampling=SETTINGS[name])
+    prompt = models.target.tokenize(PROMPT)
+    with Engine(models, cfg, plain=True) as eng:
+        plain = _draws(eng, prompt, speculate=False)
+    with Engine(models, cfg) as eng:
+        spec = _draws(eng, prompt, speculate=True)
+        drafted = eng.stats.steps
+    assert len(plain) > 5, plain  # a real distribution, not a point mass
+    assert drafted > 0
+    p = _p_value(plain, spec)
+    assert p > 0.01, (p, plain.most_common(5), spec.most_common(5))
+
+
+class ResampleFromP(RejectionVerifier):
+    """Wrong: at a rejection, draw the correction from p instead of the residual."""
+
+    def verify(self, logits, spans):
+        out = []
+        for (seq, draft, row0), o in zip(spans, super().verify(logits, spans)):
+            if o.accepted < len(draft):
+                from ggspec.speculative.sampling import distribution
+
+                p = distribution(logits[row0 + o.accepted], self.settings)
+                o = Outcome(o.accepted, o.tokens[:-1] + [sample(p, seq.rng(7).random())])
+            out.append(o)
+        return out
+
+
+def test_the_test_rejects_a_wrong_rule(coder):
+    models, cfg = coder
+    cfg = replace(cfg, sampling=SETTINGS["t1.0-plain"])
+    prompt = models.target.tokenize(PROMPT)
+    with Engine(models, cfg, plain=True) as eng:
+        plain = _draws(eng, prompt, speculate=False)
+    with Engine(models, cfg) as eng:
+        eng.verifier = ResampleFromP(cfg.sampling)
+        wrong = _draws(eng, prompt, speculate=True)
+    assert _p_value(plain, wrong) < 0.01
+
+
+def test_capped_planes_and_replays_keep_the_distribution(hybrid_pair, build_info):
+    """A hybrid target with 3 capped planes: rejected drafts roll back or replay."""
+    cfg = PairConfig(target=hybrid_pair.target, draft=hybrid_pair.draft, n_max=7, ctx=CTX, parallel=8,
+                     planes=PlaneOptions(3, "default"), sampling=SamplerSettings(temp=1.0, top_k=0, top_p=1.0, min_p=0))
+    with Models(cfg) as models:
+        prompt = models.target.tokenize(PROMPT)
+        with Engine(models, cfg, plain=True) as eng:
+            plain = _draws(eng, prompt, speculate=False, n=3)
+        with Engine(models, cfg) as eng:
+            spec = _draws(eng, prompt, speculate=True, n=3)
+    assert _p_value(plain, spec) > 0.01
+
+
+def test_same_seed_same_text_at_parallel_1_and_4(coder):
+    models, cfg = coder
+    prompt = models.target.tokenize(PROMPT)
+    texts = {}
+    for parallel in (1, 4):
+        c = replace(cfg, parallel=parallel, sampling=SETTINGS["t0.7-defaults"])
+        with Engine(models, c) as eng:
+            seqs = [eng.add(prompt, 48, ignore_eos=True, seed=s) for s in range(4)] if parallel == 4 else []
+            if parallel == 1:
+                for s in range(4):
+                    seqs.append(eng.add(prompt, 48, ignore_eos=True, seed=s))
+                    list(eng.run())
+            else:
+                list(eng.run())
+            texts[parallel] = [seq.tokens for seq in seqs]
+    assert texts[1] == texts[4]
+    assert len({tuple(t) for t in texts[1]}) > 1  # different seeds, different texts
