@@ -44,42 +44,33 @@ def distribution(logits: np.ndarray, s: SamplerSettings) -> np.ndarray:
     """The sampling distribution of every row: (rows, n_vocab) logits -> float64 probabilities,
     zero outside the tokens top-k, top-p and min-p keep (llama.cpp's order), softmax(logit / temp)
     inside. Greedy settings give a point mass on each row's argmax. Only the top-k candidates are
-    worked on (they are all that can be drawn), so a large vocabulary costs one partition."""
-    x = np.asarray(logits, dtype=np.float64)
+    worked on (they are all that can be drawn), so a large vocabulary costs one partition; rows are
+    few (a verify span), so they are handled one by one with plain 1-D operations."""
+    x = np.asarray(logits)
     if x.ndim == 1:
         return distribution(x[None], s)[0]
-    rows, n = x.shape
-    out = np.zeros_like(x)
+    out = np.zeros(x.shape, dtype=np.float64)
     if s.greedy:
-        out[np.arange(rows), x.argmax(axis=1)] = 1.0
+        out[np.arange(len(x)), x.argmax(axis=1)] = 1.0
         return out
-    if 0 < s.top_k < n:
-        cand = np.argpartition(-x, s.top_k - 1, axis=1)[:, :s.top_k]
-    else:
-        cand = np.broadcast_to(np.arange(n), (rows, n))
-    v = np.take_along_axis(x, cand, axis=1)
-    keep = np.ones(v.shape, dtype=bool)
-    if s.top_p < 1.0:
-        keep &= _top_p(v, s.top_p)
-    if s.min_p > 0.0:
-        keep &= v >= v.max(axis=1, keepdims=True) + np.log(s.min_p)  # p_i >= min_p * p_max among the kept
-    z = np.where(keep, v / s.temp, -np.inf)
-    p = np.exp(z - z.max(axis=1, keepdims=True))
-    np.put_along_axis(out, cand, p / p.sum(axis=1, keepdims=True), axis=1)
+    n = x.shape[1]
+    log_min_p = np.log(s.min_p) if s.min_p > 0.0 else None
+    for r, row in enumerate(x):
+        cand = np.argpartition(row, n - s.top_k)[n - s.top_k:] if 0 < s.top_k < n else np.arange(n)
+        v = row[cand].astype(np.float64)
+        if s.top_p < 1.0:
+            order = np.argsort(-v, kind="stable")
+            cand, v = cand[order], v[order]
+            ps = np.exp(v - v[0])
+            cum = np.cumsum(ps)
+            n_keep = int(np.count_nonzero(cum < s.top_p * cum[-1])) + 1  # through the first reaching top_p
+            cand, v = cand[:n_keep], v[:n_keep]
+        if log_min_p is not None:  # p_i >= min_p * p_max among what is left
+            ok = v >= v.max() + log_min_p
+            cand, v = cand[ok], v[ok]
+        p = np.exp((v - v.max()) / s.temp)
+        out[r, cand] = p / p.sum()
     return out
-
-
-def _top_p(v: np.ndarray, top_p: float) -> np.ndarray:
-    """Of each row's candidates, the smallest set of the most probable whose probability reaches
-    top_p (at least one), probabilities at temperature 1 over the candidates, as llama.cpp does."""
-    order = np.argsort(-v, axis=1, kind="stable")
-    vs = np.take_along_axis(v, order, axis=1)
-    ps = np.exp(vs - vs[:, :1])
-    cum = np.cumsum(ps / ps.sum(axis=1, keepdims=True), axis=1)
-    n_keep = (cum < top_p).sum(axis=1) + 1  # through the first reaching top_p
-    keep = np.zeros(v.shape, dtype=bool)
-    np.put_along_axis(keep, order, np.arange(v.shape[1])[None] < n_keep[:, None], axis=1)
-    return keep
 
 
 def sample(p: np.ndarray, u: float) -> int:

@@ -46,8 +46,34 @@ class Sequence:
         """Whether its prompt has been decoded (id_last is known)."""
         return self.id_last >= 0
 
-    def rng(self, purpose: int) -> np.random.Generator:
-        """The generator of one step's draws of one kind (0: drafting, 1: verifying), keyed by the
+    def rng(self, purpose: int) -> "Draws":
+        """The uniform draws of one step of one kind (0: drafting, 1: verifying), keyed by the
         sequence's seed and position: the same seed gives the same draws whatever other sequences
         run beside it and however many draws earlier steps made."""
-        return np.random.default_rng((self.seed, purpose, self.pos))
+        return Draws(self.seed, purpose, self.pos)
+
+
+_MASK = (1 << 64) - 1
+
+
+def _mix(z: int) -> int:
+    """splitmix64's finaliser: a 64-bit mix with full avalanche."""
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EB & _MASK
+    return z ^ (z >> 31)
+
+
+class Draws:
+    """A counter-based stream of uniforms in [0, 1) for one (seed, purpose, position): splitmix64
+    over the key and a counter, a few microseconds a draw (numpy's generators take tens of
+    microseconds to create, and a step needs a fresh one per sequence)."""
+
+    __slots__ = ("_key", "_i")
+
+    def __init__(self, seed: int, purpose: int, pos: int) -> None:
+        self._key = _mix(_mix(_mix(seed & _MASK) ^ purpose) ^ pos)
+        self._i = 0
+
+    def random(self) -> float:
+        self._i += 1
+        return (_mix((self._key + self._i * 0x9E3779B97F4A7C15) & _MASK) >> 11) * (1.0 / (1 << 53))

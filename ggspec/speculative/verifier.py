@@ -75,23 +75,31 @@ class RejectionVerifier:
         self.settings = settings
 
     def verify(self, logits: np.ndarray, spans: list[tuple[Sequence, Draft, int]]) -> list[Outcome]:
-        return [self.verify_one(distribution(logits[row0:row0 + len(draft) + 1], self.settings), draft, seq.rng(VERIFY))
-                for seq, draft, row0 in spans]
+        out = []
+        for seq, draft, row0 in spans:
+            rows = logits[row0:row0 + len(draft) + 1]
+            # a row's distribution is computed only when the walk reaches it (most steps stop early)
+            out.append(self.verify_one(lambda i, rows=rows: distribution(rows[i], self.settings), draft,
+                                       seq.rng(VERIFY)))
+        return out
 
     @staticmethod
-    def verify_one(p: np.ndarray, draft: Draft, rng: np.random.Generator) -> Outcome:
-        """p: (len(draft) + 1, n_vocab) target distributions of the span's rows."""
+    def verify_one(p, draft: Draft, rng) -> Outcome:
+        """p: the target distributions of the span's rows, a (len(draft) + 1, n_vocab) array or a
+        function of the row index; rng: anything with .random() in [0, 1)."""
+        row = p.__getitem__ if isinstance(p, np.ndarray) else p
         tokens = draft.tokens.tolist()
         for i, x in enumerate(tokens):
+            p_i = row(i)
             q_x = 1.0 if draft.probs is None else float(draft.probs[i, x])
-            if q_x > 0 and rng.random() * q_x < p[i, x]:  # u < p(x) / q(x), without dividing
+            if q_x > 0 and rng.random() * q_x < p_i[x]:  # u < p(x) / q(x), without dividing
                 continue
             if draft.probs is None:
-                residual = p[i].copy()
+                residual = p_i.copy()
                 residual[x] = 0.0
             else:
-                residual = np.maximum(p[i] - draft.probs[i], 0.0)
+                residual = np.maximum(p_i - draft.probs[i], 0.0)
             if residual.sum() <= 0:  # p == q here: cannot reject (guards float round-off)
-                residual = p[i]
+                residual = p_i
             return Outcome(i, tokens[:i] + [sample(residual, rng.random())])
-        return Outcome(len(tokens), tokens + [sample(p[len(tokens)], rng.random())])
+        return Outcome(len(tokens), tokens + [sample(row(len(tokens)), rng.random())])
