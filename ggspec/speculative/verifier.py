@@ -33,13 +33,13 @@ class Verifier(Protocol):
         spans: (sequence, its draft, its first row) in batch order, each span len(draft) + 1 rows."""
 
 
-def accept_greedy(draft: np.ndarray, target_argmax: np.ndarray) -> int:
-    """Length of the leading run where draft[i] == target_argmax[i]."""
-    n = len(draft)
-    if n == 0:
-        return 0
-    mismatch = np.flatnonzero(np.asarray(draft[:n]) != target_argmax[:n])
-    return int(mismatch[0]) if len(mismatch) else n
+def accept_greedy(draft, target_argmax) -> int:
+    """Length of the leading run where draft[i] == target_argmax[i]. Plain lists are fastest here:
+    a draft is a few tokens, and this runs for every sequence of every step."""
+    a = 0
+    while a < len(draft) and draft[a] == target_argmax[a]:
+        a += 1
+    return a
 
 
 class GreedyVerifier:
@@ -52,9 +52,7 @@ class GreedyVerifier:
         for _seq, draft, row0 in spans:
             drafted = draft.tokens.tolist()
             target = argmax[row0:row0 + len(drafted) + 1]
-            a = 0
-            while a < len(drafted) and drafted[a] == target[a]:
-                a += 1
+            a = accept_greedy(drafted, target)
             out.append(Outcome(a, drafted[:a] + [target[a]]))
         return out
 
