@@ -9,7 +9,7 @@ import pytest
 from scipy.stats import chisquare
 
 from ggspec.speculative.proposer import Draft
-from ggspec.speculative.sampling import SamplerSettings, distribution, sample
+from ggspec.speculative.sampling import Candidates, SamplerSettings, distribution, sample
 from ggspec.speculative.verifier import Outcome, RejectionVerifier
 
 V = 6
@@ -19,6 +19,12 @@ P = np.array([[0.30, 0.25, 0.20, 0.15, 0.07, 0.03],   # target at position 0
               [0.50, 0.10, 0.10, 0.10, 0.10, 0.10]])  # position 2 (the bonus row)
 Q = np.array([[0.10, 0.10, 0.50, 0.10, 0.10, 0.10],   # a draft that disagrees with the target
               [0.05, 0.50, 0.05, 0.30, 0.05, 0.05]])
+
+
+def sparse(dense: np.ndarray) -> Candidates:
+    """Dense rows as Candidates, listed in a scrambled order (the rule must not rely on any)."""
+    order = np.random.default_rng(7).permutation(dense.shape[1])
+    return Candidates(np.broadcast_to(order, dense.shape), dense[:, order])
 
 
 def _run(rule, q: np.ndarray | None, seed: int = 0) -> tuple[np.ndarray, float]:
@@ -32,8 +38,9 @@ def _run(rule, q: np.ndarray | None, seed: int = 0) -> tuple[np.ndarray, float]:
         if q is None:  # a point-mass draft: the draft's own greedy choices
             draft = Draft(np.array([2, 1], dtype=np.int32))
         else:
-            draft = Draft(np.array([sample(q[0], rng.random()), sample(q[1], rng.random())], dtype=np.int32), q)
-        out = rule(P, draft, rng)
+            draft = Draft(np.array([sample(q[0], rng.random()), sample(q[1], rng.random())], dtype=np.int32),
+                          sparse(q))
+        out = rule(sparse(P), draft, rng)
         accepted += out.accepted
         first = out.tokens[0]
         second = out.tokens[1] if len(out.tokens) > 1 else sample(P[1], rng.random())
@@ -59,7 +66,7 @@ def _resample_from_p(p, draft, rng):
     """Wrong: on a rejection, draw from p instead of the residual."""
     out = RejectionVerifier.verify_one(p, draft, rng)
     if out.accepted < len(draft):
-        return Outcome(out.accepted, out.tokens[:-1] + [sample(p[out.accepted], rng.random())])
+        return Outcome(out.accepted, out.tokens[:-1] + [sample(P[out.accepted], rng.random())])
     return out
 
 
@@ -67,10 +74,10 @@ def _accept_with_p(p, draft, rng):
     """Wrong: accept with probability p(x) instead of min(1, p(x) / q(x))."""
     tokens = draft.tokens.tolist()
     for i, x in enumerate(tokens):
-        if rng.random() >= p[i, x]:
-            residual = np.maximum(p[i] - draft.probs[i], 0.0)
+        if rng.random() >= P[i, x]:
+            residual = np.maximum(P[i] - Q[i], 0.0)
             return Outcome(i, tokens[:i] + [sample(residual, rng.random())])
-    return Outcome(len(tokens), tokens + [sample(p[len(tokens)], rng.random())])
+    return Outcome(len(tokens), tokens + [sample(P[len(tokens)], rng.random())])
 
 
 @pytest.mark.parametrize("rule", [_resample_from_p, _accept_with_p])

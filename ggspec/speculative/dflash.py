@@ -36,7 +36,7 @@ from ggspec.runtime import Batch, Context
 from ggspec.runtime.gguf_meta import GGUFMeta
 from ggspec.speculative.archs import LAYER_INPUT_ARCHS
 from ggspec.speculative.proposer import Draft, Span
-from ggspec.speculative.sampling import SamplerSettings, distribution, sample
+from ggspec.speculative.sampling import SamplerSettings, candidates
 from ggspec.speculative.verifier import DRAFT
 
 INJECT_MODES = ("pruned", "deferred", "immediate")
@@ -261,15 +261,12 @@ class DFlashProposer:
 
     def _sample(self, seqs, rows: int, n: int) -> list[Draft]:
         """Drafts drawn from the draft's distribution at each block row (DFlash's rows 1..n), each
-        sequence with its own generator; the distributions travel with the drafts."""
+        sequence with its own draws; the distributions travel with the drafts."""
         logits = self.draft.logits_view().reshape(len(seqs), rows, -1)[:, rows - n:]
-        drafts = []
-        for seq, block in zip(seqs, logits):
-            q = distribution(block, self.sampling)
-            rng = seq.rng(DRAFT)
-            tokens = np.fromiter((sample(row, rng.random()) for row in q), dtype=np.int32, count=n)
-            drafts.append(Draft(tokens, q))
-        return drafts
+        q = candidates(logits.reshape(len(seqs) * n, -1), self.sampling)  # every row of every block at once
+        u = [draws.random() for draws in (seq.rng(DRAFT) for seq in seqs) for _ in range(n)]
+        tokens = q.sample(u).astype(np.int32).reshape(len(seqs), n)
+        return [Draft(tokens[k], q[k * n:(k + 1) * n]) for k in range(len(seqs))]
 
     def release(self, seq) -> None:
         self._rows.pop(seq.seq_id, None)

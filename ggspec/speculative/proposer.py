@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from ggspec.speculative.sampling import Candidates
+
 if TYPE_CHECKING:
     from ggspec.speculative.sequence import Sequence
 
@@ -26,9 +28,9 @@ class Draft:
     """One sequence's proposal: up to n tokens that follow its last committed token."""
 
     tokens: np.ndarray  # (n,) int32, possibly shorter than asked (p-min truncation, no n-gram match)
-    # (n, n_vocab) the draft's distribution at each drafted position after the sampler transforms,
-    # for rejection sampling; None means a point mass on each drafted token (n-gram, DFlash2 walk)
-    probs: np.ndarray | None = None
+    # the draft's distribution at each drafted position after the sampler transforms (n rows), for
+    # rejection sampling; None means a point mass on each drafted token (n-gram, DFlash2 walk)
+    probs: Candidates | None = None
 
     def __len__(self) -> int:
         return len(self.tokens)

@@ -40,40 +40,95 @@ class SamplerSettings:
             raise InputError(f"the seed must be within 0..4294967295 (got {self.seed})", field="seed")
 
 
-def distribution(logits: np.ndarray, s: SamplerSettings) -> np.ndarray:
-    """The sampling distribution of every row: (rows, n_vocab) logits -> float64 probabilities,
-    zero outside the tokens top-k, top-p and min-p keep (llama.cpp's order), softmax(logit / temp)
-    inside. Greedy settings give a point mass on each row's argmax. Only the top-k candidates are
-    worked on (they are all that can be drawn), so a large vocabulary costs one partition; rows are
-    few (a verify span), so they are handled one by one with plain 1-D operations."""
-    x = np.asarray(logits)
-    if x.ndim == 1:
-        return distribution(x[None], s)[0]
-    out = np.zeros(x.shape, dtype=np.float64)
-    if s.greedy:
-        out[np.arange(len(x)), x.argmax(axis=1)] = 1.0
+@dataclass(frozen=True)
+class Candidates:
+    """Sampling distributions of several rows, kept sparse: row r draws token ids[r, j] with
+    probability probs[r, j]; every token not listed has probability 0. Top-k keeps k columns, so a
+    262k-entry vocabulary never becomes a dense row; entries the later samplers (top-p, min-p) cut
+    stay listed with probability 0."""
+
+    ids: np.ndarray  # (rows, k) token ids
+    probs: np.ndarray  # (rows, k) float64, each row sums to 1
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, rows: int | slice) -> "Candidates":
+        """Some rows (an int gives a one-row Candidates)."""
+        if isinstance(rows, int):
+            rows = slice(rows, rows + 1)
+        return Candidates(self.ids[rows], self.probs[rows])
+
+    def prob(self, r: int, token: int) -> float:
+        hit = np.flatnonzero(self.ids[r] == token)
+        return float(self.probs[r, hit[0]]) if hit.size else 0.0
+
+    def lookup(self, r: int, tokens: np.ndarray) -> np.ndarray:
+        """Row r's probabilities of `tokens` (0 where not listed)."""
+        order = np.argsort(self.ids[r])
+        ids = self.ids[r][order]
+        at = np.searchsorted(ids, tokens).clip(max=len(ids) - 1)
+        return np.where(ids[at] == tokens, self.probs[r][order][at], 0.0)
+
+    def sample(self, u: np.ndarray) -> np.ndarray:
+        """One token per row by the inverse CDF at uniform draws u in [0, 1) (one per row)."""
+        c = np.cumsum(self.probs, axis=1)
+        at = np.count_nonzero(c <= (np.asarray(u, dtype=np.float64) * c[:, -1])[:, None], axis=1)
+        return self.ids[np.arange(len(self.ids)), at.clip(max=self.ids.shape[1] - 1)]
+
+    def residual(self, q: "Candidates | None", x: int) -> "Candidates":
+        """norm(max(0, p - q)) of a one-row p (this) and q, on p's support (the only place it can
+        be positive); q None is a point mass on token x. Where p <= q everywhere (p == q up to
+        round-off) the draft cannot have been rejected: p itself."""
+        ids, p = self.ids[0], self.probs[0]
+        r = np.where(ids == x, 0.0, p) if q is None else np.maximum(p - q.lookup(0, ids), 0.0)
+        return Candidates(self.ids, (r if r.sum() > 0 else p)[None])
+
+    def dense(self, n_vocab: int) -> np.ndarray:
+        out = np.zeros((len(self.ids), n_vocab), dtype=np.float64)
+        np.put_along_axis(out, self.ids, self.probs, axis=1)
         return out
-    n = x.shape[1]
-    log_min_p = np.log(s.min_p) if s.min_p > 0.0 else None
-    for r, row in enumerate(x):
-        cand = np.argpartition(row, n - s.top_k)[n - s.top_k:] if 0 < s.top_k < n else np.arange(n)
-        v = row[cand].astype(np.float64)
-        if s.top_p < 1.0:
-            order = np.argsort(-v, kind="stable")
-            cand, v = cand[order], v[order]
-            ps = np.exp(v - v[0])
-            cum = np.cumsum(ps)
-            n_keep = int(np.count_nonzero(cum < s.top_p * cum[-1])) + 1  # through the first reaching top_p
-            cand, v = cand[:n_keep], v[:n_keep]
-        if log_min_p is not None:  # p_i >= min_p * p_max among what is left
-            ok = v >= v.max() + log_min_p
-            cand, v = cand[ok], v[ok]
-        p = np.exp((v - v.max()) / s.temp)
-        out[r, cand] = p / p.sum()
-    return out
+
+
+def candidates(logits: np.ndarray, s: SamplerSettings) -> Candidates:
+    """The sampling distribution of every row of (rows, n_vocab) logits as Candidates: zero outside
+    the tokens top-k, top-p and min-p keep (llama.cpp's order), softmax(logit / temp) inside. Greedy
+    settings give a point mass on each row's argmax. All rows at once: one partition of the
+    vocabulary, then work on the k candidates."""
+    x = np.asarray(logits)
+    x = x[None] if x.ndim == 1 else x
+    rows, n = x.shape
+    if s.greedy:
+        return Candidates(x.argmax(axis=1)[:, None], np.ones((rows, 1)))
+    r = np.arange(rows)[:, None]  # row index for fancy indexing (take_along_axis is slower on small arrays)
+    if 0 < s.top_k < n:
+        ids = np.argpartition(x, n - s.top_k, axis=1)[:, n - s.top_k:]
+        v = x[r, ids].astype(np.float64)
+    else:
+        ids = np.broadcast_to(np.arange(n), (rows, n))
+        v = x.astype(np.float64)
+    keep = np.ones(v.shape, dtype=bool)
+    if s.top_p < 1.0:  # the most likely first, through the first whose cumulative mass reaches top_p
+        order = np.argsort(-v, axis=1, kind="stable")
+        ids, v = ids[r, order], v[r, order]
+        cum = np.cumsum(np.exp(v - v[:, :1]), axis=1)
+        keep = np.arange(v.shape[1]) <= np.count_nonzero(cum < s.top_p * cum[:, -1:], axis=1)[:, None]
+    v_max = v.max(axis=1, keepdims=True)  # what top-p keeps always includes the maximum
+    if s.min_p > 0.0:  # p_i >= min_p * p_max among what is left
+        keep &= v >= v_max + np.log(s.min_p)
+    p = np.where(keep, np.exp((v - v_max) / s.temp), 0.0)
+    return Candidates(ids, p / p.sum(axis=1, keepdims=True))
+
+
+def distribution(logits: np.ndarray, s: SamplerSettings) -> np.ndarray:
+    """`candidates` as dense (rows, n_vocab) float64 rows (one row for 1-D logits): for checks
+    and small vocabularies; the engine works on Candidates."""
+    x = np.asarray(logits)
+    dense = candidates(x, s).dense(x.shape[-1])
+    return dense[0] if x.ndim == 1 else dense
 
 
 def sample(p: np.ndarray, u: float) -> int:
-    """The token at uniform draw u in [0, 1) by the inverse CDF of one distribution row."""
+    """The token at uniform draw u in [0, 1) by the inverse CDF of one dense distribution row."""
     c = np.cumsum(p)
     return int(min(np.searchsorted(c, u * c[-1], side="right"), len(p) - 1))

@@ -14,7 +14,7 @@ from typing import Protocol
 import numpy as np
 
 from ggspec.speculative.proposer import Draft
-from ggspec.speculative.sampling import SamplerSettings, distribution, sample
+from ggspec.speculative.sampling import Candidates, SamplerSettings, candidates
 from ggspec.speculative.sequence import Sequence
 
 
@@ -77,27 +77,22 @@ class RejectionVerifier:
         for seq, draft, row0 in spans:
             rows = logits[row0:row0 + len(draft) + 1]
             # a row's distribution is computed only when the walk reaches it (most steps stop early)
-            out.append(self.verify_one(lambda i, rows=rows: distribution(rows[i], self.settings), draft,
+            out.append(self.verify_one(lambda i, rows=rows: candidates(rows[i], self.settings), draft,
                                        seq.rng(VERIFY)))
         return out
 
     @staticmethod
     def verify_one(p, draft: Draft, rng) -> Outcome:
-        """p: the target distributions of the span's rows, a (len(draft) + 1, n_vocab) array or a
-        function of the row index; rng: anything with .random() in [0, 1)."""
-        row = p.__getitem__ if isinstance(p, np.ndarray) else p
+        """p: the target's Candidates for the span's rows (len(draft) + 1 of them), or a function
+        of the row index giving that row's; rng: anything with .random() in [0, 1)."""
+        row = p.__getitem__ if isinstance(p, Candidates) else p
         tokens = draft.tokens.tolist()
+        q = draft.probs
         for i, x in enumerate(tokens):
             p_i = row(i)
-            q_x = 1.0 if draft.probs is None else float(draft.probs[i, x])
-            if q_x > 0 and rng.random() * q_x < p_i[x]:  # u < p(x) / q(x), without dividing
+            q_x = 1.0 if q is None else q.prob(i, x)
+            if q_x > 0 and rng.random() * q_x < p_i.prob(0, x):  # u < p(x) / q(x), without dividing
                 continue
-            if draft.probs is None:
-                residual = p_i.copy()
-                residual[x] = 0.0
-            else:
-                residual = np.maximum(p_i - draft.probs[i], 0.0)
-            if residual.sum() <= 0:  # p == q here: cannot reject (guards float round-off)
-                residual = p_i
-            return Outcome(i, tokens[:i] + [sample(residual, rng.random())])
-        return Outcome(len(tokens), tokens + [sample(row(len(tokens)), rng.random())])
+            residual = p_i.residual(None if q is None else q[i], x)
+            return Outcome(i, tokens[:i] + [int(residual.sample([rng.random()])[0])])
+        return Outcome(len(tokens), tokens + [int(row(len(tokens)).sample([rng.random()])[0])])
