@@ -384,6 +384,11 @@ def bench(
     rs_planes: opts.PLANES.axis = None,
     rs_lead: opts.LEAD.axis = None,
     inject: opts.INJECT.axis = None,
+    temp: opts.TempAxis = None,
+    top_k: opts.TopK = opts.TOP_K,
+    top_p: opts.TopP = opts.TOP_P,
+    min_p: opts.MinP = opts.MIN_P,
+    seed: opts.Seed = opts.SEED,
     native: Annotated[bool, typer.Option(
         "--native", help="Add rows from llama.cpp's own C++ loop and plain greedy decoding of the same build "
                          "(needs `ggspec build --tools`; parallel 1 only); without a draft, only the plain rows.")] = False,
@@ -420,7 +425,8 @@ def bench(
     shared = opts.Shared(model=model, draft=draft, pair=pair, models_dir=models_dir, dflash=dflash, spec_type=spec_type,
                          p_min=p_min, ngram_size_n=ngram_size_n, ngram_size_m=ngram_size_m, threads=threads,
                          n_gpu_layers=n_gpu_layers, rpc=rpc, split_mode=split_mode, tensor_split=tensor_split,
-                         mirror_output=mirror_output, rpc_timeout=rpc_timeout)
+                         mirror_output=mirror_output, rpc_timeout=rpc_timeout,
+                         sampling=opts.SamplerSettings(temp=0.0, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed))
     if resume is not None:
         given = [flag for flag, v in (("-m", model), ("-md", draft), ("--pair", pair), ("--prompts", prompts),
                                       ("--spec-type", spec_type), ("--spec-draft-n-max", n_max),
@@ -430,6 +436,9 @@ def bench(
                                       ("-ctk", type_k), ("-ctv", type_v), ("-c", n_ctx),
                                       ("--spec-draft-rs-planes", rs_planes), ("--spec-draft-rs-planes-lead", rs_lead),
                                       ("--spec-dflash-inject", inject), ("--acceptance-profile", profile),
+                                      ("--temp", temp), ("--top-k", top_k != opts.TOP_K or None),
+                                      ("--top-p", top_p != opts.TOP_P or None), ("--min-p", min_p != opts.MIN_P or None),
+                                      ("--seed", seed != opts.SEED or None),
                                       ("--rpc", rpc), ("-sm", split_mode), ("-ts", tensor_split),
                                       ("-ngl", n_gpu_layers), ("--dflash/--no-dflash", dflash))
                  if v is not None and v is not False]
@@ -472,6 +481,7 @@ def bench(
             lead=split_list("--spec-draft-rs-planes-lead", rs_lead, (str(opts.recommended(rec, "lead")),)),
             inject=split_list("--spec-dflash-inject", inject, (d["inject"],)),
             parallel=split_list("-np", parallel, (d["parallel"],), int),
+            temp=split_list("--temp", temp, (opts.TEMP,), float),
         )
         if axes.is_matrix and not matrix:
             fail(f"the comma lists make {axes.size} combinations: add --matrix to run them")
@@ -482,7 +492,8 @@ def bench(
                             threads=threads, warmup=warmup, profile=name, profile_weights=weights,
                             prompts=tuple(load_prompts(prompts)), placement=base.placement,
                             n_gpu_layers=base.n_gpu_layers, spec_type=base.spec_type, p_min=base.p_min,
-                            ngram_size_n=base.ngram_size_n, ngram_size_m=base.ngram_size_m)
+                            ngram_size_n=base.ngram_size_n, ngram_size_m=base.ngram_size_m,
+                            top_k=top_k, top_p=top_p, min_p=min_p, seed=opts.concrete_seed(seed))
         n_max_source = "flag" if n_max is not None else "pair" if "n_max" in rec else "default"
         plan = Plan(settings, axes, native=native, save_path=save, n_max_source=n_max_source)
     _bench(BenchSession(plan), output, plot)

@@ -130,6 +130,9 @@ NPredict = Annotated[int, typer.Option("-n", "--n-predict", help="Tokens to gene
 Temp = Annotated[float, typer.Option(
     "--temp", help="Temperature: 0 decodes greedily (ggspec's default: output equal to plain greedy, token for "
                    "token); above 0 samples, speculatively with rejection sampling (lossless in distribution).")]
+TempAxis = Annotated[Optional[str], typer.Option(
+    "--temp", help="Temperatures, e.g. 0,0.7,1.0 (0: greedy, outputs compared token for token; above 0: sampled, "
+                   "compared by acceptance) \\[default: 0].")]
 TopK = Annotated[int, typer.Option("--top-k", help="Sampling: keep the k most likely tokens (<= 0: all).")]
 TopP = Annotated[float, typer.Option("--top-p", help="Sampling: keep the most likely tokens up to this total "
                                                      "probability (1.0: off).")]
@@ -159,6 +162,13 @@ N_PREDICT, THREADS, RPC_TIMEOUT = 128, 1, 120.0
 # sampling: llama.cpp's defaults, but greedy unless a temperature is given
 TEMP, TOP_K, TOP_P, MIN_P, SEED = 0.0, SamplerSettings.top_k, SamplerSettings.top_p, SamplerSettings.min_p, DEFAULT_SEED
 P_MIN, NGRAM_SIZE_N, NGRAM_SIZE_M = PairConfig.p_min, PairConfig.ngram_size_n, PairConfig.ngram_size_m
+
+
+def concrete_seed(seed: int) -> int:
+    """llama.cpp's default seed means a random one: drawn here, once, so it can be reported and reused."""
+    import secrets
+
+    return secrets.randbelow(DEFAULT_SEED) if seed == DEFAULT_SEED else seed
 
 
 def pick(given, recommended: dict, key: str, default=None):

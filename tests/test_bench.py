@@ -29,14 +29,16 @@ def _rows_are_consistent(rows: list[dict], n_prompts: int) -> None:
         if r["kind"] == "baseline":
             assert r["speedup_mean"] == 1.0 and r["tau_pooled"] is None
             continue
-        done, total = map(int, r["identical"].split("/"))
-        assert done == total  # every run printed the plain greedy text
+        if r["temp"]:  # sampled: outputs are not compared token for token
+            assert r["identical"] is None
+        else:
+            done, total = map(int, r["identical"].split("/"))
+            assert done == total  # every run printed the plain greedy text
         if r["kind"] == "native-baseline":  # llama.cpp's plain greedy: speed and text only
             assert r["speedup_mean"] > 0 and r["acceptance_rate"] is None and r["native_speedup_mean"] == 1.0
             continue
         assert 0 <= r["acceptance_rate"] <= 1  # accepted <= drafted
-        if r["kind"] == "native":
-            continue
+        # llama.cpp's loop too (from its draft dump): histogram, τ and per-position acceptance
         hist = r["accept_hist"]
         assert sum(hist) == r["steps"] and len(hist) <= r["n_max"] + 1
         committed = sum((a + 1) * c for a, c in enumerate(hist))
@@ -45,6 +47,8 @@ def _rows_are_consistent(rows: list[dict], n_prompts: int) -> None:
         assert accepted <= r["acceptance_rate"] * r["steps"] * r["n_max"] + 1e-6
         assert 1 <= r["tau_request_mean"] <= r["n_max"] + 1 and 1 <= r["tau_token_weighted"] <= r["n_max"] + 1
         assert all(0 <= p <= 1 for p in r["position_acceptance"]) and len(r["position_acceptance"]) == r["n_max"]
+        if r["kind"] == "native":
+            continue
         shares = [r[f"share_{k}"] for k in ("draft", "verify", "inject", "replay", "overhead")]
         assert sum(shares) == pytest.approx(1, abs=1e-3)
         assert r["s_max"] > 0 and r["ms_target_1"] > 0
@@ -156,6 +160,51 @@ def test_native_rows_from_llama_cpp_s_own_loop(build_info):
         assert rows[("native", mode)]["acceptance_rate"] == pytest.approx(ours, abs=0.05)
     # every row also against llama.cpp's plain greedy
     assert all(r["native_speedup_mean"] > 0 for r in rows.values())
+
+
+def test_temperature_axis_with_llama_cpp_s_loop(tmp_path, build_info):
+    """--temp 0,0.7: greedy rows compared token for token, sampled rows labelled with their
+    temperature and compared by acceptance (ggspec's rejection sampler next to llama.cpp's loop at the
+    same sampler settings and seeds); the seed is kept in the saved settings."""
+    out = tmp_path / "t.json"
+    proc = run_cli("bench", "--pair", "tiny-coder", "--native", "--matrix", "--temp", "0,0.7", "--spec-draft-n-max", "7",
+                   "--prompts", str(_prompts(tmp_path, 3)), "-r", "1", "-n", "24", "--no-warmup", "-s", "11",
+                   "--top-k", "20", "-o", "jsonl", "--save", str(out), "--no-plot", timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    rows = [json.loads(line) for line in proc.stdout.splitlines()]
+    _rows_are_consistent(rows, 3)
+    by = {(r["kind"], r["inject"], r["temp"]): r for r in rows if r["category"] == "all"}
+    kinds = {("baseline", None), ("native-baseline", None), ("spec", "pruned"), ("native", "immediate"),
+             ("native", "deferred")}
+    assert set(by) == {(k, i, t) for k, i in kinds for t in (0.0, 0.7)}
+    for (kind, _, temp), r in by.items():
+        assert ("temp 0.7" in r["label"]) == (temp > 0)
+        if kind in ("spec", "native"):
+            assert 1 < r["tau_pooled"] < 8
+    # sampling accepts less than greedy decoding on the tiny pair, in both loops
+    for kind, inject in (("spec", "pruned"), ("native", "immediate")):
+        assert by[(kind, inject, 0.7)]["acceptance_rate"] < by[(kind, inject, 0.0)]["acceptance_rate"]
+    doc = json.loads(out.read_text())
+    assert doc["settings"]["seed"] == 11 and doc["settings"]["top_k"] == 20
+    assert report.settings_from(doc).sampling(0.7).top_k == 20
+    text = report.to_markdown(rows, report.settings_from(doc))
+    assert "top-k 20" in text and "seeded 11 + i" in text
+
+
+def test_temperature_needs_no_acceptance_profile(build_info):
+    proc = run_cli("bench", "--pair", "tiny-coder", "--temp", "0.7", "--acceptance-profile", "mtp", "-n", "8", "-r", "1")
+    assert proc.returncode == 1
+    assert "temperature 0 only" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_random_seed_is_drawn_once_and_saved(tmp_path, build_info):
+    out = tmp_path / "s.json"
+    proc = run_cli("bench", "--pair", "tiny-coder", "--temp", "1.0", "--prompts", str(_prompts(tmp_path, 1)), "-r", "1",
+                   "-n", "8", "--no-warmup", "--save", str(out), "--no-plot", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    seed = json.loads(out.read_text())["settings"]["seed"]
+    assert 0 <= seed < 2**32 - 1
+    assert f"seeded {seed} + i" in proc.stdout
 
 
 def _prompts(tmp_path, n: int = 2) -> Path:

@@ -62,3 +62,15 @@ def test_bad_settings_name_their_field(field, kw):
     with pytest.raises(InputError) as err:
         SamplerSettings(**kw).validate()
     assert err.value.field == field
+
+
+@pytest.mark.parametrize("top_k,top_p,min_p", [(40, 0.95, 0.05), (0, 0.9, 0.0), (5, 1.0, 0.1), (64, 0.5, 0.2)])
+def test_one_row_and_many_rows_agree(top_k, top_p, min_p):
+    """The engine computes one row at a time (verify rows, plain steps) and whole draft blocks at
+    once: two code paths, one distribution."""
+    s = SamplerSettings(temp=0.8, top_k=top_k, top_p=top_p, min_p=min_p)
+    logits = (np.random.default_rng(top_k).standard_normal((5, 64)) * 3).astype(np.float32)
+    together = distribution(logits, s)
+    alone = np.stack([distribution(row, s) for row in logits])
+    assert np.allclose(together, alone, rtol=0, atol=1e-12)
+    assert np.allclose(together.sum(axis=1), 1.0)

@@ -18,6 +18,7 @@ from ggspec.errors import InputError
 from ggspec.runtime.context import ContextParams
 from ggspec.speculative.models import PairConfig
 from ggspec.speculative.planes import UNCAPPED, PlaneOptions
+from ggspec.speculative.sampling import SamplerSettings
 
 NO_FILE = Path()  # PairConfig.validate checks values, never files
 N_BATCH = ContextParams.n_batch  # every configuration's logical batch (the verify batch must fit it)
@@ -37,6 +38,7 @@ class BenchConfig:
     lead: str = ""  # "default", "auto" or a number; "" where it does not apply
     inject: str = ""  # pruned | deferred | immediate (ggspec); immediate | deferred (native)
     parallel: int = 1  # sequences decoded together in one engine (the prompts run this many at a time)
+    temp: float = 0.0  # sampling temperature (0: greedy); the other sampler settings are the benchmark's
 
     @property
     def key(self) -> str:
@@ -60,24 +62,32 @@ class BenchConfig:
             parts.append(self.inject)
         if self.parallel != 1:
             parts.append(f"-np {self.parallel}")
+        if self.sampled:
+            parts.append(f"temp {self.temp:g}")
         return " ".join(parts)
 
     @property
     def speculative(self) -> bool:
         return self.kind in ("spec", "native")
 
+    @property
+    def sampled(self) -> bool:
+        """Sampling (temperature > 0): outputs are compared in distribution, not token for token."""
+        return self.temp > 0
+
     def baseline(self) -> "BenchConfig":
         """ggspec's --no-spec with the same target-side settings: every configuration's runs are
         paired with its runs (speedup, `identical`)."""
-        return BenchConfig("baseline", ctk=self.ctk, ctv=self.ctv, n_ctx=self.n_ctx, parallel=self.parallel)
+        return BenchConfig("baseline", ctk=self.ctk, ctv=self.ctv, n_ctx=self.n_ctx, parallel=self.parallel,
+                           temp=self.temp)
 
     def solo(self) -> "BenchConfig":
-        """The plain greedy reference every sequence is compared with: the baseline at parallel 1."""
-        return replace(self.baseline(), parallel=1)
+        """The plain greedy reference every sequence is compared with: the greedy baseline at parallel 1."""
+        return replace(self.baseline(), parallel=1, temp=0.0)
 
     def native_baseline(self) -> "BenchConfig":
-        """llama.cpp's own plain greedy with the same target-side settings (--native)."""
-        return BenchConfig("native-baseline", ctk=self.ctk, ctv=self.ctv, n_ctx=self.n_ctx)
+        """llama.cpp's own plain decoding with the same target-side settings (--native)."""
+        return BenchConfig("native-baseline", ctk=self.ctk, ctv=self.ctv, n_ctx=self.n_ctx, temp=self.temp)
 
     @property
     def plane_options(self) -> PlaneOptions:
@@ -96,6 +106,7 @@ class Axes:
     lead: tuple[str, ...] = ("default",)
     inject: tuple[str, ...] = ("pruned",)
     parallel: tuple[int, ...] = (1,)
+    temp: tuple[float, ...] = (0.0,)
 
     @property
     def size(self) -> int:
@@ -129,7 +140,8 @@ def check_axes(axes: Axes) -> None:
                          (axes.ctv, lambda v: PairConfig(NO_FILE, ctx=ContextParams(type_v=v))),
                          (axes.inject, lambda v: PairConfig(NO_FILE, inject=v)),
                          (axes.n_max, lambda v: PairConfig(NO_FILE, n_max=v)),
-                         (axes.parallel, lambda v: PairConfig(NO_FILE, parallel=v))):
+                         (axes.parallel, lambda v: PairConfig(NO_FILE, parallel=v)),
+                         (axes.temp, lambda v: PairConfig(NO_FILE, sampling=SamplerSettings(temp=v)))):
         for v in values:
             make(v).validate()
     for v in axes.n_ctx:
@@ -161,15 +173,16 @@ def expand(axes: Axes, recurrent: bool, n_tokens: int, native: bool = False,
     configs: list[BenchConfig] = []
     skipped: list[Skipped] = []
     if speculative:
-        for ctk, ctv, n_ctx, n_max, planes, lead, inject, par in itertools.product(
-                axes.ctk, axes.ctv, axes.n_ctx, axes.n_max, axes.planes, axes.lead, injects, axes.parallel):
+        for ctk, ctv, n_ctx, n_max, planes, lead, inject, par, temp in itertools.product(
+                axes.ctk, axes.ctv, axes.n_ctx, axes.n_max, axes.planes, axes.lead, injects, axes.parallel, axes.temp):
             cfg = BenchConfig("spec", ctk, ctv, n_ctx, n_max, planes if recurrent else "", lead if recurrent else "",
-                              inject, par)
+                              inject, par, max(temp, 0.0))
             reason = _why_invalid(cfg, recurrent, planes, lead, profile_len, n_tokens, n_max_limit)
             if reason:
                 np_ = f" -np {par}" if par != 1 else ""
+                t = f" temp {temp:g}" if temp > 0 else ""
                 skipped.append(Skipped(f"n{n_max} {ctk}/{ctv} -c {n_ctx} planes {planes} lead {lead} {inject}".rstrip()
-                                       + np_, reason))
+                                       + np_ + t, reason))
             elif cfg not in configs:
                 configs.append(cfg)
     else:
@@ -177,8 +190,8 @@ def expand(axes: Axes, recurrent: bool, n_tokens: int, native: bool = False,
             if par != 1:
                 skipped.append(Skipped(f"no-spec -np {par}", "a target-only benchmark compares plain greedy with "
                                                               "llama.cpp's, one sequence at a time: parallel 1 only"))
-        for ctk, ctv, n_ctx in itertools.product(axes.ctk, axes.ctv, axes.n_ctx):
-            cfg = BenchConfig("baseline", ctk, ctv, n_ctx)
+        for ctk, ctv, n_ctx, temp in itertools.product(axes.ctk, axes.ctv, axes.n_ctx, axes.temp):
+            cfg = BenchConfig("baseline", ctk, ctv, n_ctx, temp=max(temp, 0.0))
             if n_ctx < n_tokens + 1:
                 skipped.append(Skipped(cfg.label + f" -c {n_ctx}", f"-c {n_ctx} is too small: the longest prompt "
                                                                    f"plus -n needs {n_tokens + 1}"))
@@ -234,6 +247,8 @@ def _why_invalid(cfg: BenchConfig, recurrent: bool, planes: str, lead: str, prof
         if cfg.parallel * (cfg.n_max + 1) > N_BATCH:
             return (f"-np {cfg.parallel} x (n_max {cfg.n_max} + 1) verify rows exceed the batch of {N_BATCH} "
                     "tokens")
+    if profile_len is not None and cfg.sampled:
+        return "an acceptance profile replays the greedy output: temperature 0 only"
     if profile_len is not None and profile_len != cfg.n_max + 1:
         return (f"the acceptance profile has {profile_len} entries; --spec-draft-n-max {cfg.n_max} "
                 f"needs {cfg.n_max + 1}")

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from ggspec.errors import InputError, LlamaError
 from ggspec.native import build as nb
+from ggspec.speculative.sampling import SamplerSettings
 
 TOOL = "llama-speculative-simple"
 PLAIN_TOOL = "llama-completion"
@@ -103,6 +104,15 @@ def _text(stdout: str, prompt: str) -> str:
     return text[:-4] if text.endswith("\n\n\n\n") else text[:-2] if text.endswith("\n\n") else text
 
 
+def sampler_args(s: SamplerSettings | None) -> list[str]:
+    """The tools' sampling flags: greedy (--temp 0) for None or a zero temperature. The tools'
+    other samplers (penalties, DRY, XTC, typical-p, top-n-sigma) are off by default, as in ggspec."""
+    if s is None or s.greedy:
+        return ["--temp", "0"]
+    return ["--temp", str(s.temp), "--top-k", str(s.top_k), "--top-p", str(s.top_p), "--min-p", str(s.min_p),
+            "--seed", str(s.seed)]
+
+
 def parse_drafts(text: str) -> tuple[list[tuple[int, list[int]]], list[int]]:
     """A GGSPEC_BENCH_DRAFTS file (patch 0009): the (pos, tokens) of every draft call and the
     id_last of each. A line that does not parse raises LlamaError."""
@@ -122,12 +132,24 @@ def parse_drafts(text: str) -> tuple[list[tuple[int, list[int]]], list[int]]:
     return drafts, anchors
 
 
+def draft_steps(drafts: list[tuple[int, list[int]]], accepted: int) -> list[tuple[int, int]]:
+    """(drafted, accepted) of every draft call of a dump (patch 0009): each call commits its
+    accepted drafts and one target token, so the next call's position says how many were
+    accepted; the last call's are what the run's total (llama.cpp's n_accept) leaves."""
+    steps = []
+    for (pos, tokens), (nxt, _) in zip(drafts, drafts[1:]):
+        steps.append((len(tokens), min(nxt - pos - 1, len(tokens))))
+    if drafts:
+        steps.append((len(drafts[-1][1]), max(0, min(accepted - sum(a for _, a in steps), len(drafts[-1][1])))))
+    return steps
+
+
 def run_cpp(tool: Path, target: Path, draft: Path | None, prompt: str, n: int, n_max: int, *, defer: bool,
             n_ctx: int = 2048, ctk: str = "f16", ctv: str = "f16", flash_attn: str = "off", threads: int = 1,
             forced: Path | None = None, timeout: float = 600, spec_type: str = "draft-dflash",
             p_min: float | None = None, ngram_size_n: int | None = None,
-            dump_drafts: bool = False) -> CppResult:
-    """One greedy run of llama.cpp's speculative loop with `spec_type` (one of SPEC_TYPES; the
+            dump_drafts: bool = False, sampling: SamplerSettings | None = None) -> CppResult:
+    """One run of llama.cpp's speculative loop (greedy unless `sampling` has a temperature) with `spec_type` (one of SPEC_TYPES; the
     draft-* types need `draft`, ngram-simple takes none and drafts m-grams of `n_max` tokens after
     an `ngram_size_n`-token match). `forced`: a GGSPEC_BENCH_FORCED file. `p_min`:
     --spec-draft-p-min (DSpark: the confidence threshold; llama.cpp's default is 0). With
@@ -154,7 +176,7 @@ def run_cpp(tool: Path, target: Path, draft: Path | None, prompt: str, n: int, n
             cmd += ["--spec-ngram-simple-size-n", str(ngram_size_n)]
     if p_min is not None:
         cmd += ["--spec-draft-p-min", str(p_min)]
-    cmd += ["-p", prompt, "-n", str(n), "--temp", "0",
+    cmd += ["-p", prompt, "-n", str(n), *sampler_args(sampling),
             "-t", str(threads), "-td", str(threads), "-c", str(n_ctx), "-ctk", ctk, "-ctv", ctv,
             "--ignore-eos", "-fa", flash_attn]
     with tempfile.TemporaryDirectory(prefix="ggspec-drafts-") as tmp:
@@ -176,11 +198,12 @@ def run_cpp(tool: Path, target: Path, draft: Path | None, prompt: str, n: int, n
 
 
 def run_plain(tool: Path, target: Path, prompt: str, n: int, *, n_ctx: int = 2048, ctk: str = "f16",
-              ctv: str = "f16", flash_attn: str = "off", threads: int = 1, timeout: float = 600) -> CppResult:
-    """One plain greedy run of llama.cpp's llama-completion: exactly n tokens (EOG never sampled),
-    raw prompt (no chat template), decode timed by patch 0007."""
+              ctv: str = "f16", flash_attn: str = "off", threads: int = 1, timeout: float = 600,
+              sampling: SamplerSettings | None = None) -> CppResult:
+    """One plain run of llama.cpp's llama-completion (greedy unless `sampling` has a temperature):
+    exactly n tokens (EOG never sampled), raw prompt (no chat template), decode timed by patch 0007."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_ARG_")}
-    cmd = [str(tool), "-m", str(target), "-p", prompt, "-n", str(n), "--temp", "0", "-no-cnv",
+    cmd = [str(tool), "-m", str(target), "-p", prompt, "-n", str(n), *sampler_args(sampling), "-no-cnv",
            "-t", str(threads), "-tb", str(threads), "-c", str(n_ctx), "-ctk", ctk, "-ctv", ctv,
            "--ignore-eos", "-fa", flash_attn]
     proc = _run(tool, cmd, env, timeout)

@@ -30,7 +30,7 @@ SCHEMA = "ggspec-bench/1"
 ROW_FIELDS = (
     # what was run
     "config", "kind", "label", "category", "n_prompts", "reps", "n_predict", "acceptance_profile",
-    "ctk", "ctv", "n_ctx", "n_max", "planes", "lead", "inject", "parallel",
+    "ctk", "ctv", "n_ctx", "n_max", "planes", "lead", "inject", "parallel", "temp",
     # speed
     "decode_tps_mean", "decode_tps_sd", "seq_tps_mean", "calls_per_step", "prompt_tps_mean",
     "speedup_mean", "speedup_sd", "baseline_tps_mean",
@@ -118,7 +118,7 @@ def _row(cfg: BenchConfig, category: str, runs: list[Run], by_config: dict, sett
                n_prompts=len({r.prompt for r in runs}), reps=len(reps), n_predict=settings.n_predict,
                acceptance_profile=settings.profile if cfg.speculative else None,
                ctk=cfg.ctk, ctv=cfg.ctv, n_ctx=cfg.n_ctx, n_max=cfg.n_max or None, planes=cfg.planes or None,
-               lead=cfg.lead or None, inject=cfg.inject or None, parallel=cfg.parallel,
+               lead=cfg.lead or None, inject=cfg.inject or None, parallel=cfg.parallel, temp=cfg.temp,
                build=meta.get("build"), patches=",".join(meta.get("patches", [])),
                target_sha256=meta.get("target_sha256"), draft_sha256=meta.get("draft_sha256"),
                machine=meta.get("machine"), devices=settings.devices)
@@ -143,7 +143,7 @@ def _row(cfg: BenchConfig, category: str, runs: list[Run], by_config: dict, sett
                    native_baseline_tps_mean=_r(merge(native_per_rep.values()).decode_tps, 2))
     if cfg.kind == "baseline":
         row.update(speedup_mean=1.0, speedup_sd=0.0, baseline_tps_mean=row["decode_tps_mean"])
-        if cfg.parallel > 1:  # batched plain decoding, checked against each prompt's solo output
+        if cfg.parallel > 1 and not cfg.sampled:  # batched plain decoding, checked against each prompt's solo output
             row["identical"] = f"{sum(bool(r.identical) for r in runs)}/{len(runs)}"
         return row
 
@@ -157,22 +157,25 @@ def _row(cfg: BenchConfig, category: str, runs: list[Run], by_config: dict, sett
     base_tps = _pooled_tps([base_of[rep] for rep in reps])
     row.update(speedup_mean=_r(s_mean), speedup_sd=_r(s_sd), baseline_tps_mean=_r(base_tps, 2),
                acceptance_rate=_r(total.acceptance_rate) if cfg.speculative else None,
-               identical=f"{sum(bool(r.identical) for r in runs)}/{len(runs)}")
-    if cfg.kind != "spec":
-        return row  # llama.cpp's tools report decode time (and draft counts) only
-
-    # τ three ways (all in use in the field); pooled is the headline
+               identical=None if cfg.sampled else f"{sum(bool(r.identical) for r in runs)}/{len(runs)}")
+    # τ three ways (all in use in the field); pooled is the headline. llama.cpp's loop has them too
+    # (from its draft dump), but no time split
     taus = [(r.stats.tau, r.stats.n_decoded) for r in runs if r.stats.spec_steps]
     weight = sum(n for _, n in taus)
+    if taus:
+        row.update(tau_pooled=_r(total.tau), tau_request_mean=_r(statistics.fmean(t for t, _ in taus)),
+                   tau_token_weighted=_r(sum(t * n for t, n in taus) / weight if weight else math.nan),
+                   position_acceptance=[round(p, 4) for p in total.position_acceptance],
+                   accept_hist=total.accept_hist, steps=total.spec_steps)
+    if cfg.kind != "spec":
+        return row
+
     shares = total.time_shares()
     steps = max(1, total.spec_steps)
     ms_draft, ms_verify = 1e3 * total.t_draft / steps, 1e3 * total.t_verify / steps
     ms_target_1 = 1e3 * base_total.t_decode / base_total.n_decoded if base_total.n_decoded else math.nan
     s_max = total.tau * ms_target_1 / (ms_draft + ms_verify) if ms_draft + ms_verify > 0 else math.nan
-    row.update(tau_pooled=_r(total.tau), tau_request_mean=_r(statistics.fmean(t for t, _ in taus) if taus else math.nan),
-               tau_token_weighted=_r(sum(t * n for t, n in taus) / weight if weight else math.nan),
-               position_acceptance=[round(p, 4) for p in total.position_acceptance], accept_hist=total.accept_hist,
-               steps=total.spec_steps, ms_draft=_r(ms_draft), ms_verify=_r(ms_verify), ms_target_1=_r(ms_target_1),
+    row.update(ms_draft=_r(ms_draft), ms_verify=_r(ms_verify), ms_target_1=_r(ms_target_1),
                s_max=_r(s_max), replay_share=_r(total.replay_share),
                plane_layout=runs[-1].plane_layout or None, plane_bytes=runs[-1].plane_bytes or None,
                **{f"share_{k}": _r(v) for k, v in shares.items()})
@@ -249,7 +252,8 @@ _STATS_TYPES = {f: (lambda v: _is_num(v) and v >= 0) for f in RunStats.__datacla
 _STATS_TYPES.update({f: (lambda v: isinstance(v, list) and all(is_int(x) and x >= 0 for x in v))
                      for f in ("accept_hist", "pos_drafted", "pos_accepted")})
 _CONFIG_TYPES = {"kind": (str,), "ctk": (str,), "ctv": (str,), "n_ctx": is_int, "n_max": is_int,
-                 "planes": (str,), "lead": (str,), "inject": (str,), "parallel": is_int}
+                 "planes": (str,), "lead": (str,), "inject": (str,), "parallel": is_int,
+                 "temp": lambda v: _is_num(v) and v >= 0}
 _RUN_TYPES = {"config": (str,), "rep": is_int, "prompt": is_int, "category": (str,), "stats": (dict,),
               "identical": lambda v: v is None or isinstance(v, bool), "paired_with": (str,),
               "rss_mib": _is_num, "peak_rss_mib": _is_num, "plane_bytes": is_int, "plane_layout": (str,),
@@ -259,7 +263,8 @@ _SETTINGS_TYPES = {"target": (str,), "draft": (str,), "n_predict": is_int, "reps
                    "profile_weights": lambda v: v is None or (isinstance(v, list) and all(_is_num(x) for x in v)),
                    "prompts": (list,), "placement": lambda v: v is None or isinstance(v, dict),
                    "n_gpu_layers": is_int, "spec_type": lambda v: v is None or isinstance(v, str),
-                   "p_min": _is_num, "ngram_size_n": is_int, "ngram_size_m": is_int}
+                   "p_min": _is_num, "ngram_size_n": is_int, "ngram_size_m": is_int, "top_k": is_int,
+                   "top_p": _is_num, "min_p": _is_num, "seed": is_int}
 _PLACEMENT_TYPES = {"split_mode": (str,), "rpc": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
                     "tensor_split": lambda v: isinstance(v, list) and all(_is_num(x) and x >= 0 for x in v),
                     "mirror_output": (bool,), "rpc_timeout": lambda v: _is_num(v) and v > 0}
@@ -296,7 +301,7 @@ def _check_document(doc: dict, what: str) -> None:
             cfg = BenchConfig(**c)
             _need(cfg.kind in KINDS, f"{where}.kind {cfg.kind!r} is not one of {', '.join(KINDS)}")
             check_axes(Axes(ctk=(cfg.ctk,), ctv=(cfg.ctv,), n_ctx=(cfg.n_ctx,), n_max=(max(cfg.n_max, 1),),
-                            inject=(cfg.inject or "pruned",), parallel=(cfg.parallel,)))
+                            inject=(cfg.inject or "pruned",), parallel=(cfg.parallel,), temp=(cfg.temp,)))
             _need(cfg.parallel == 1 or cfg.kind in ("spec", "baseline"),
                   f"{where}.parallel {cfg.parallel}: llama.cpp's tools run parallel 1 only")
             _need(cfg.n_max >= 0 and cfg.speculative == (cfg.n_max >= 1),
@@ -309,6 +314,7 @@ def _check_document(doc: dict, what: str) -> None:
             raise _Damaged(f"{where}: {exc.field + ': ' if exc.field else ''}{exc}") from None
         _need(not (cfg.speculative and not settings.draft and settings.spec_type != "ngram-simple"),
               f"{where} is speculative, the benchmark has no draft")
+        _need(not (cfg.sampled and settings.profile_weights), f"{where}.temp: an acceptance profile is greedy only")
         _need(not (cfg.speculative and settings.profile_weights and len(settings.profile_weights) != cfg.n_max + 1),
               f"{where}.n_max {cfg.n_max} does not fit the acceptance profile's {len(settings.profile_weights or ())} "
               "entries")
@@ -376,7 +382,9 @@ def _settings_from(doc: dict) -> Settings:
                              "tensor_split": tuple(float(x) for x in p.get("tensor_split", ()))})
     placement.check()
     s["placement"] = placement
-    return Settings(**s)
+    settings = Settings(**s)
+    settings.sampling(1.0).validate()
+    return settings
 
 
 def check_profile_weights(weights: tuple[float, ...], what: str) -> tuple[float, ...]:
@@ -466,6 +474,11 @@ def to_markdown(rows: list[dict], settings: Settings) -> str:
     if native:
         note += (" vs llama.cpp no-spec = mean of per-repetition ratios to llama.cpp's own plain greedy "
                  "(llama-completion) with the same cache types.")
+    if any(r["temp"] for r in rows):
+        note += (f" Rows with a temperature sample (top-k {settings.top_k}, top-p {settings.top_p:g}, min-p "
+                 f"{settings.min_p:g}, prompt i seeded {settings.seed} + i, ggspec and llama.cpp alike); their outputs "
+                 "differ from run to run of another kind by design, so they have no `identical`: speculative sampling "
+                 "is lossless in distribution (the tests check it), and τ / accept show what it costs.")
     if settings.profile:
         note += f" [forced: {settings.profile}] = BENCHMARK DEVICE: acceptance replayed from a histogram, not the draft's."
     return lines + note + "\n"

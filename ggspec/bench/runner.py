@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from ggspec.bench.configs import BenchConfig
-from ggspec.bench.native import PLAIN_TOOL, TOOL, find_tool, run_cpp, run_plain
+from ggspec.bench.native import PLAIN_TOOL, TOOL, draft_steps, find_tool, run_cpp, run_plain
 from ggspec.bench.prompts import Prompt
 from ggspec.runtime import ContextParams
 from ggspec.runtime.context import resolve_flash_attn
@@ -33,7 +33,8 @@ from ggspec.speculative.engine import Engine
 from ggspec.speculative.loop import generate_greedy, proposing
 from ggspec.speculative.models import Models, PairConfig
 from ggspec.speculative.planes import PlaneOptions
-from ggspec.speculative.stats import RunStats
+from ggspec.speculative.sampling import SamplerSettings
+from ggspec.speculative.stats import RunStats, Step
 from ggspec.testing.forced import ForcedAcceptance, profile_lengths
 
 WARMUP_TOKENS = 16
@@ -57,6 +58,18 @@ class Settings:
     p_min: float = PairConfig.p_min
     ngram_size_n: int = PairConfig.ngram_size_n
     ngram_size_m: int = PairConfig.ngram_size_m
+    # sampler settings of the rows with a temperature (BenchConfig.temp); prompt i draws with seed + i
+    top_k: int = SamplerSettings.top_k
+    top_p: float = SamplerSettings.top_p
+    min_p: float = SamplerSettings.min_p
+    seed: int = 0
+
+    def sampling(self, temp: float) -> SamplerSettings:
+        return SamplerSettings(temp=temp, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p, seed=self.seed)
+
+    def prompt_seed(self, i: int) -> int:
+        """Prompt i's seed (the same in every repetition and configuration)."""
+        return (self.seed + i) % 2**32
 
     @property
     def devices(self) -> str:
@@ -88,7 +101,8 @@ class Run:
     category: str
     stats: RunStats
     # output equal to the paired baseline run's (parallel > 1: to the prompt's solo plain greedy
-    # output, for baseline runs too); None: a parallel-1 baseline run itself
+    # output, for baseline runs too); None: a parallel-1 baseline run itself, or a sampled run
+    # (temperature > 0: outputs differ by design; the distribution is what is equal)
     identical: bool | None = None
     paired_with: str = ""  # for baseline runs: the configuration they were paired with
     rss_mib: float = 0.0
@@ -156,6 +170,7 @@ class Runner:
                           spec_type=s.spec_type if speculative else None, p_min=s.p_min,
                           ngram_size_n=s.ngram_size_n, ngram_size_m=s.ngram_size_m,
                           n_max=cfg.n_max if cfg else n_max, ctx=ctx, parallel=cfg.parallel if cfg else 1,
+                          sampling=s.sampling(cfg.temp if cfg else 0.0),
                           planes=cfg.plane_options if cfg else PlaneOptions(), inject=(cfg.inject if cfg else "") or "pruned",
                           placement=s.placement, n_gpu_layers=s.n_gpu_layers, n_gpu_layers_draft=s.n_gpu_layers)
 
@@ -165,7 +180,8 @@ class Runner:
     def _baseline(self, base: BenchConfig) -> Engine:
         """ggspec's plain engine of a baseline configuration (kept for the whole benchmark)."""
         if base.key not in self._baselines:
-            pc = replace(self._pair_config(None, self._ctx(base), speculative=False), parallel=base.parallel)
+            pc = replace(self._pair_config(None, self._ctx(base), speculative=False), parallel=base.parallel,
+                         sampling=self.s.sampling(base.temp))
             self._baselines[base.key] = Engine(self.models, pc, plain=True)
         return self._baselines[base.key]
 
@@ -207,7 +223,7 @@ class Runner:
                 while pending or sp.active:
                     while pending and sp.can_add(self.tokens[pending[0]], n):
                         i = pending.pop(0)
-                        sp.add(self.tokens[i], n, ignore_eos=True, tag=i)
+                        sp.add(self.tokens[i], n, ignore_eos=True, tag=i, seed=self.s.prompt_seed(i))
                     calls = sp.stats.calls
                     results = sp.step()
                     live = [(seq, step) for seq, step in results if step.kind != "prefill"]
@@ -246,9 +262,11 @@ class Runner:
 
     def _native(self, cfg: BenchConfig, i: int, n: int) -> tuple[RunStats, str]:
         flash_attn = resolve_flash_attn("auto", 0, cfg.ctv)
+        sampling = replace(self.s.sampling(cfg.temp), seed=self.s.prompt_seed(i))
         if cfg.kind == "native-baseline":
             res = run_plain(self._tool(PLAIN_TOOL), Path(self.s.target), self.s.prompts[i].text, n, n_ctx=cfg.n_ctx,
-                            ctk=cfg.ctk, ctv=cfg.ctv, flash_attn=flash_attn, threads=self.s.threads)
+                            ctk=cfg.ctk, ctv=cfg.ctv, flash_attn=flash_attn, threads=self.s.threads,
+                            sampling=sampling)
             return RunStats(n_decoded=res.n_decoded, n_generated=res.n_decoded, t_decode=res.seconds), res.text
         forced = None
         if self.s.profile_weights is not None:
@@ -259,9 +277,14 @@ class Runner:
         res = run_cpp(self._tool(TOOL), Path(self.s.target), Path(self.s.draft), self.s.prompts[i].text, n, cfg.n_max,
                       defer=cfg.inject == "deferred", n_ctx=cfg.n_ctx, ctk=cfg.ctk, ctv=cfg.ctv,
                       flash_attn=flash_attn, threads=self.s.threads, forced=forced,
-                      spec_type=self.models.plan.spec_type or "draft-dflash", p_min=self.s.p_min or None)
-        stats = RunStats(n_decoded=res.n_decoded, n_generated=res.n_decoded, t_decode=res.seconds,
-                         drafted=res.drafted, accepted=res.accepted)
+                      spec_type=self.models.plan.spec_type or "draft-dflash", p_min=self.s.p_min or None,
+                      sampling=sampling, dump_drafts=True)
+        # the per-step figures come from the draft dump: τ, the histogram and per-position
+        # acceptance of llama.cpp's loop, as ggspec's rows have them
+        stats = RunStats(n_decoded=res.n_decoded, n_generated=res.n_decoded, t_decode=res.seconds)
+        for drafted, accepted in draft_steps(res.drafts, res.accepted):
+            if drafted:
+                stats.add(Step([], "spec", drafted=drafted, accepted=accepted))
         return stats, res.text
 
     # --- a configuration ---------------------------------------------------------------------------
@@ -298,7 +321,7 @@ class Runner:
                             stats, text = self._native(cfg, i, self.s.n_predict)
                             runs["config"] = Run(cfg.key, rep, i, prompt.category, stats, text=text)
                     c, b = runs["config"], runs["base"]
-                    c.identical = self._same(c, b, prompt.text, base_sp)
+                    c.identical = None if cfg.sampled else self._same(c, b, prompt.text, base_sp)
                     for r in (c, b):
                         r.rss_mib, r.peak_rss_mib = rss_mib()
                     yield c
@@ -321,11 +344,11 @@ class Runner:
                 engine, what = (sp, cfg) if which == "config" else (base_sp, base)
                 decoded[which] = self._decode(engine, what, todo, self.s.n_predict, seed=1000 * (rep + 1))
             for i in todo:
-                solo = self._solo_tokens(cfg, i)
+                solo = None if cfg.sampled else self._solo_tokens(cfg, i)
                 c = self._run(cfg, rep, i, decoded["config"][i], sp)
                 b = self._run(base, rep, i, decoded["base"][i], paired_with=cfg.key)
                 for r in (c, b):
-                    r.identical = r.tokens == solo
+                    r.identical = None if cfg.sampled else r.tokens == solo
                     r.rss_mib, r.peak_rss_mib = rss_mib()
                 yield c
                 yield b

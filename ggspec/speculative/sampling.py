@@ -72,6 +72,9 @@ class Candidates:
 
     def sample(self, u: np.ndarray) -> np.ndarray:
         """One token per row by the inverse CDF at uniform draws u in [0, 1) (one per row)."""
+        if len(self.ids) == 1:  # the common case (a verify row, a plain step): fewer numpy calls
+            c = np.cumsum(self.probs[0])
+            return self.ids[0, min(int(np.searchsorted(c, u[0] * c[-1], side="right")), len(c) - 1)][None]
         c = np.cumsum(self.probs, axis=1)
         at = np.count_nonzero(c <= (np.asarray(u, dtype=np.float64) * c[:, -1])[:, None], axis=1)
         return self.ids[np.arange(len(self.ids)), at.clip(max=self.ids.shape[1] - 1)]
@@ -98,6 +101,8 @@ def candidates(logits: np.ndarray, s: SamplerSettings) -> Candidates:
     x = np.asarray(logits)
     x = x[None] if x.ndim == 1 else x
     rows, n = x.shape
+    if rows == 1 and not s.greedy:
+        return _candidates_row(x[0], s)
     if s.greedy:
         return Candidates(x.argmax(axis=1)[:, None], np.ones((rows, 1)))
     r = np.arange(rows)[:, None]  # row index for fancy indexing (take_along_axis is slower on small arrays)
@@ -118,6 +123,29 @@ def candidates(logits: np.ndarray, s: SamplerSettings) -> Candidates:
         keep &= v >= v_max + np.log(s.min_p)
     p = np.where(keep, np.exp((v - v_max) / s.temp), 0.0)
     return Candidates(ids, p / p.sum(axis=1, keepdims=True))
+
+
+def _candidates_row(x: np.ndarray, s: SamplerSettings) -> Candidates:
+    """`candidates` of one row with as few numpy calls as it takes (every plain sampled token and
+    every verify row goes through here): only the kept tokens are listed."""
+    n = x.size
+    if 0 < s.top_k < n:
+        ids = np.argpartition(x, n - s.top_k)[n - s.top_k:]
+        v = x[ids].astype(np.float64)
+    else:
+        ids, v = np.arange(n), x.astype(np.float64)
+    if s.top_p < 1.0:
+        order = np.argsort(-v, kind="stable")
+        ids, v = ids[order], v[order]
+        cum = np.cumsum(np.exp(v - v[0]))
+        n_keep = int(np.searchsorted(cum, s.top_p * cum[-1])) + 1  # the first reaching top_p is kept
+        ids, v = ids[:n_keep], v[:n_keep]
+    v_max = v.max()
+    if s.min_p > 0.0:
+        keep = v >= v_max + np.log(s.min_p)
+        ids, v = ids[keep], v[keep]
+    p = np.exp((v - v_max) / s.temp)
+    return Candidates(ids[None], (p / p.sum())[None])
 
 
 def distribution(logits: np.ndarray, s: SamplerSettings) -> np.ndarray:
