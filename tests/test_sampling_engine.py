@@ -78,6 +78,23 @@ def test_speculative_sampling_has_the_plain_distribution(name, coder):
     assert p > 0.01, (p, plain.most_common(5), spec.most_common(5))
 
 
+def test_p_min_cut_sampled_drafts_keep_the_distribution(coder):
+    """--spec-draft-p-min on sampled DFlash drafts: shorter drafts (the cut-off bites), the same
+    distribution (the cut looks at the draft only)."""
+    models, cfg = coder
+    cfg = replace(cfg, sampling=SETTINGS["t1.0-plain"], p_min=0.6)
+    prompt = models.target.tokenize(PROMPT)
+    with Engine(models, cfg, plain=True) as eng:
+        plain = _draws(eng, prompt, speculate=False)
+    with Engine(models, cfg) as eng:
+        spec = _draws(eng, prompt, speculate=True)
+    with Engine(models, replace(cfg, parallel=1)) as eng:  # how long the drafts are, one sequence
+        seq = eng.add(prompt, 64, ignore_eos=True, seed=3)
+        list(eng.run())
+        assert 0 < seq.stats.drafted < cfg.n_max * seq.stats.spec_steps
+    assert _p_value(plain, spec) > 0.01
+
+
 class ResampleFromP(RejectionVerifier):
     """Wrong: at a rejection, draw the correction from p instead of the residual."""
 

@@ -263,10 +263,17 @@ class DFlashProposer:
         """Drafts drawn from the draft's distribution at each block row (DFlash's rows 1..n), each
         sequence with its own draws; the distributions travel with the drafts."""
         logits = self.draft.logits_view().reshape(len(seqs), rows, -1)[:, rows - n:]
-        q = candidates(logits.reshape(len(seqs) * n, -1), self.sampling)  # every row of every block at once
+        rows_all = logits.reshape(len(seqs) * n, -1)
+        q = candidates(rows_all, self.sampling)  # every row of every block at once
         u = [draws.random() for draws in (seq.rng(DRAFT) for seq in seqs) for _ in range(n)]
         tokens = q.sample(u).astype(np.int32).reshape(len(seqs), n)
-        return [Draft(tokens[k], q[k * n:(k + 1) * n]) for k in range(len(seqs))]
+        # --spec-draft-p-min: the greedy path's confidence and cut; a stop rule that looks only at
+        # the draft leaves the committed tokens' distribution exact
+        keep = [n] * len(seqs)
+        if self.p_min > 0:
+            conf = top_k_confidence(rows_all).reshape(len(seqs), n)
+            keep = [len(_cut(t, c < self.p_min)) for t, c in zip(tokens, conf)]
+        return [Draft(tokens[k, :keep[k]], q[k * n:k * n + keep[k]]) for k in range(len(seqs))]
 
     def release(self, seq) -> None:
         self._rows.pop(seq.seq_id, None)
