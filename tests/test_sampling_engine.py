@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from scipy.stats import chi2_contingency
 
+from ggspec.errors import InputError
 from ggspec.pairs import get_entry, resolve
 from ggspec.runtime import ContextParams
 from ggspec.speculative.engine import Engine
@@ -152,3 +153,28 @@ def test_same_seed_same_text_at_parallel_1_and_4(coder):
             texts[parallel] = [seq.tokens for seq in seqs]
     assert texts[1] == texts[4]
     assert len({tuple(t) for t in texts[1]}) > 1  # different seeds, different texts
+
+
+def test_each_sequence_samples_with_its_own_settings(coder):
+    """One batch, three sampler settings (greedy, temp 0.7 defaults, temp 1.0 top-k 5): each
+    sequence's text is what it gives alone, and the greedy one is plain greedy's."""
+    models, cfg = coder
+    prompt = models.target.tokenize(PROMPT)
+    wanted = [(SamplerSettings(temp=0.0), 1), (SETTINGS["t0.7-defaults"], 2),
+              (SamplerSettings(temp=1.0, top_k=5, top_p=1.0, min_p=0.0), 3)]
+    with Engine(models, replace(cfg, parallel=4)) as eng:
+        together = [eng.add(prompt, 40, ignore_eos=True, sampling=s, seed=seed) for s, seed in wanted]
+        list(eng.run())
+    with Engine(models, replace(cfg, parallel=1)) as eng:
+        alone = []
+        for s, seed in wanted:
+            alone.append(eng.add(prompt, 40, ignore_eos=True, sampling=s, seed=seed))
+            list(eng.run())
+        plain = eng.add(prompt, 40, ignore_eos=True, speculate=False)
+        list(eng.run())
+    assert [s.tokens for s in together] == [s.tokens for s in alone]
+    assert together[0].tokens == plain.tokens
+    assert len({tuple(s.tokens) for s in together}) == 3
+    assert all(s.stats.spec_steps > 0 for s in together)
+    with Engine(models, cfg) as eng, pytest.raises(InputError, match="top-p"):
+        eng.add(prompt, 4, sampling=SamplerSettings(temp=1.0, top_p=1.5))

@@ -36,7 +36,7 @@ from ggspec.runtime import Batch, Context
 from ggspec.runtime.gguf_meta import GGUFMeta
 from ggspec.speculative.archs import LAYER_INPUT_ARCHS
 from ggspec.speculative.proposer import Draft, Span
-from ggspec.speculative.sampling import SamplerSettings, candidates
+from ggspec.speculative.sampling import candidates
 from ggspec.speculative.verifier import DRAFT
 
 INJECT_MODES = ("pruned", "deferred", "immediate")
@@ -144,15 +144,12 @@ class DFlashProposer:
     name = "draft-dflash"
 
     def __init__(self, target: Context, draft: Context, info: DFlashInfo, inject: str = "pruned",
-                 p_min: float = 0.0, sampling: SamplerSettings | None = None) -> None:
+                 p_min: float = 0.0) -> None:
         self.target = target  # (the inject mode was checked with the other options: PairConfig.validate)
         self.draft = draft
         self.info = info
         self.inject = inject
         self.p_min = p_min
-        # sampling at temperature > 0: drafts are drawn from the draft's own distribution q (after
-        # the same transforms as the target's), which the verifier's acceptance rule needs
-        self.sampling = sampling if sampling is not None and not sampling.greedy else None
         self.max_draft: int | None = info.max_draft
         target.enable_layer_inputs(info.target_layers)
         draft.set_causal_attn(info.causal)
@@ -241,7 +238,8 @@ class DFlashProposer:
         for seq in seqs:
             self._batch.add_tokens(self._block(seq.id_last, n), seq.pos, seq.seq_id, outputs=self._outputs)
         self.draft.decode(self._batch)
-        drafts = self._read(len(seqs), rows, n) if self.sampling is None else self._sample(seqs, rows, n)
+        sampled = self.samples_drafts and not all(seq.sampling.greedy for seq in seqs)
+        drafts = self._sample(seqs, rows, n) if sampled else self._read(len(seqs), rows, n)
         for seq in seqs:
             self.draft.remove(seq.pos, seq.seq_id)  # the noise block must not stay in the draft cache
         return drafts
@@ -249,6 +247,10 @@ class DFlashProposer:
     # Every row is an output, as in llama.cpp's own loop: the DFlash graph returns logits for all
     # block rows whatever the flags say, so asking for rows 1..n only would misalign them.
     _outputs = "all"
+    # a sequence that samples (temperature > 0) gets drafts drawn from the draft's own distribution q
+    # after its sampler's transforms, which the rejection rule needs; the DFlash2 and DSpark
+    # variants keep their walks (point masses, exact too)
+    samples_drafts = True
 
     def _read(self, n_seqs: int, rows: int, n: int) -> list[Draft]:
         """Drafts from the last draft decode: n_seqs blocks of `rows` rows, in batch order."""
@@ -260,20 +262,22 @@ class DFlashProposer:
         return [Draft(t) for t in tokens]
 
     def _sample(self, seqs, rows: int, n: int) -> list[Draft]:
-        """Drafts drawn from the draft's distribution at each block row (DFlash's rows 1..n), each
-        sequence with its own draws; the distributions travel with the drafts."""
+        """Drafts of a batch where some sequences sample: each of those draws its block's tokens from
+        the draft's distribution under its own sampler settings and draws, and the distributions
+        travel with the drafts; greedy sequences take the argmax."""
         logits = self.draft.logits_view().reshape(len(seqs), rows, -1)[:, rows - n:]
-        rows_all = logits.reshape(len(seqs) * n, -1)
-        q = candidates(rows_all, self.sampling)  # every row of every block at once
-        u = [draws.random() for draws in (seq.rng(DRAFT) for seq in seqs) for _ in range(n)]
-        tokens = q.sample(u).astype(np.int32).reshape(len(seqs), n)
-        # --spec-draft-p-min: the greedy path's confidence and cut; a stop rule that looks only at
-        # the draft leaves the committed tokens' distribution exact
-        keep = [n] * len(seqs)
-        if self.p_min > 0:
-            conf = top_k_confidence(rows_all).reshape(len(seqs), n)
-            keep = [len(_cut(t, c < self.p_min)) for t, c in zip(tokens, conf)]
-        return [Draft(tokens[k, :keep[k]], q[k * n:k * n + keep[k]]) for k in range(len(seqs))]
+        drafts = []
+        for seq, block in zip(seqs, logits):
+            if seq.sampling.greedy:
+                tokens, q = block.argmax(axis=1).astype(np.int32), None
+            else:
+                q = candidates(block, seq.sampling)  # every row of the block at once
+                draws = seq.rng(DRAFT)
+                tokens = q.sample([draws.random() for _ in range(n)]).astype(np.int32)
+            if self.p_min > 0:  # the greedy path's cut; a draft-only stop rule keeps the distribution
+                tokens = _cut(tokens, top_k_confidence(block) < self.p_min)
+            drafts.append(Draft(tokens, None if q is None else q[:len(tokens)]))
+        return drafts
 
     def release(self, seq) -> None:
         self._rows.pop(seq.seq_id, None)
@@ -300,6 +304,7 @@ class DFlash2Proposer(DFlashProposer):
 
     # no logits: the lattice is all that is read (llama.cpp asks for no outputs either)
     _outputs = "none"
+    samples_drafts = False
 
     def _setup_draft(self) -> None:
         self.draft.enable_nextn(masked=False)  # every row of the block, not just output rows
@@ -330,6 +335,7 @@ class DSparkProposer(DFlashProposer):
     head writes each row's confidence (broadcast over the nextn row; element 0 is read)."""
 
     name = "draft-dspark"
+    samples_drafts = False
 
     def _setup_draft(self) -> None:
         if self.p_min > 0:
@@ -351,12 +357,12 @@ def _cut(tokens: np.ndarray, low: np.ndarray) -> np.ndarray:
     return tokens[:stop[0]] if len(stop) else tokens
 
 
-def make_dflash_proposer(target: Context, draft: Context, info: DFlashInfo, inject: str, p_min: float,
-                         sampling: SamplerSettings | None = None):
-    """The family member the draft's metadata calls for. Only plain DFlash samples its drafts at
-    temperature > 0; a DFlash2 walk and a DSpark block are point masses (llama.cpp's choices)."""
+def make_dflash_proposer(target: Context, draft: Context, info: DFlashInfo, inject: str, p_min: float):
+    """The family member the draft's metadata calls for. Only plain DFlash samples its drafts for
+    sequences at temperature > 0; a DFlash2 walk and a DSpark block are point masses (llama.cpp's
+    choices)."""
     if info.dspark:
         return DSparkProposer(target, draft, info, inject, p_min)
     if info.selector_top_k > 0:
         return DFlash2Proposer(target, draft, info, inject, p_min)
-    return DFlashProposer(target, draft, info, inject, p_min, sampling)
+    return DFlashProposer(target, draft, info, inject, p_min)

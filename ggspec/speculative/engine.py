@@ -32,10 +32,10 @@ from ggspec.speculative.dflash import make_dflash_proposer
 from ggspec.speculative.models import DraftPlan, Models, PairConfig, resolve_n_max
 from ggspec.speculative.planes import AutoLead, default_lead
 from ggspec.speculative.proposer import Draft, Proposer, Span
-from ggspec.speculative.sampling import DEFAULT_SEED
+from ggspec.speculative.sampling import DEFAULT_SEED, SamplerSettings
 from ggspec.speculative.sequence import Sequence
 from ggspec.speculative.stats import Step, top2_margin
-from ggspec.speculative.verifier import GreedyVerifier, RejectionVerifier, Verifier
+from ggspec.speculative.verifier import SequenceVerifier, Verifier
 
 EMPTY = np.empty(0, dtype=np.int32)
 NO_DRAFT = Draft(EMPTY)
@@ -119,9 +119,8 @@ class Engine:
         if self.speculative and models.target.is_recurrent:
             cfg.planes.check(self.n_max)
         check_options(cfg, self.n_max, self.speculative, draft_model=self.plan.info is not None)
-        self.sampling = cfg.sampling
-        self.verifier: Verifier = verifier or (GreedyVerifier() if cfg.sampling.greedy
-                                               else RejectionVerifier(cfg.sampling))
+        self.sampling = cfg.sampling  # what a sequence added without its own settings gets
+        self.verifier: Verifier = verifier or SequenceVerifier()
         self.auto_lead: AutoLead | None = None
         self._owns_models = False
         self._closed = False
@@ -194,7 +193,7 @@ class Engine:
             # the draft borrows the target's embeddings / output head through ctx_other
             self.draft_ctx = Context(self.models.draft, params, ctx_other=self.target, what="draft")
             self.proposer = make_dflash_proposer(self.target, self.draft_ctx, self.plan.info, self.cfg.inject,
-                                                 self.cfg.p_min, self.cfg.sampling)
+                                                 self.cfg.p_min)
 
     # --- sequences -------------------------------------------------------------------------------
 
@@ -227,30 +226,34 @@ class Engine:
         return bool(self._free_ids)
 
     def add(self, prompt, n_predict: int, *, ignore_eos: bool = False, tag: object = None,
-            speculate: bool = True, record_margins: bool = False, seed: int | None = None) -> Sequence:
+            speculate: bool = True, record_margins: bool = False, seed: int | None = None,
+            sampling: SamplerSettings | None = None) -> Sequence:
         """A new sequence; its prompt is decoded at the next step. `speculate=False` decodes it
         plainly (the baseline), `record_margins` keeps the target's top-2 margin of its plain steps,
-        `seed` keys its random draws when sampling (default: the settings' seed; llama.cpp's
-        default seed means a random one)."""
+        `sampling` chooses its tokens (default: the engine's settings; each sequence of a batch may
+        have its own), `seed` keys its random draws when sampling (default: the settings' seed;
+        llama.cpp's default seed means a random one)."""
         if self._closed:
             raise ClosedError("this Engine is closed (close() was called): it cannot be used any more")
         prompt = np.ascontiguousarray(prompt, dtype=np.int32)
         self.check_prompt(prompt)
         if n_predict < 1:
             raise InputError(f"the token budget must be at least 1 (got {n_predict})", field="n_predict")
+        sampling = self.sampling if sampling is None else sampling
+        sampling.validate()
         if not self.can_add(prompt, n_predict):
             raise CapacityError(f"no room for another sequence now: all {self.parallel} slots are busy", field="parallel")
         seq = Sequence(self._free_ids.pop(0), prompt, n_predict, ignore_eos=ignore_eos, tag=tag,
                        speculate=speculate and self.proposer is not None, record_margins=record_margins,
-                       seed=self._seed(seed))
+                       sampling=sampling, seed=self._seed(sampling.seed if seed is None else seed))
         seq.limit = min(self._need(len(prompt), n_predict), self.capacity)  # positions it may use
         self.active.append(seq)
         if seq.speculate:
             self.proposer.begin(seq)
         return seq
 
-    def _seed(self, seed: int | None) -> int:
-        seed = self.sampling.seed if seed is None else seed
+    @staticmethod
+    def _seed(seed: int) -> int:
         return int(np.random.SeedSequence().entropy % 2**32) if seed == DEFAULT_SEED else seed
 
     def cancel(self, seq: Sequence) -> None:

@@ -6,7 +6,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ggspec.speculative.sampling import SamplerSettings
 from ggspec.speculative.stats import RunStats
+
+GREEDY = SamplerSettings(temp=0.0)
 
 
 @dataclass(eq=False)
@@ -29,6 +32,7 @@ class Sequence:
     done: bool = False
     cancelled: bool = False
     stats: RunStats = field(default_factory=RunStats)
+    sampling: SamplerSettings = GREEDY  # how its tokens are chosen (temperature 0: greedy)
     seed: int = 0  # sampling: every random draw derives from (seed, purpose, position)
 
     def __post_init__(self) -> None:

@@ -57,6 +57,24 @@ class GreedyVerifier:
         return out
 
 
+class SequenceVerifier:
+    """The rule each sequence's own sampler settings call for (`Sequence.sampling`): greedy
+    sequences by the greedy rule, sampling ones by rejection sampling with their settings. A batch
+    of greedy sequences only is one argmax over all rows."""
+
+    def __init__(self) -> None:
+        self.greedy = GreedyVerifier()
+
+    def verify(self, logits: np.ndarray, spans: list[tuple[Sequence, Draft, int]]) -> list[Outcome]:
+        if all(seq.sampling.greedy for seq, _, _ in spans):
+            return self.greedy.verify(logits, spans)
+        out = []
+        for seq, draft, row0 in spans:  # a mixed batch: each span with its own rule, on its own rows
+            rule = self.greedy if seq.sampling.greedy else RejectionVerifier(seq.sampling)
+            out += rule.verify(logits[row0:row0 + len(draft) + 1], [(seq, draft, 0)])
+        return out
+
+
 class RejectionVerifier:
     """Speculative sampling: the committed tokens follow exactly the target's sampling distribution p
     (after the sampler transforms), whatever the draft proposed.
