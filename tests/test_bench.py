@@ -230,8 +230,9 @@ def test_native_target_only_bench_runs_both_plain_rows(tmp_path, build_info):
     _rows_are_consistent(list(rows.values()), 2)
     assert rows["native-baseline"]["identical"] == "4/4"
     ours, theirs = rows["baseline"], rows["native-baseline"]
-    # llama.cpp's row: its paired ratio to ggspec; ggspec's row: its ratio to llama.cpp
-    assert theirs["speedup_mean"] * ours["native_speedup_mean"] == pytest.approx(1, rel=0.3)
+    # llama.cpp's row: its paired ratio to ggspec; ggspec's row: its ratio to llama.cpp (two
+    # aggregations of a few noisy timings, per pair and per repetition: a busy machine parts them)
+    assert theirs["speedup_mean"] * ours["native_speedup_mean"] == pytest.approx(1, rel=0.5)
     assert ours["native_baseline_tps_mean"] == pytest.approx(theirs["decode_tps_mean"], rel=0.1)  # pooled vs per rep
 
 
