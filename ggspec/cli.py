@@ -49,16 +49,28 @@ def build(
         help="Also build llama-server, llama-cli, llama-completion and llama-speculative-simple "
              "(ggml-rpc-server is always built).")] = False,
     cuda_arch: Annotated[str, typer.Option(
-        "--cuda-arch", help="CUDA architectures (CMAKE_CUDA_ARCHITECTURES), e.g. 90; default: the visible GPU.")] = "",
+        "--cuda-arch", help="CUDA architectures (CMAKE_CUDA_ARCHITECTURES), e.g. 90 or \"86;89\"; default: the "
+                            "visible GPU. No GPU is needed with an arch list.")] = "",
     native: Annotated[bool, typer.Option(
         "--native/--no-native", help="Compile for this machine's CPU (GGML_NATIVE).")] = True,
+    cuda_fa: Annotated[bool, typer.Option(
+        "--cuda-fa/--no-cuda-fa", help="With --cuda: compile the flash-attention kernels (GGML_CUDA_FA; about a "
+                                       "third of the compile time).")] = True,
     force: Annotated[bool, typer.Option("--force", help="Rebuild even if a cached build matches.")] = False,
+    compile_check: Annotated[bool, typer.Option(
+        "--compile-check",
+        help="With --cuda: only compile the CUDA units the patches touch, with the build's flags "
+             "(a check for CI; no library is built).")] = False,
 ) -> None:
     """Fetch the pinned llama.cpp, apply patches/ and build it into $GGSPEC_HOME (cached)."""
     from ggspec.native import build as nb
     from ggspec.native.progress import RichReporter
 
-    options = nb.BuildOptions(cuda=cuda, vulkan=vulkan, tools=tools, native=native, cuda_arch=cuda_arch)
+    options = nb.BuildOptions(cuda=cuda, vulkan=vulkan, tools=tools, native=native, cuda_arch=cuda_arch,
+                              cuda_fa=cuda_fa)
+    if compile_check:
+        _cuda_compile_check(options, force)
+        return
     try:
         with RichReporter(err) as reporter:
             info = nb.build(options, force=force, reporter=reporter)
@@ -70,6 +82,26 @@ def build(
     else:
         err.print(f"[green]built[/] {info.key} ({len(info.patches)} patches) in {info.seconds:.0f} s: "
                   f"{info.lib_dir}", soft_wrap=True)
+
+
+def _cuda_compile_check(options, force: bool) -> None:
+    from ggspec.native import build as nb
+    from ggspec.native import cuda_check
+
+    if not options.cuda:
+        fail("--compile-check needs --cuda")
+    try:
+        result = cuda_check.compile_check(options, force=force,
+                                          on_unit=lambda unit: err.print(f"compiling {unit}", soft_wrap=True))
+    except nb.BuildError as exc:
+        fail(str(exc))
+    if not result.units:
+        err.print("[green]CUDA compile check[/]: no patch touches a CUDA unit", soft_wrap=True)
+        return
+    times = ", ".join(f"{unit.rsplit('/', 1)[-1]} {s:.0f} s" for unit, s in result.unit_s.items())
+    configure = f"configure {result.configure_s:.0f} s" if result.configure_s else "configured before"
+    err.print(f"[green]CUDA compile check passed[/] ({len(result.units)} units; {configure}, {times}): "
+              f"{result.build_dir}", soft_wrap=True)
 
 
 # --- run ------------------------------------------------------------------------------------------

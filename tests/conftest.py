@@ -97,3 +97,44 @@ def real_target() -> Path:
     if check_files(entry, None) != "ok":
         pytest.skip(f"{REAL_PAIR} is not pulled: run `ggspec models pull {REAL_PAIR}`")
     return resolve(entry).target
+
+
+# --- GPU (tests marked `gpu`; scripts/device_check.sh runs them on a machine with one) -----------
+
+
+def gpu_device_names(build_info: nb.BuildInfo) -> list[str]:
+    """The GPU devices the ggml-backend registry of this build lists (after llama.cpp is loaded,
+    so the registry is the one ggspec uses)."""
+    import ctypes
+
+    from ggspec.native.bindings import load
+
+    load()
+    ggml = ctypes.CDLL(str(Path(build_info.lib_dir) / "libggml.so"))
+    ggml.ggml_backend_dev_count.restype = ctypes.c_size_t
+    ggml.ggml_backend_dev_get.argtypes, ggml.ggml_backend_dev_get.restype = [ctypes.c_size_t], ctypes.c_void_p
+    ggml.ggml_backend_dev_type.argtypes, ggml.ggml_backend_dev_type.restype = [ctypes.c_void_p], ctypes.c_int
+    ggml.ggml_backend_dev_name.argtypes, ggml.ggml_backend_dev_name.restype = [ctypes.c_void_p], ctypes.c_char_p
+    devices = [ggml.ggml_backend_dev_get(i) for i in range(ggml.ggml_backend_dev_count())]
+    gpu = 1  # GGML_BACKEND_DEVICE_TYPE_GPU
+    return [ggml.ggml_backend_dev_name(d).decode() for d in devices if ggml.ggml_backend_dev_type(d) == gpu]
+
+
+@pytest.fixture(scope="session")
+def gpu_build(build_info) -> nb.BuildInfo:
+    """The current build, when it has a GPU backend and sees a GPU device; skips otherwise."""
+    options = build_info.options
+    if not (options.get("cuda") or options.get("vulkan")):
+        pytest.skip("the current build has no GPU backend (`ggspec build --cuda` on a machine with a GPU)")
+    names = gpu_device_names(build_info)
+    if not names:
+        pytest.skip(f"the current build ({build_info.key}) sees no GPU device")
+    return build_info
+
+
+@pytest.fixture(scope="session")
+def tiny_coder_pair():
+    """The shipped trained dense pair (models/tiny/): its target and draft paths."""
+    from ggspec.pairs import get_entry, resolve
+
+    return resolve(get_entry("tiny-coder"))

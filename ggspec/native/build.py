@@ -53,6 +53,9 @@ class BuildOptions:
     tools: bool = False  # llama-server, llama-cli, llama-speculative-simple (RPC is always built)
     native: bool = True  # GGML_NATIVE: tune for this CPU (part of the cache key)
     cuda_arch: str = ""  # CMAKE_CUDA_ARCHITECTURES, e.g. "90" or "86;89"; "" = native (needs a GPU)
+    # GGML_CUDA_FA: the flash-attention kernels, about a third of a CUDA build's compile time; off
+    # for a quick build (a GPU check), where llama.cpp then runs attention without them
+    cuda_fa: bool = True
 
     def cmake_args(self) -> list[str]:
         on = lambda flag: "ON" if flag else "OFF"  # noqa: E731
@@ -80,6 +83,8 @@ class BuildOptions:
             args.append("-DGGML_CUDA=ON")
             if self.cuda_arch:
                 args.append(f"-DCMAKE_CUDA_ARCHITECTURES={self.cuda_arch}")
+            if not self.cuda_fa:  # only when off: the keys of existing builds stay as they were
+                args.append("-DGGML_CUDA_FA=OFF")
         if self.vulkan:
             args.append("-DGGML_VULKAN=ON")
         return args
@@ -206,13 +211,15 @@ def native_fixups() -> list[str]:
     return flags
 
 
-def build_key(options: BuildOptions) -> str:
+def build_key(options: BuildOptions, patches: list[Path] | None = None) -> str:
     """Names the build directory. The targets are not part of it: a `--tools` build serves a plain
-    one, and asking for the tools later compiles them into the same directory."""
+    one, and asking for the tools later compiles them into the same directory. The CUDA arch list
+    is (it is a cmake option); where the CUDA toolkit lives is not."""
     h = hashlib.sha256()
     ident = {
         "pin": f"{paths.PIN_PACKAGE}=={paths.PIN_VERSION}",
-        "patches": [(f.name, hashlib.sha256(f.read_bytes()).hexdigest()) for f in patch_files()],
+        "patches": [(f.name, hashlib.sha256(f.read_bytes()).hexdigest())
+                    for f in (patch_files() if patches is None else patches)],
         "cmake": options.cmake_args(),
         "cpu": cpu_target(options.native),
     }
@@ -303,6 +310,15 @@ def prepare_tree(root: Path, patches: list[Path]) -> Path:
     return tree
 
 
+def toolkit_args(options: BuildOptions) -> list[str]:
+    """Where the CUDA toolkit is, for the configure step only: its path is not part of the key."""
+    if not options.cuda:
+        return []
+    from ggspec.native import cuda  # imports BuildError from here
+
+    return cuda.find_toolkit().cmake_args()
+
+
 _PROGRESS_RE = re.compile(r"^\[\s*(\d+)%\]\s+(.*)$")
 
 
@@ -310,7 +326,7 @@ def compile_tree(tree: Path, build_dir: Path, options: BuildOptions, targets: It
                  on_line: Callable[[int | None, str], None]) -> None:
     """Configure (once per build dir) and compile `targets`, reporting each `[ NN%] …` line."""
     if not (build_dir / "CMakeCache.txt").is_file():
-        configure = ["cmake", "-S", str(tree), "-B", str(build_dir), *options.cmake_args()]
+        configure = ["cmake", "-S", str(tree), "-B", str(build_dir), *options.cmake_args(), *toolkit_args(options)]
         _run(configure, what="cmake configure")
     jobs = str(os.cpu_count() or 1)
     cmd = ["cmake", "--build", str(build_dir), "-j", jobs, "--target", *targets]
@@ -493,6 +509,8 @@ def check_options(options: BuildOptions) -> None:
     """Catch option combinations cmake would only reject after a long configure."""
     if options.cuda_arch and not options.cuda:
         raise BuildError("--cuda-arch needs --cuda")
+    if not options.cuda_fa and not options.cuda:
+        raise BuildError("--no-cuda-fa needs --cuda")
     if options.cuda and not options.cuda_arch and shutil.which("nvidia-smi") is None:
         raise BuildError(
             "--cuda without --cuda-arch detects the GPU architecture, but no NVIDIA GPU is visible "
@@ -519,6 +537,7 @@ def build(options: BuildOptions, force: bool = False, reporter: Reporter | None 
                   f"({exc.strerror or exc})")
         return existing
     _check_home()  # something will be written: fail before a download or a compile
+    toolkit_args(options)  # a missing CUDA toolkit is said now, not after the download
     if existing is None and not force and _damaged_record(key):
         # the record of a finished build is damaged: compile into the same tree (up to date: seconds)
         existing = BuildInfo(key=key, root="", lib_dir="", options={}, patches=[], cpu_target="", seconds=0.0)

@@ -1,0 +1,176 @@
+#!/usr/bin/env bash
+# The GPU check of issue 17, prepared for a machine with an NVIDIA GPU (H200-class, 16 cores, a
+# complete system CUDA toolkit, cmake, python3 >= 3.11 with numpy/typer/rich/pytest/scipy, no
+# network, maybe no git). Run from anywhere in the repository:
+#
+#   scripts/device_check.sh [RESULTS_DIR]      (default: $OUT, else .device/out)
+#
+# It needs .device-carry/ (scripts/make_device_carry.sh: the trimmed pinned sdist and the gguf
+# wheel), builds the CUDA library into .device/home (ggspec's cache for this machine), then runs
+#   1. the `gpu`-marked tests (CUDA gated delta-net op == CPU op for every plane count and lead;
+#      greedy speculative == plain greedy with the target on the GPU, dense and hybrid; the lead
+#      layout's delta-net placed on the GPU),
+#   2. `ggspec bench`: planes x lead on the hybrid pair with the seed-000 acceptance profile, on
+#      the GPU (-ngl -1) and, as time allows, on the CPU (-ngl 0),
+# logging each stage and its wall time into RESULTS_DIR (summary.txt first). Every stage has a
+# timeout: the script ends within DEVICE_BUDGET_S seconds (default 450) whatever happens.
+#
+# The build leaves out the flash-attention kernels (`--no-cuda-fa`: GGML_CUDA_FA=OFF, part of the
+# build key; ~a third of a full CUDA build's ~6,200 core-seconds); DEVICE_FA=on builds them. Other knobs: DEVICE_ARCH
+# (default 90), DEVICE_BENCH_N (tokens per bench run, 64), DEVICE_GIT_SHIM=1 (use the git stand-in
+# even where git exists), DEVICE_BUILD_ARGS="" (a CPU build: try the script on a machine without GPU).
+set -uo pipefail
+
+T0=$(date +%s)
+BUDGET=${DEVICE_BUDGET_S:-450}
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT" || exit 1
+RESULTS=${1:-${OUT:-$ROOT/.device/out}}
+mkdir -p "$RESULTS"
+RESULTS=$(cd "$RESULTS" && pwd)
+SUMMARY=$RESULTS/summary.txt
+CARRY=$ROOT/.device-carry
+WORK=${TMPDIR:-/tmp}/ggspec-device
+: > "$SUMMARY"
+
+say() { echo "$*" | tee -a "$SUMMARY"; }
+left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
+now() { date +%s.%N; }
+since() { python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.1f}')" "$1" "$(now)"; }
+
+# stage NAME MAX_SECONDS COMMAND...: COMMAND's output into NAME.log, its time and status into the
+# summary; the limit is MAX_SECONDS or what is left of the budget (minus RESERVE), the smaller
+RESERVE=0
+stage() {
+    local name=$1 max=$2; shift 2
+    local avail=$(( $(left) - RESERVE ))
+    local limit=$(( max < avail ? max : avail ))
+    if (( limit < 10 )); then
+        say "$(printf '%-16s skipped: %ss left of the budget' "$name" "$(left)")"
+        return 125
+    fi
+    local start; start=$(now)
+    if [ "$(type -t "$1")" = function ]; then  # timeout runs programs: a function goes through bash
+        timeout -k 10 "$limit" bash -c "$(declare -f "$1")"'; "$@"' _ "$@" > "$RESULTS/$name.log" 2>&1
+    else
+        timeout -k 10 "$limit" "$@" > "$RESULTS/$name.log" 2>&1
+    fi
+    local rc=$?
+    local verdict=ok
+    (( rc == 124 || rc == 137 )) && verdict="TIMED OUT"
+    (( rc != 0 && rc != 124 && rc != 137 )) && verdict=FAILED
+    say "$(printf '%-16s %-9s rc=%-3s %7ss (limit %ss)' "$name" "$verdict" "$rc" "$(since "$start")" "$limit")"
+    return $rc
+}
+
+# --- set-up: carried files, the gguf wheel, a git stand-in ------------------------------------------
+
+setup_python_path() {
+    local site=$WORK/site
+    rm -rf "$site" && mkdir -p "$site"
+    local wheel; wheel=$(ls "$CARRY"/gguf-*.whl 2>/dev/null | head -1)
+    [ -n "$wheel" ] || { echo "no gguf wheel in $CARRY (scripts/make_device_carry.sh)"; return 1; }
+    if ! python3 -m pip install --quiet --no-index --no-deps --target "$site" "$wheel"; then
+        echo "pip failed: unpacking the (pure Python) wheel instead"
+        python3 -m zipfile -e "$wheel" "$site" || return 1
+    fi
+    # gguf imports yaml at the top of gguf/metadata.py; ggspec never reads model cards
+    if ! python3 -c "import yaml" 2>/dev/null; then
+        echo "no pyyaml: a stand-in yaml module (gguf only imports it here)"
+        printf 'def safe_load(*a, **k):\n    raise ImportError("pyyaml is not installed")\n' > "$site/yaml.py"
+    fi
+    export PYTHONPATH=$site:$ROOT${PYTHONPATH:+:$PYTHONPATH}
+    python3 -c "import gguf, numpy, typer, rich, pytest; print('python deps ok: gguf', gguf.__file__)"
+}
+
+setup_git() {
+    if command -v git > /dev/null && [ -z "${DEVICE_GIT_SHIM:-}" ]; then
+        echo "git: $(command -v git)"
+        return 0
+    fi
+    mkdir -p "$WORK/bin"
+    printf '#!/bin/sh\nexec python3 "%s/scripts/git_apply_shim.py" "$@"\n' "$ROOT" > "$WORK/bin/git"
+    chmod +x "$WORK/bin/git"
+    export PATH=$WORK/bin:$PATH
+    echo "no git: the apply-only stand-in $WORK/bin/git"
+}
+
+setup() {
+    mkdir -p "$WORK"
+    export GGSPEC_HOME=$ROOT/.device/home
+    export GGSPEC_SDIST=$CARRY/llama_cpp_python-0.3.36.tar.gz
+    mkdir -p "$GGSPEC_HOME"
+    [ -f "$GGSPEC_SDIST" ] || { echo "no sdist at $GGSPEC_SDIST (scripts/make_device_carry.sh)"; return 1; }
+    setup_python_path || return 1
+    setup_git
+}
+
+machine_info() {
+    nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv 2>&1 | head -5
+    echo "cores: $(nproc)"; python3 --version
+    nvcc --version 2>&1 | tail -2; cmake --version | head -1
+    command -v ninja patch git ccache | sed 's/^/found: /'
+}
+
+# --- the stages ------------------------------------------------------------------------------------
+
+build_cuda() {
+    local fa=--no-cuda-fa
+    [ "${DEVICE_FA:-off}" = on ] && fa=--cuda-fa
+    # DEVICE_BUILD_ARGS="" builds the CPU library: the rest of the script can be tried without a GPU
+    # shellcheck disable=SC2086
+    python3 -m ggspec build ${DEVICE_BUILD_ARGS---cuda --cuda-arch ${DEVICE_ARCH:-90} $fa}
+}
+
+export PROMPTS_FILE=$RESULTS/bench-prompts.jsonl RESULTS
+write_prompts() {
+    cat > "$PROMPTS_FILE" <<'EOF'
+{"prompt": "def fibonacci(n):", "category": "code-gen"}
+{"prompt": "class Stack:\n    def __init__(self):\n        self.items = []\n", "category": "code-gen"}
+{"prompt": "The quick brown fox", "category": "prose"}
+EOF
+}
+
+# planes x lead on the tiny hybrid pair, acceptance replayed from seed 000's DFlash histogram
+bench_matrix() {
+    local ngl=$1 tag=$2
+    python3 -m ggspec bench --pair tiny-hybrid --prompts "$PROMPTS_FILE" -n "${DEVICE_BENCH_N:-64}" -r 2 \
+        --matrix --spec-draft-rs-planes 3,4,5,uncapped --spec-draft-rs-planes-lead 0,default \
+        --acceptance-profile dflash -ngl "$ngl" --save "$RESULTS/bench-$tag.json" --no-plot
+}
+
+copy_build_record() {
+    local key; key=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['key'])" "$GGSPEC_HOME/current.json" 2>/dev/null)
+    [ -n "$key" ] || return 0
+    cp "$GGSPEC_HOME/builds/$key/build.json" "$RESULTS/build.json" 2>/dev/null
+    cp "$GGSPEC_HOME/builds/$key/build/compile.log" "$RESULTS/compile.log" 2>/dev/null
+    say "build record: $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(d['key'], d['seconds'], 's', d['options'])" "$RESULTS/build.json" 2>/dev/null)"
+}
+
+main() {
+    say "device check $(date -u +%FT%TZ) in $ROOT, budget ${BUDGET}s, results in $RESULTS"
+    stage machine 20 machine_info
+    setup > "$RESULTS/setup.log" 2>&1 || { say "set-up FAILED: $(tail -1 "$RESULTS/setup.log")"; return 1; }
+    say "set-up ok ($(since "$T0.0")s since start)"
+
+    RESERVE=60  # the build may take everything but a minute: nothing else runs without it
+    stage build-cuda 400 build_cuda
+    local build_rc=$?
+    RESERVE=0
+    copy_build_record
+    if (( build_rc != 0 )); then
+        say "no CUDA build: $(tr '\r' '\n' < "$RESULTS/build-cuda.log" | grep -v '^[[:space:]]*$' | tail -1)"
+        return 1
+    fi
+
+    stage pytest-gpu 200 python3 -m pytest -m gpu -v -rA -p no:cacheprovider --continue-on-collection-errors \
+        --junitxml="$RESULTS/pytest-gpu.xml" tests
+    say "  $(tail -1 "$RESULTS/pytest-gpu.log")"
+    write_prompts
+    stage bench-gpu 90 bench_matrix -1 gpu
+    stage bench-cpu 60 bench_matrix 0 cpu
+    say "done in $(since "$T0.0")s"
+}
+
+# sourced (to try a stage by hand), it only defines the functions
+[[ "${BASH_SOURCE[0]}" == "$0" ]] && main

@@ -1,0 +1,147 @@
+"""The CUDA side of the plane layouts (patch 0010): tests marked `gpu` run only where the current
+build has a GPU backend and sees a GPU device (scripts/device_check.sh builds one and runs them);
+elsewhere they skip, saying why.
+
+- the gated delta-net op with snapshot maps on the GPU equals the CPU op (a ggml-level C test);
+- greedy speculative output equals plain greedy output with the target on the GPU, dense and
+  hybrid (capped planes with a lead: the snapshot map runs in the CUDA kernel);
+- with a lead layout the scheduler really puts the gated delta-net on the GPU (GGML_SCHED_DEBUG).
+
+The C test's harness also runs here without a GPU (CPU against CPU), so a broken harness shows.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import PROMPTS, run_cli
+
+from ggspec.runtime import ContextParams
+from ggspec.speculative.engine import Engine
+from ggspec.speculative.models import PairConfig
+from ggspec.speculative.planes import PlaneOptions
+from ggspec.speculative.stats import merge
+from ggspec.testing.forced import ForcedAcceptance, cycle_lengths
+from ggspec.testing.oracle import run_prompts
+
+N_PREDICT = 64
+N_MAX = 7  # the fixtures' block size is 8
+GPU_PROMPTS = PROMPTS[:6]
+# F32 caches and no flash attention: the same numerics for a one-token decode and a verify batch
+EXACT = ContextParams(n_ctx=1024, n_batch=256, n_ubatch=256, n_threads=2, type_k="f32", type_v="f32",
+                      flash_attn="off")
+MAP_TEST = Path(__file__).parent / "native" / "test_gdn_map_cuda.c"
+SKIP_EXIT = 77  # the C test's "no GPU device"
+
+
+def _compile_map_test(build_info, tmp_path: Path) -> Path:
+    tree = Path(build_info.root) / "llama.cpp"
+    lib = build_info.lib_dir
+    exe = tmp_path / "test_gdn_map_cuda"
+    subprocess.run(["cc", "-O2", "-std=c11", str(MAP_TEST), f"-I{tree}/ggml/include", f"-L{lib}", "-lggml",
+                    "-lggml-base", "-lm", f"-Wl,-rpath,{lib}", "-o", str(exe)], check=True)
+    return exe
+
+
+def test_map_test_harness_runs_without_a_gpu(build_info, tmp_path):
+    """The C test compiles against any build; CPU against CPU it finds no difference, and without
+    a GPU device it says skip (77) rather than pass."""
+    exe = _compile_map_test(build_info, tmp_path)
+    proc = subprocess.run([str(exe), "--self-check", "--quick"], capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0 and " 0 failed" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert re.search(r" [1-9]\d* skipped slots checked", proc.stdout), proc.stdout
+    if not (build_info.options.get("cuda") or build_info.options.get("vulkan")):
+        plain = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60, check=False)
+        assert plain.returncode == SKIP_EXIT, plain.stdout + plain.stderr
+
+
+@pytest.mark.gpu
+def test_delta_net_map_op_gpu_equals_cpu(gpu_build, tmp_path):
+    """Every plane count 2..9 and 28, every lead, S_v 16..128, KDA on/off, hand-made maps."""
+    exe = _compile_map_test(gpu_build, tmp_path)
+    proc = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600, check=False)
+    print(proc.stdout)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert " 0 failed" in proc.stdout and "on gpu" in proc.stdout, proc.stdout
+
+
+def _gpu_config(pair, planes: PlaneOptions | None = None) -> PairConfig:
+    """The target entirely on the GPU; the draft stays on the CPU (its numerics cannot break
+    losslessness, only acceptance)."""
+    return PairConfig(target=pair.target, draft=pair.draft, dflash=True, n_max=N_MAX, ctx=EXACT,
+                      n_gpu_layers=-1, n_gpu_layers_draft=0, planes=planes or PlaneOptions())
+
+
+def _forced(sp: Engine):
+    """Forced acceptance lengths 0..n_max, each prompt starting elsewhere in the cycle."""
+    offsets = itertools.count()
+
+    def make(prompt, plain):
+        lengths = itertools.islice(cycle_lengths(N_MAX), next(offsets), None)
+        return ForcedAcceptance(sp.proposer, np.concatenate([prompt, plain]), lengths, sp.target_model.n_vocab)
+    return make
+
+
+@pytest.mark.gpu
+def test_dense_speculative_equals_greedy_on_gpu(gpu_build, tiny_coder_pair):
+    """The shipped trained pair (tiny-coder): lossless up to genuine near-ties, and it speculates."""
+    with Engine.open(_gpu_config(tiny_coder_pair)) as sp:
+        runs = list(run_prompts(sp, GPU_PROMPTS, N_PREDICT))
+    diverged = [f"prompt {i}: {r.divergence.describe()}" for i, r in enumerate(runs) if r.divergence]
+    stats = merge(r.spec_stats for r in runs)
+    print(f"tau {stats.tau:.2f}, accept histogram {stats.accept_hist}" + "".join(f"\n  {d}" for d in diverged))
+    # F16 matrices: a batched verify may flip a genuine near-tie (see test_lossless.py), nothing else
+    assert all(r.divergence.benign for r in runs if r.divergence), "\n".join(diverged)
+    assert len(diverged) <= len(GPU_PROMPTS) // 3, "\n".join(diverged)
+    assert sum(len(r.plain) for r in runs) == len(GPU_PROMPTS) * N_PREDICT
+    assert stats.tau > 1.5  # the draft's proposals are accepted: the pair really speculates
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("planes, lead", [(None, "default"), (4, 0), (4, "default"), (3, "default"), (5, 1)])
+def test_hybrid_planes_are_lossless_on_gpu(planes, lead, gpu_build, hybrid_pair):
+    """Capped layouts with a lead run the snapshot map in the CUDA kernel; forced acceptance makes
+    every accepted count happen, and the missed ones replay."""
+    with Engine.open(_gpu_config(hybrid_pair, PlaneOptions(planes, lead))) as sp:
+        runs = list(run_prompts(sp, GPU_PROMPTS, N_PREDICT, _forced(sp)))
+    failures = [f"prompt {i}: {r.divergence.describe()}" for i, r in enumerate(runs) if r.divergence]
+    assert not failures, "\n".join(failures)  # F32 matrices, wide margins: exact
+    stats = merge(r.spec_stats for r in runs)
+    assert all(stats.accept_hist), stats.accept_hist
+    if planes is not None:
+        assert stats.replays > 0  # some accepted counts are not kept: the replay path ran
+
+
+# one scheduler line per graph node (ggml-backend.cpp, GGML_SCHED_DEBUG=2): op, name, size, backend
+_GDN_NODE = re.compile(r"node #\s*\d+ \(GATED_DELT\): .{20} \(.{5}\) \[(.{5}) ")
+
+
+def _delta_net_backends(hybrid_pair, planes: str, lead: str) -> tuple[list[str], int]:
+    """The backend of every gated delta-net node the scheduler placed in a short run, and the most
+    splits one graph had."""
+    proc = run_cli("run", "-m", str(hybrid_pair.target), "-md", str(hybrid_pair.draft), "--dflash",
+                   "-ngl", "-1", "-ngld", "-1", "-n", "16", "-p", PROMPTS[1],
+                   "--spec-draft-rs-planes", planes, "--spec-draft-rs-planes-lead", lead,
+                   env={"GGML_SCHED_DEBUG": "2", "GGSPEC_VERBOSE": "1"}, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    backends = [b.strip() for b in _GDN_NODE.findall(proc.stderr)]
+    splits = [int(n) for n in re.findall(r"## SPLIT #(\d+):", proc.stderr)]
+    return backends, max(splits, default=-1) + 1
+
+
+@pytest.mark.gpu
+def test_lead_layout_runs_the_delta_net_on_the_gpu(gpu_build, hybrid_pair):
+    """Before patch 0010 CUDA refused the op with a snapshot map: a lead layout sent every gated
+    delta-net node to the CPU (more splits, copies both ways). Now it stays on the GPU."""
+    default, default_splits = _delta_net_backends(hybrid_pair, "uncapped", "default")
+    lead, lead_splits = _delta_net_backends(hybrid_pair, "4", "2")
+    print(f"gated delta-net nodes: default layout {len(default)} on {sorted(set(default))}, max {default_splits} "
+          f"splits per graph; lead 2 of 4 planes {len(lead)} on {sorted(set(lead))}, max {lead_splits} splits")
+    assert default and lead, "no gated delta-net node in the scheduler's output (GGML_SCHED_DEBUG)"
+    assert not [b for b in default + lead if b.startswith("CPU")], (default, lead)
+    assert lead_splits <= default_splits
