@@ -192,3 +192,13 @@ def test_compile_check_is_for_cuda_builds():
 
     proc = run_cli("build", "--compile-check")
     assert proc.returncode == 1 and proc.stderr.strip() == "error: --compile-check needs --cuda", proc.stderr
+
+
+def test_no_cuda_fa_is_a_build_option_of_its_own():
+    """--no-cuda-fa drops the flash-attention kernels (GGML_CUDA_FA=OFF): another key; the
+    default leaves the keys of existing builds as they were; without --cuda it is refused."""
+    with_fa, without = nb.BuildOptions(cuda=True, cuda_arch="90"), nb.BuildOptions(cuda=True, cuda_arch="90", cuda_fa=False)
+    assert "-DGGML_CUDA_FA=OFF" in without.cmake_args() and not any("GGML_CUDA_FA" in a for a in with_fa.cmake_args())
+    assert nb.build_key(with_fa) != nb.build_key(without)
+    with pytest.raises(nb.BuildError, match="--no-cuda-fa needs --cuda"):
+        nb.check_options(nb.BuildOptions(cuda_fa=False))
