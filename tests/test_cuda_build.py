@@ -202,3 +202,16 @@ def test_no_cuda_fa_is_a_build_option_of_its_own():
     assert nb.build_key(with_fa) != nb.build_key(without)
     with pytest.raises(nb.BuildError, match="--no-cuda-fa needs --cuda"):
         nb.check_options(nb.BuildOptions(cuda_fa=False))
+
+
+def test_a_build_the_loader_refuses_is_one_line():
+    """A CUDA build on a machine without NVIDIA's driver: the bindings' RuntimeError becomes one
+    line saying what to do (seen with the full sm_90 build made here)."""
+    from ggspec.native.bindings import load_failure
+
+    exc = RuntimeError("Failed to load shared library '/b/bin/libllama.so': libcuda.so.1: cannot open shared object "
+                       "file: No such file or directory")
+    text = load_failure("/b/bin", exc)
+    assert "\n" not in text and "(libcuda.so.1: cannot open shared object file" in text
+    assert "`ggspec build` (without --cuda) makes a CPU build current" in text
+    assert "driver" not in load_failure("/b/bin", RuntimeError("Failed to load shared library 'x': libfoo.so: bad ELF"))

@@ -103,9 +103,22 @@ def _import_bindings(lib_dir: str) -> types.ModuleType:
         pkg = types.ModuleType("llama_cpp")
         pkg.__path__ = [str(pkg_dir)]  # a bare package: its __init__ is never executed
         sys.modules["llama_cpp"] = pkg
-    import llama_cpp.llama_cpp as lc  # noqa: PLC0415
-
+    try:
+        import llama_cpp.llama_cpp as lc  # noqa: PLC0415
+    except (RuntimeError, OSError) as exc:  # the bindings wrap the loader's OSError in a RuntimeError
+        raise NotBuiltError(load_failure(lib_dir, exc)) from None
     return lc
+
+
+def load_failure(lib_dir: str, exc: BaseException) -> str:
+    """One line for a build the dynamic loader refuses: what it could not open, and for a CUDA
+    build on a machine without NVIDIA's driver, what to do."""
+    cause = str(exc).rsplit("': ", 1)[-1].strip() or exc.__class__.__name__
+    text = f"cannot load the llama.cpp build in {lib_dir} ({cause})"
+    if "libcuda.so" in cause:
+        text += ("; a CUDA build runs only where NVIDIA's driver is installed: on this machine, "
+                 "`ggspec build` (without --cuda) makes a CPU build current")
+    return text
 
 
 def _declare(lib: ctypes.CDLL, name: str, argtypes: list, restype) -> None:
