@@ -95,8 +95,20 @@ setup_git() {
     echo "no git: the apply-only stand-in $WORK/bin/git"
 }
 
+# The CUDA image sets CC/CXX/CUDAHOSTCXX to /opt/gcc, whose g++ links libstdc++ statically into
+# shared libraries: libggml-cuda then exports its own copy of the C++ runtime, libllama's calls
+# bind to it, and loading a model crashes in llama_model::print_info (seen on the H200,
+# 2026-11-30). The distribution's gcc links libstdc++ dynamically.
+use_system_compilers() {
+    if [ -x /usr/bin/g++ ] && [ -x /usr/bin/gcc ]; then
+        export CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++
+    fi
+    echo "compilers: CC=${CC:-cc} CXX=${CXX:-c++} CUDAHOSTCXX=${CUDAHOSTCXX:-}"
+}
+
 setup() {
     mkdir -p "$WORK"
+    use_system_compilers
     export GGSPEC_HOME=$ROOT/.device/home
     export GGSPEC_SDIST=$CARRY/llama_cpp_python-0.3.36.tar.gz
     mkdir -p "$GGSPEC_HOME"

@@ -102,19 +102,35 @@ def test_dense_speculative_equals_greedy_on_gpu(gpu_build, tiny_coder_pair):
     assert stats.tau > 1.5  # the draft's proposals are accepted: the pair really speculates
 
 
+def _hybrid_runs(pair, planes: PlaneOptions):
+    with Engine.open(_gpu_config(pair, planes)) as sp:
+        return list(run_prompts(sp, GPU_PROMPTS, N_PREDICT, _forced(sp)))
+
+
+def _divergences(runs) -> list[str]:
+    return [f"prompt {i}: {r.divergence.describe()}" for i, r in enumerate(runs) if r.divergence]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("planes, lead", [(None, "default"), (4, 0), (4, "default"), (3, "default"), (5, 1)])
+@pytest.mark.parametrize("planes, lead", [(4, 0), (4, "default"), (3, "default"), (5, 1)])
 def test_hybrid_planes_are_lossless_on_gpu(planes, lead, gpu_build, hybrid_pair):
     """Capped layouts with a lead run the snapshot map in the CUDA kernel; forced acceptance makes
-    every accepted count happen, and the missed ones replay."""
-    with Engine.open(_gpu_config(hybrid_pair, PlaneOptions(planes, lead))) as sp:
-        runs = list(run_prompts(sp, GPU_PROMPTS, N_PREDICT, _forced(sp)))
-    failures = [f"prompt {i}: {r.divergence.describe()}" for i, r in enumerate(runs) if r.divergence]
-    assert not failures, "\n".join(failures)  # F32 matrices, wide margins: exact
+    every accepted count happen, and the missed ones replay. On the H200 (2026-11-30) a batched
+    verify flipped 4 of 6 genuine near-ties of this fixture (margins 0.012-0.038) in every layout,
+    uncapped included: the GPU's batched kernels round differently from its one-token ones. So the
+    oracle allows benign near-ties only, and the capped layout must diverge exactly where the
+    uncapped one does: the planes and the snapshot map change nothing."""
+    uncapped = _hybrid_runs(hybrid_pair, PlaneOptions())
+    runs = _hybrid_runs(hybrid_pair, PlaneOptions(planes, lead))
+    diverged = _divergences(runs)
+    print("\n".join(diverged))
+    assert all(r.divergence.benign for r in runs if r.divergence), "\n".join(diverged)
+    assert diverged == _divergences(uncapped)
+    for capped, plain_layout in zip(runs, uncapped):  # token for token the same output as uncapped
+        assert capped.spec == plain_layout.spec
     stats = merge(r.spec_stats for r in runs)
     assert all(stats.accept_hist), stats.accept_hist
-    if planes is not None:
-        assert stats.replays > 0  # some accepted counts are not kept: the replay path ran
+    assert stats.replays > 0  # some accepted counts are not kept: the replay path ran
 
 
 # one scheduler line per graph node (ggml-backend.cpp, GGML_SCHED_DEBUG=2): op, name, size, backend
