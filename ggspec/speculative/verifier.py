@@ -59,20 +59,21 @@ class GreedyVerifier:
 
 class SequenceVerifier:
     """The rule each sequence's own sampler settings call for (`Sequence.sampling`): greedy
-    sequences by the greedy rule, sampling ones by rejection sampling with their settings. A batch
-    of greedy sequences only is one argmax over all rows."""
+    sequences by the greedy rule, sampling ones by rejection sampling with their settings. The
+    greedy spans of a step share one argmax over the rows."""
 
     def __init__(self) -> None:
         self.greedy = GreedyVerifier()
+        self.rejection = RejectionVerifier()  # each span with its sequence's own settings
 
     def verify(self, logits: np.ndarray, spans: list[tuple[Sequence, Draft, int]]) -> list[Outcome]:
-        if all(seq.sampling.greedy for seq, _, _ in spans):
-            return self.greedy.verify(logits, spans)
-        out = []
-        for seq, draft, row0 in spans:  # a mixed batch: each span with its own rule, on its own rows
-            rule = self.greedy if seq.sampling.greedy else RejectionVerifier(seq.sampling)
-            out += rule.verify(logits[row0:row0 + len(draft) + 1], [(seq, draft, 0)])
-        return out
+        outcomes: list[Outcome | None] = [None] * len(spans)
+        for rule, greedy in ((self.greedy, True), (self.rejection, False)):  # each rule once per step
+            mine = [k for k, (seq, _, _) in enumerate(spans) if seq.sampling.greedy == greedy]
+            if mine:
+                for k, outcome in zip(mine, rule.verify(logits, [spans[k] for k in mine])):
+                    outcomes[k] = outcome
+        return outcomes
 
 
 class RejectionVerifier:
@@ -85,17 +86,18 @@ class RejectionVerifier:
     is drawn from p at the next row. A draft without a distribution (n-gram, a DFlash2 walk, a
     greedy draft) is a point mass on its token: accepted with probability p(x), the residual is p
     without x. Each sequence draws from its own generator (`Sequence.rng`), keyed by its seed and
-    position."""
+    position. `settings` None: each sequence's own (`Sequence.sampling`)."""
 
-    def __init__(self, settings: SamplerSettings) -> None:
+    def __init__(self, settings: SamplerSettings | None = None) -> None:
         self.settings = settings
 
     def verify(self, logits: np.ndarray, spans: list[tuple[Sequence, Draft, int]]) -> list[Outcome]:
         out = []
         for seq, draft, row0 in spans:
             rows = logits[row0:row0 + len(draft) + 1]
+            settings = self.settings or seq.sampling
             # a row's distribution is computed only when the walk reaches it (most steps stop early)
-            out.append(self.verify_one(lambda i, rows=rows: candidates(rows[i], self.settings), draft,
+            out.append(self.verify_one(lambda i, rows=rows, s=settings: candidates(rows[i], s), draft,
                                        seq.rng(VERIFY)))
         return out
 
