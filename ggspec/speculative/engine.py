@@ -386,7 +386,8 @@ class Engine:
             batch.add_tokens(block, seq.pos, seq.seq_id, outputs="all")
             spans.append(Span(seq.seq_id, row, len(block), seq.pos))
             row += len(block)
-        t_inject += self._decode_target(batch, [sp for seq, sp in zip(live, spans) if seq.speculate])
+        t_flushed = self._decode_target(batch, [sp for seq, sp in zip(live, spans) if seq.speculate])
+        t_inject += t_flushed
         logits = self.target.logits_view()
         outcomes = self.verifier.verify(logits, [(seq, drafts[seq], sp.row0) for seq, sp in zip(live, spans)])
 
@@ -401,7 +402,9 @@ class Engine:
                     self.target.truncate(keep, seq.seq_id)
                 else:
                     replays.append((seq, block[:out.accepted + 1]))
-        t_verify = time.perf_counter() - t  # the verify decode, acceptance and rolling back
+        # the verify decode, acceptance and rolling back; an injection flushed before the decode
+        # counts as injection, not twice
+        t_verify = time.perf_counter() - t - t_flushed
         t_replay = 0.0
         if replays:
             t = time.perf_counter()
