@@ -676,6 +676,117 @@ def models_pull(name: Annotated[str, typer.Argument(help="A registry pair of mod
     err.print(f"[green]{verb}[/] {name}: {path} ({size:.0f} MiB, sha256 verified)", soft_wrap=True)
 
 
+# --- distill --------------------------------------------------------------------------------------
+
+
+@app.command()
+def distill(
+    model: opts.Model = None,
+    pair: opts.Pair = None,
+    output: Annotated[Optional[Path], typer.Option("-o", "--output", help="The draft GGUF to write.")] = None,
+    data: Annotated[Optional[Path], typer.Option(
+        "--data", help="Prompts as JSONL ({\"text\": ...} or {\"prompt\": ...} per line) \\[default: built-in "
+                       "prose and code from the Python standard library].")] = None,
+    work: Annotated[Optional[Path], typer.Option(
+        "--work", help="Folder for the captured data \\[default: OUTPUT.work].")] = None,
+    resume: Annotated[bool, typer.Option(
+        "--resume", help="Continue the capture in --work (after Ctrl-C), or reuse its finished data; without it "
+                         "the folder's data is replaced.")] = False,
+    sequences: Annotated[int, typer.Option("--sequences", help="Target continuations to capture.")] = 256,
+    prompt_len: Annotated[int, typer.Option("--prompt-len", help="Tokens of each prompt (at most).")] = 64,
+    gen_len: Annotated[int, typer.Option("--gen-len", help="Tokens the target generates after each prompt.")] = 160,
+    parallel: Annotated[int, typer.Option("-np", "--parallel", help="Sequences per llama.cpp batch.")] = 16,
+    layers: Annotated[Optional[str], typer.Option(
+        "--layers", help="Target layer inputs the draft reads, e.g. 2,5,9 \\[default: five, spread like the z-lab "
+                         "drafts].")] = None,
+    draft_vocab: Annotated[Optional[int], typer.Option(
+        "--draft-vocab", help="Draft vocabulary: the N most frequent target tokens of the data, with its own head; "
+                              "0: the target's whole vocabulary and head \\[default: 32768 for a larger target "
+                              "vocabulary, else 0].")] = None,
+    block: Annotated[int, typer.Option("--block", help="Draft block size (n_max is at most block - 1).")] = 16,
+    draft_layers: Annotated[int, typer.Option("--draft-layers", help="Layers of the draft.")] = 2,
+    steps: Annotated[int, typer.Option("--steps", help="Training steps.")] = 600,
+    minutes: Annotated[float, typer.Option(
+        "--minutes", help="Training time budget: the schedule is fitted to it (then runs differ slightly); "
+                          "0: --steps only, deterministic.")] = 0.0,
+    seed: Annotated[int, typer.Option("-s", "--seed", help="Prompt choice, initialisation and batches.")] = 0,
+    threads: Annotated[int, typer.Option("-t", "--threads", help="CPU threads for llama.cpp and PyTorch.")] = 2,
+    outtype: Annotated[str, typer.Option("--outtype", help="Draft weight matrices: f16, q8_0 or f32.")] = "f16",
+    no_check: Annotated[bool, typer.Option("--no-check", help="Skip the llama.cpp parity check.")] = False,
+) -> None:
+    """Train a DFlash draft for a GGUF target from the target's own greedy outputs and layer inputs."""
+    from ggspec.distill.capture import CapturePlan
+    from ggspec.distill.export import OUTTYPES
+    from ggspec.distill.pipeline import DistillOptions
+
+    if (model is None) == (pair is None):
+        fail("give the target as -m FILE or --pair NAME")
+    if output is None:
+        fail("-o: where to write the draft GGUF is required")
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        fail("ggspec distill trains with PyTorch: pip install 'ggspec[train]'")
+    if outtype not in OUTTYPES:
+        fail(f"--outtype {outtype}: expected one of {', '.join(OUTTYPES)}")
+    for flag, value, low in (("--sequences", sequences, 1), ("--prompt-len", prompt_len, 8), ("--gen-len", gen_len, 2),
+                             ("-np", parallel, 1), ("--steps", steps, 1), ("-t", threads, 1)):
+        if value < low:
+            fail(f"{flag} must be at least {low}")
+    if parallel > 256:
+        fail("-np must be at most 256")
+    if not minutes >= 0 or minutes == float("inf"):
+        fail("--minutes must be a finite number >= 0")
+    layer_ids = opts.parse_int_list(layers, "--layers") if layers else ()
+    target = model if model is not None else _pair_target(pair)
+    if not target.is_file():
+        fail(f"-m {target}: no such file")
+    plan = CapturePlan(n_seq=sequences, prompt_len=prompt_len, gen_len=gen_len, parallel=min(parallel, sequences),
+                       threads=threads, seed=seed)
+    from ggspec.distill.train import TrainPlan
+
+    options = DistillOptions(target=target, output=output, work=work or Path(str(output) + ".work"), capture=plan,
+                             train=TrainPlan(steps=steps, minutes=minutes, seed=seed, threads=threads),
+                             data=data, resume=resume, layers=layer_ids, draft_vocab=draft_vocab, block=block,
+                             draft_layers=draft_layers, outtype=outtype, check=not no_check)
+    _distill(options)
+
+
+def _pair_target(name: str) -> Path:
+    from ggspec.pairs import get_entry, resolve
+
+    return resolve(get_entry(name)).target
+
+
+def _distill(options) -> None:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from ggspec.distill.pipeline import distill as run_distill
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TimeRemainingColumn(), TextColumn("{task.fields[info]}"))
+    with Progress(*columns, console=err, transient=True) as progress:
+        tasks: dict[str, int] = {}
+
+        def bar(name: str, done: int, total: int, info: str) -> None:
+            if name not in tasks:
+                tasks[name] = progress.add_task(name, total=total, info="")
+            progress.update(tasks[name], completed=done, total=total, info=info)
+
+        try:
+            report = run_distill(
+                options, log=lambda line: progress.console.print(line, soft_wrap=True, highlight=False),
+                on_group=lambda done, total, n: bar("capture", done, total, f"+{n} tokens"),
+                on_step=lambda step, total, loss: bar("train", step, total, f"loss {loss:.3f}"))
+        except KeyboardInterrupt:
+            progress.stop()
+            err.print(f"interrupted: run again with --resume to continue from the data in {options.work}", soft_wrap=True)
+            raise typer.Exit(130)
+    t = sum(s.seconds for s in report.stages.values())
+    err.print(f"[green]wrote[/] {options.output} ({options.output.stat().st_size / 2**20:.1f} MiB) in {t / 60:.1f} min; "
+              f"report: {options.output}.json", soft_wrap=True)
+
+
 # --- entry point ----------------------------------------------------------------------------------
 
 

@@ -36,6 +36,9 @@ FLAGS = {
     "rpc_timeout": "--rpc-timeout", "prompt": "-p", "n_predict": "-n",
     "ngram_size_n": "--spec-ngram-simple-size-n", "ngram_size_m": "--spec-ngram-simple-size-m",
     "temp": "--temp", "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p", "seed": "--seed",
+    # ggspec distill
+    "layers": "--layers", "draft_vocab": "--draft-vocab", "block": "--block", "gen_len": "--gen-len",
+    "draft_layers": "--draft-layers", "data": "--data", "work": "--work", "resume": "--resume",
 }
 
 
@@ -275,3 +278,12 @@ def parse_prompt_lines(text: str) -> list[str]:
                 i += 1
         prompts.append("".join(out))
     return prompts
+
+
+def parse_int_list(text: str, flag: str) -> tuple[int, ...]:
+    """"2,5,9" -> (2, 5, 9); anything else is one line naming the flag."""
+    try:
+        values = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise InputError(f"{flag} {text}: expected comma-separated integers, e.g. 2,5,9") from None
+    return values

