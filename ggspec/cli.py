@@ -706,6 +706,9 @@ def distill(
     block: Annotated[int, typer.Option("--block", help="Draft block size (n_max is at most block - 1).")] = 16,
     draft_layers: Annotated[int, typer.Option("--draft-layers", help="Layers of the draft.")] = 2,
     steps: Annotated[int, typer.Option("--steps", help="Training steps.")] = 600,
+    batch: Annotated[int, typer.Option("--batch", help="Sequences per training step.")] = 8,
+    anchors: Annotated[int, typer.Option("--anchors", help="Blocks per sequence per training step.")] = 8,
+    lr: Annotated[float, typer.Option("--lr", help="Peak learning rate (AdamW, cosine schedule).")] = 2e-3,
     minutes: Annotated[float, typer.Option(
         "--minutes", help="Training time budget: the schedule is fitted to it (then runs differ slightly); "
                           "0: --steps only, deterministic.")] = 0.0,
@@ -730,13 +733,16 @@ def distill(
     if outtype not in OUTTYPES:
         fail(f"--outtype {outtype}: expected one of {', '.join(OUTTYPES)}")
     for flag, value, low in (("--sequences", sequences, 1), ("--prompt-len", prompt_len, 8), ("--gen-len", gen_len, 2),
-                             ("-np", parallel, 1), ("--steps", steps, 1), ("-t", threads, 1)):
+                             ("-np", parallel, 1), ("--steps", steps, 1), ("-t", threads, 1), ("--batch", batch, 1),
+                             ("--anchors", anchors, 1)):
         if value < low:
             fail(f"{flag} must be at least {low}")
     if parallel > 256:
         fail("-np must be at most 256")
     if not minutes >= 0 or minutes == float("inf"):
         fail("--minutes must be a finite number >= 0")
+    if not 0 < lr < 1:
+        fail("--lr must be a number between 0 and 1")
     layer_ids = opts.parse_int_list(layers, "--layers") if layers else ()
     target = model if model is not None else _pair_target(pair)
     if not target.is_file():
@@ -746,7 +752,8 @@ def distill(
     from ggspec.distill.train import TrainPlan
 
     options = DistillOptions(target=target, output=output, work=work or Path(str(output) + ".work"), capture=plan,
-                             train=TrainPlan(steps=steps, minutes=minutes, seed=seed, threads=threads),
+                             train=TrainPlan(steps=steps, minutes=minutes, seed=seed, threads=threads, batch=batch,
+                                             anchors=anchors, lr=lr),
                              data=data, resume=resume, layers=layer_ids, draft_vocab=draft_vocab, block=block,
                              draft_layers=draft_layers, outtype=outtype, check=not no_check)
     _distill(options)

@@ -119,10 +119,10 @@ def test_parity_check_catches_a_wrong_export(distilled, tiny_coder_pair, tmp_pat
     cfg = DraftConfig(n_embd=target.n_embd, target_layers=ds.layers, n_layer=1, head_dim=32, n_ff=128, block_size=8,
                       rope_base=target.rope_base, eps=target.eps, embed_scale=target.embed_scale, n_vocab_draft=256)
     vocab = dv.choose(np.asarray(ds.tokens).ravel(), np.asarray(ds.tokens).ravel(), 256, target.n_vocab)
-    draft = trainer.init_draft(cfg, vocab, target.head, target.out_norm, seed=0)
+    draft = trainer.init_draft(cfg, vocab, target.head, seed=0)
     path = tmp_path / "d.gguf"
     export.write_draft(path, draft, vocab, target, "test", "f32")
-    args = (path, tiny_coder_pair.target, ds, target.mask_id, vocab.d2t, target.embed, "f32")
+    args = (path, tiny_coder_pair.target, ds, target.mask_id, vocab.d2t, target.embed, target.head, "f32")
     assert parity.check(draft, *args).ok
     with torch.no_grad():
         draft.blocks[0].ffn.down.weight.mul_(1.5)

@@ -37,6 +37,8 @@ def _block_tensors(prefix: str, blk) -> list[tuple[str, object]]:
 
 
 def tensors_of(draft: DFlashDraft) -> list[tuple[str, object]]:
+    """The GGUF tensors of a draft whose scales are folded (see `exportable`)."""
+    assert bool((draft.feature_scale == 1).all()), "fold the scales first"
     tensors = [("fc.weight", draft.fc.weight), ("enc.output_norm.weight", draft.hidden_norm.weight),
                ("output_norm.weight", draft.norm.weight)]
     for il, blk in enumerate(draft.blocks):
@@ -44,6 +46,22 @@ def tensors_of(draft: DFlashDraft) -> list[tuple[str, object]]:
     if draft.head is not None:
         tensors.append(("output.weight", draft.head.weight))
     return tensors
+
+
+def exportable(draft: DFlashDraft, outtype: str | None = None) -> DFlashDraft:
+    """A copy with its training scale folded into fc and, given an outtype, every weight rounded as
+    it will be written: what llama.cpp computes, in PyTorch."""
+    import copy
+
+    import torch
+
+    out = copy.deepcopy(draft)
+    out.fold_scales()
+    if outtype is not None:
+        with torch.no_grad():
+            for _, p in tensors_of(out):
+                p.copy_(torch.from_numpy(as_written(p, outtype)))
+    return out
 
 
 def _quantizable(a: np.ndarray, outtype: str) -> bool:
@@ -76,6 +94,7 @@ def write_draft(path: Path, draft: DFlashDraft, vocab: DraftVocab | None, target
     from gguf import GGUFValueType as T
 
     c = draft.cfg
+    draft = exportable(draft)
     w = gguf.GGUFWriter(str(path), "dflash")
     w.add_key_value("general.name", name, T.STRING)
     w.add_key_value("general.file_type", {"f32": 0, "f16": 1, "q8_0": 7}[outtype], T.UINT32)

@@ -114,6 +114,10 @@ class DFlashDraft(nn.Module):
         self.cfg = cfg
         E = cfg.n_embd
         self.fc = nn.Linear(len(cfg.target_layers) * E, E, bias=False)
+        # per-input-column factors applied before fc during training (1 / each column's RMS: a deep
+        # Gemma layer's inputs are ~20x a shallow one's, a few columns ~100x the rest); folded into
+        # fc.weight on export
+        self.register_buffer("feature_scale", torch.ones(len(cfg.target_layers) * E))
         self.hidden_norm = RMSNorm(E, cfg.eps)
         self.blocks = nn.ModuleList(
             Block(E, cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.n_ff, cfg.eps) for _ in range(cfg.n_layer)
@@ -125,7 +129,7 @@ class DFlashDraft(nn.Module):
         """ctx_feats [B,L,k*E] at ctx_pos [L]; block_x [B,N,E] (embedded block tokens, unscaled) at
         block_pos [B,N]; mask [B,N,L+N] (True = may attend). Returns hidden [B,N,E]."""
         base = self.cfg.rope_base
-        g = self.hidden_norm(self.fc(ctx_feats))
+        g = self.hidden_norm(self.fc(ctx_feats * self.feature_scale))
         x = block_x * self.cfg.embed_scale if self.cfg.embed_scale != 1.0 else block_x
         for blk in self.blocks:
             k_ctx, v_ctx = blk.attn.project_kv(g, ctx_pos, base)  # no attn_norm on g
@@ -137,6 +141,12 @@ class DFlashDraft(nn.Module):
             x = x + blk.attn.attend(q, k, v, mask=mask[:, None])
             x = x + blk.ffn(blk.ffn_norm(x))
         return self.norm(x)
+
+    @torch.no_grad()
+    def fold_scales(self) -> None:
+        """Move feature_scale into fc.weight (llama.cpp's graph has none: fc reads the raw features)."""
+        self.fc.weight.mul_(self.feature_scale[None, :])
+        self.feature_scale.fill_(1.0)
 
     def logits(self, hidden: torch.Tensor, target_head: torch.Tensor | None = None) -> torch.Tensor:
         """Logits over the draft vocabulary (own head) or the target's (its head weight [V,E])."""

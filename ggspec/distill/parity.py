@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ggspec.distill.capture import Dataset
-from ggspec.distill.export import as_written, tensors_of
+from ggspec.distill.export import exportable
 from ggspec.distill.model import DFlashDraft
 
 # of the logits' range: f32 cache and graph vs PyTorch f32 with the written weights; with q8_0
@@ -52,19 +52,15 @@ def _anchor(ds: Dataset, block: int) -> tuple[int, int]:
 
 
 @torch.no_grad()
-def _torch_logits(draft: DFlashDraft, outtype: str, feats, tokens, a: int, embed, d2t, mask_id: int) -> np.ndarray:
-    rounded = DFlashDraft(draft.cfg)
-    rounded.load_state_dict(draft.state_dict())
-    for _, p in tensors_of(rounded):
-        p.copy_(torch.from_numpy(as_written(p, outtype)))
+def _torch_logits(draft: DFlashDraft, outtype: str, feats, tokens, a: int, embed, head, d2t, mask_id: int) -> np.ndarray:
+    rounded = exportable(draft, outtype)
     B = draft.cfg.block_size
     block = torch.full((1, B), 0, dtype=torch.long)
     block[0, 0] = int(tokens[a])
     block[0, 1:] = mask_id
     hidden = rounded(torch.from_numpy(feats[None, :a]), torch.arange(a), F.embedding(block, embed),
                      torch.arange(a, a + B)[None], torch.ones(1, B, a + B, dtype=torch.bool))
-    head = None if rounded.head is not None else embed  # full vocabulary: the target's head
-    logits = rounded.logits(hidden[0, 1:], head).numpy()
+    logits = rounded.logits(hidden[0, 1:], None if rounded.head is not None else head).numpy()
     return logits if rounded.head is not None else logits[:, d2t]
 
 
@@ -87,12 +83,13 @@ def _llama_logits(target_path: Path, draft_path: Path, feats, tokens, a: int, B:
 
 
 def check(draft: DFlashDraft, draft_path: Path, target_path: Path, ds: Dataset, mask_id: int, d2t: np.ndarray,
-          embed: np.ndarray, outtype: str) -> Parity:
+          embed: np.ndarray, head: np.ndarray, outtype: str) -> Parity:
+    """embed, head: the target's token embeddings and output head (a full-vocabulary draft reads both)."""
     B = draft.cfg.block_size
     i, a = _anchor(ds, B)
     feats = ds.rows(np.array([i]), a + 1)[0]
     tokens = np.asarray(ds.tokens[i])
-    pt = _torch_logits(draft, outtype, feats, tokens, a, torch.from_numpy(embed), d2t, mask_id)
+    pt = _torch_logits(draft, outtype, feats, tokens, a, torch.from_numpy(embed), torch.from_numpy(head), d2t, mask_id)
     ll = _llama_logits(target_path, draft_path, feats, tokens, a, B, mask_id, d2t)
     scale = float(pt.max() - pt.min())
     top2 = np.sort(pt, axis=1)[:, -2:]

@@ -152,7 +152,7 @@ def distill(opts: DistillOptions, log: Log, on_group=None, on_step=None) -> Dist
                       embed_scale=target.embed_scale, n_vocab_draft=opts.draft_vocab)
     log(f"draft: {cfg.n_layer} layers, {cfg.n_head} heads x {cfg.head_dim}, ffn {cfg.n_ff}, block {cfg.block_size}, "
         f"layers {list(layers)}, vocabulary {vocab.size} ({vocab.coverage:.1%} of the data's labels)")
-    draft, tr = trainer.train(ds, cfg, vocab, target.embed, target.head, target.out_norm, target.mask_id,
+    draft, tr = trainer.train(ds, cfg, vocab, target.embed, target.head, target.mask_id,
                               opts.train, log, on_step)
     report.train = {**asdict(tr), "config": asdict(cfg), "plan": asdict(opts.train)}
     report.stages["train"] = StageReport(time.time() - t0, _rss_mb())
@@ -167,7 +167,8 @@ def distill(opts: DistillOptions, log: Log, on_group=None, on_step=None) -> Dist
     name = f"ggspec distill of {opts.target.name} (seed {opts.train.seed})"
     export.write_draft(opts.output, draft, vocab if opts.draft_vocab else None, target, name, opts.outtype)
     if opts.check:
-        res = parity.check(draft, opts.output, opts.target, ds, target.mask_id, vocab.d2t, target.embed, opts.outtype)
+        res = parity.check(draft, opts.output, opts.target, ds, target.mask_id, vocab.d2t, target.embed, target.head,
+                           opts.outtype)
         report.parity = res.line()
         log(res.line())
         if not res.ok:

@@ -1,5 +1,5 @@
-"""What the draft needs from the target's GGUF file: its token embeddings, output head and final
-norm (dequantized with `gguf`), hyperparameters, and its tokenizer to copy into the draft.
+"""What the draft needs from the target's GGUF file: its token embeddings and output head
+(dequantized with `gguf`), hyperparameters, and its tokenizer to copy into the draft.
 
 gguf-py's reader builds Python objects for every vocabulary entry (10-25 s for a 262k
 vocabulary), so a file is read once per distill run.
@@ -31,7 +31,6 @@ class TargetParts:
     mask_id: int
     embed: np.ndarray  # [n_vocab, n_embd] float32: the target's token embeddings (what the draft reads)
     head: np.ndarray  # [n_vocab, n_embd] float32: the output head (tied: the embeddings)
-    out_norm: np.ndarray  # [n_embd] float32: the target's final norm weight
     tokenizer: dict[str, tuple[Any, Any, Any]] = field(repr=False)  # key -> (value, type, sub_type)
 
     @property
@@ -103,13 +102,11 @@ def read_target(path: Path) -> TargetParts:
     embed = _dequant(embd_t)
     head_t = _tensor(reader, "output.weight")
     head = embed if head_t is None else _dequant(head_t)
-    norm_t = _tensor(reader, "output_norm.weight")
-    out_norm = np.ones(embed.shape[1], np.float32) if norm_t is None else _dequant(norm_t).reshape(-1)
     tokenizer = {name: _field_value(f) for name, f in fields.items() if name.startswith("tokenizer.")}
     n_vocab = len(tokenizer["tokenizer.ggml.tokens"][0])
     return TargetParts(
         path=Path(path), arch=arch, n_embd=int(embed.shape[1]), n_vocab=n_vocab,
         n_ctx_train=int(key("context_length", 4096)), rope_base=float(key("rope.freq_base", 10000.0)),
         eps=float(key("attention.layer_norm_rms_epsilon", 1e-6)), mask_id=_mask_id(tokenizer, n_vocab),
-        embed=embed, head=head, out_norm=out_norm, tokenizer=tokenizer,
+        embed=embed, head=head, tokenizer=tokenizer,
     )
