@@ -701,8 +701,8 @@ def distill(
                          "drafts].")] = None,
     draft_vocab: Annotated[Optional[int], typer.Option(
         "--draft-vocab", help="Draft vocabulary: the N most frequent target tokens of the data, with its own head; "
-                              "0: the target's whole vocabulary and head \\[default: 32768 for a larger target "
-                              "vocabulary, else 0].")] = None,
+                              "0: the target's whole vocabulary and head \\[default: for a target vocabulary over "
+                              "32768, every token the data's labels use, rounded up to 1024; else 0].")] = None,
     block: Annotated[int, typer.Option("--block", help="Draft block size (n_max is at most block - 1).")] = 16,
     draft_layers: Annotated[int, typer.Option("--draft-layers", help="Layers of the draft.")] = 2,
     steps: Annotated[int, typer.Option("--steps", help="Training steps.")] = 600,

@@ -19,7 +19,7 @@ from ggspec.distill.vocab import DraftVocab
 OUTTYPES = ("f16", "q8_0", "f32")
 
 
-def _block_tensors(prefix: str, blk) -> list[tuple[str, object]]:
+def block_tensors(prefix: str, blk) -> list[tuple[str, object]]:
     a = blk.attn
     return [
         (prefix + "attn_norm.weight", blk.attn_norm.weight),
@@ -42,7 +42,7 @@ def tensors_of(draft: DFlashDraft) -> list[tuple[str, object]]:
     tensors = [("fc.weight", draft.fc.weight), ("enc.output_norm.weight", draft.hidden_norm.weight),
                ("output_norm.weight", draft.norm.weight)]
     for il, blk in enumerate(draft.blocks):
-        tensors += _block_tensors(f"blk.{il}.", blk)
+        tensors += block_tensors(f"blk.{il}.", blk)
     if draft.head is not None:
         tensors.append(("output.weight", draft.head.weight))
     return tensors
@@ -59,8 +59,8 @@ def exportable(draft: DFlashDraft, outtype: str | None = None) -> DFlashDraft:
     out.fold_scales()
     if outtype is not None:
         with torch.no_grad():
-            for _, p in tensors_of(out):
-                p.copy_(torch.from_numpy(as_written(p, outtype)))
+            for name, p in tensors_of(out):
+                p.copy_(torch.from_numpy(as_written(p, outtype, name)))
     return out
 
 
@@ -68,21 +68,30 @@ def _quantizable(a: np.ndarray, outtype: str) -> bool:
     return outtype == "q8_0" and a.ndim == 2 and a.shape[1] % 32 == 0  # Q8_0 blocks of 32 along a row
 
 
-def stored(t, outtype: str) -> np.ndarray:
-    """A parameter as written: matrices in `outtype` (bytes for q8_0), vectors (norms) float32."""
+# fc reads the target's raw layer inputs, which reach ~1e5 in Gemma 3: llama.cpp would round them to
+# float16 (max 65504: inf) for an f16 fc and to 8 bits per block of 32 for a q8_0 one (a Gemma draft's
+# logits moved by 10 % of their range), so fc is always float32 (3200 x 640: 8 MB there)
+F32_ALWAYS = ("fc.weight",)
+
+
+def stored(t, outtype: str, name: str = "") -> np.ndarray:
+    """A parameter as written: matrices in `outtype` (bytes for q8_0), vectors (norms) and
+    F32_ALWAYS float32."""
     import gguf
 
     a = t.detach().cpu().numpy().astype(np.float32)
+    if name in F32_ALWAYS:
+        return np.ascontiguousarray(a)
     if _quantizable(a, outtype):
         return gguf.quants.quantize(a, gguf.GGMLQuantizationType.Q8_0)
     return np.ascontiguousarray(a.astype(np.float16) if outtype in ("f16", "q8_0") and a.ndim == 2 else a)
 
 
-def as_written(t, outtype: str) -> np.ndarray:
+def as_written(t, outtype: str, name: str = "") -> np.ndarray:
     """The float32 values llama.cpp will read back for a parameter (rounded as written)."""
     import gguf
 
-    a = stored(t, outtype)
+    a = stored(t, outtype, name)
     if a.dtype == np.uint8:
         return gguf.quants.dequantize(a, gguf.GGMLQuantizationType.Q8_0).astype(np.float32)
     return a.astype(np.float32)
@@ -115,7 +124,7 @@ def write_draft(path: Path, draft: DFlashDraft, vocab: DraftVocab | None, target
         w.add_key_value(key, value, vtype, sub_type=sub)
     w.add_key_value("tokenizer.ggml.mask_token_id", int(target.mask_id), T.UINT32)
     for tname, t in tensors_of(draft):
-        data = stored(t, outtype)
+        data = stored(t, outtype, tname)
         if data.dtype == np.uint8:
             w.add_tensor(tname, data, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
         else:

@@ -15,7 +15,8 @@ from ggspec.errors import InputError, LlamaError
 
 Log = Callable[[str], None]
 DEFAULT_FEATURE_LAYERS = 5  # the z-lab drafts of 8B-class targets read five target layers
-AUTO_DRAFT_VOCAB = 32768  # a reduced draft vocabulary for targets with more tokens than this
+AUTO_DRAFT_VOCAB = 32768  # targets with more tokens than this get a reduced draft vocabulary ...
+AUTO_VOCAB_STEP = 1024  # ... of every token the data's labels use, rounded up to a multiple of this
 
 
 @dataclass(frozen=True)
@@ -67,12 +68,15 @@ def default_layers(n_layer: int, count: int = DEFAULT_FEATURE_LAYERS) -> tuple[i
     return tuple(ids)
 
 
-def draft_vocab_size(requested: int | None, n_vocab: int) -> int:
-    """The draft vocabulary: as requested, or by default AUTO_DRAFT_VOCAB tokens for a larger target
-    vocabulary (a 262k-row head and softmax are too slow to train on a CPU) and the whole one (0) else."""
+def draft_vocab_size(requested: int | None, n_vocab: int, n_distinct: int) -> int:
+    """The draft vocabulary: as requested; by default, for a target vocabulary above AUTO_DRAFT_VOCAB
+    (a 262k-row head and softmax are too slow to train on a CPU), every distinct label token of the
+    data rounded up to AUTO_VOCAB_STEP, at most AUTO_DRAFT_VOCAB; else the whole vocabulary (0)."""
     if requested is not None:
         return requested
-    return AUTO_DRAFT_VOCAB if n_vocab > AUTO_DRAFT_VOCAB else 0
+    if n_vocab <= AUTO_DRAFT_VOCAB:
+        return 0
+    return min(AUTO_DRAFT_VOCAB, -(-max(n_distinct, 1) // AUTO_VOCAB_STEP) * AUTO_VOCAB_STEP)
 
 
 def validate(opts: DistillOptions, meta) -> tuple[int, ...]:
@@ -112,8 +116,7 @@ def distill(opts: DistillOptions, log: Log, on_group=None, on_step=None) -> Dist
 
     meta = read_meta(opts.target, "target")
     layers = validate(opts, meta)
-    opts = replace(opts, draft_vocab=draft_vocab_size(opts.draft_vocab, meta.n_vocab))
-    report = DistillReport(output=str(opts.output), layers=list(layers), draft_vocab=opts.draft_vocab)
+    report = DistillReport(output=str(opts.output), layers=list(layers), draft_vocab=opts.draft_vocab or 0)
 
     # 1. data
     t0 = time.time()
@@ -140,6 +143,8 @@ def distill(opts: DistillOptions, log: Log, on_group=None, on_step=None) -> Dist
 
     target = read_target(opts.target)
     gen_tokens = np.concatenate([np.asarray(ds.tokens[i, ds.prompt_lens[i]:ds.lengths[i]]) for i in range(ds.n_done)])
+    opts = replace(opts, draft_vocab=draft_vocab_size(opts.draft_vocab, target.n_vocab, len(np.unique(gen_tokens))))
+    report.draft_vocab = opts.draft_vocab
     if opts.draft_vocab:
         all_tokens = np.concatenate([np.asarray(ds.tokens[i, :ds.lengths[i]]) for i in range(ds.n_done)])
         vocab = dv.choose(gen_tokens, all_tokens, opts.draft_vocab, target.n_vocab)
@@ -165,14 +170,17 @@ def distill(opts: DistillOptions, log: Log, on_group=None, on_step=None) -> Dist
 
     opts.output.parent.mkdir(parents=True, exist_ok=True)
     name = f"ggspec distill of {opts.target.name} (seed {opts.train.seed})"
-    export.write_draft(opts.output, draft, vocab if opts.draft_vocab else None, target, name, opts.outtype)
+    staged = opts.output.with_name(opts.output.name + ".partial")  # becomes the output once it passes
+    export.write_draft(staged, draft, vocab if opts.draft_vocab else None, target, name, opts.outtype)
     if opts.check:
-        res = parity.check(draft, opts.output, opts.target, ds, target.mask_id, vocab.d2t, target.embed, target.head,
+        res = parity.check(draft, staged, opts.target, ds, target.mask_id, vocab.d2t, target.embed, target.head,
                            opts.outtype)
         report.parity = res.line()
         log(res.line())
         if not res.ok:
-            raise LlamaError(f"the exported draft does not match its PyTorch original in llama.cpp ({res.line()})")
+            raise LlamaError(f"the exported draft does not match its PyTorch original in llama.cpp ({res.line()}); "
+                             f"kept as {staged} for inspection")
+    staged.replace(opts.output)
     report.stages["export"] = StageReport(time.time() - t0, _rss_mb())
     Path(str(opts.output) + ".json").write_text(json.dumps(asdict(report), indent=2, default=str) + "\n")
     return report

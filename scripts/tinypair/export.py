@@ -8,6 +8,7 @@ import gguf
 import numpy as np
 from gguf import GGUFValueType
 
+from ggspec.distill.export import block_tensors as _block_tensors
 from tinypair.model import DFlashDraft, Target
 from tinypair.tokenizer import Vocab
 
@@ -46,23 +47,6 @@ def _attention_keys(w, arch: str, n_ctx: int, n_embd: int, n_layer: int, n_ff: i
     _u32(w, f"{arch}.attention.value_length", head_dim)
     _f32(w, f"{arch}.attention.layer_norm_rms_epsilon", eps)
     _f32(w, f"{arch}.rope.freq_base", rope_base)  # dflash defaults to 10000 otherwise
-
-
-def _block_tensors(prefix: str, blk) -> list[tuple[str, object]]:
-    a = blk.attn
-    return [
-        (prefix + "attn_norm.weight", blk.attn_norm.weight),
-        (prefix + "attn_q.weight", a.q.weight),
-        (prefix + "attn_k.weight", a.k.weight),
-        (prefix + "attn_v.weight", a.v.weight),
-        (prefix + "attn_output.weight", a.o.weight),
-        (prefix + "attn_q_norm.weight", a.q_norm.weight),
-        (prefix + "attn_k_norm.weight", a.k_norm.weight),
-        (prefix + "ffn_norm.weight", blk.ffn_norm.weight),
-        (prefix + "ffn_gate.weight", blk.ffn.gate.weight),
-        (prefix + "ffn_up.weight", blk.ffn.up.weight),
-        (prefix + "ffn_down.weight", blk.ffn.down.weight),
-    ]
 
 
 def _write(w: gguf.GGUFWriter, tensors: list[tuple[str, object]]) -> None:
