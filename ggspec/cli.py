@@ -718,10 +718,6 @@ def distill(
     no_check: Annotated[bool, typer.Option("--no-check", help="Skip the llama.cpp parity check.")] = False,
 ) -> None:
     """Train a DFlash draft for a GGUF target from the target's own greedy outputs and layer inputs."""
-    from ggspec.distill.capture import CapturePlan
-    from ggspec.distill.export import OUTTYPES
-    from ggspec.distill.pipeline import DistillOptions
-
     if (model is None) == (pair is None):
         fail("give the target as -m FILE or --pair NAME")
     if output is None:
@@ -730,6 +726,11 @@ def distill(
         import torch  # noqa: F401
     except ImportError:
         fail("ggspec distill trains with PyTorch: pip install 'ggspec[train]'")
+    from ggspec.distill.capture import CapturePlan
+    from ggspec.distill.export import OUTTYPES
+    from ggspec.distill.pipeline import DistillOptions
+    from ggspec.distill.train import TrainPlan
+
     if outtype not in OUTTYPES:
         fail(f"--outtype {outtype}: expected one of {', '.join(OUTTYPES)}")
     for flag, value, low in (("--sequences", sequences, 1), ("--prompt-len", prompt_len, 8), ("--gen-len", gen_len, 2),
@@ -749,8 +750,6 @@ def distill(
         fail(f"-m {target}: no such file")
     plan = CapturePlan(n_seq=sequences, prompt_len=prompt_len, gen_len=gen_len, parallel=min(parallel, sequences),
                        threads=threads, seed=seed)
-    from ggspec.distill.train import TrainPlan
-
     options = DistillOptions(target=target, output=output, work=work or Path(str(output) + ".work"), capture=plan,
                              train=TrainPlan(steps=steps, minutes=minutes, seed=seed, threads=threads, batch=batch,
                                              anchors=anchors, lr=lr),

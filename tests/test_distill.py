@@ -222,3 +222,15 @@ def test_distill_on_gemma_3_270m(real_target, tmp_path):
     for i, r in enumerate(runs):
         if r.divergence:
             print(f"prompt {i}: {r.divergence.describe()}")
+
+
+def test_without_pytorch_says_how_to_get_it(tiny_coder_pair, tmp_path):
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['torch'] = None; "  # an import of torch now fails as if it were absent
+            f"sys.argv = ['ggspec', 'distill', '-m', {str(tiny_coder_pair.target)!r}, '-o', {str(tmp_path / 'd.gguf')!r}]; "
+            "from ggspec.cli import main; main()")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "pip install 'ggspec[train]'" in proc.stderr

@@ -15,6 +15,7 @@ A sequence that reaches an end-of-generation token stops there (its length is ke
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import time
@@ -48,8 +49,6 @@ def target_id(path: Path) -> dict:
     st = Path(path).stat()
     with open(path, "rb") as f:
         head = f.read(1 << 16)
-    import hashlib
-
     return {"name": Path(path).name, "size": st.st_size, "head_sha256": hashlib.sha256(head).hexdigest()}
 
 
