@@ -740,6 +740,8 @@ def distill(
             fail(f"{flag} must be at least {low}")
     if parallel > 256:
         fail("-np must be at most 256")
+    if not 0 <= seed < 2**32:
+        fail(f"-s {seed}: the seed must be in 0..{2**32 - 1}")
     if not minutes >= 0 or minutes == float("inf"):
         fail("--minutes must be a finite number >= 0")
     if not 0 < lr < 1:

@@ -38,6 +38,7 @@ FLAGS = {
     "temp": "--temp", "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p", "seed": "--seed",
     # ggspec distill
     "layers": "--layers", "draft_vocab": "--draft-vocab", "block": "--block", "gen_len": "--gen-len",
+    "prompt_len": "--prompt-len",
     "draft_layers": "--draft-layers", "data": "--data", "work": "--work", "resume": "--resume",
 }
 

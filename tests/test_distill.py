@@ -181,6 +181,9 @@ def test_refuses_what_cannot_work(tiny_coder_pair, tmp_path):
     assert "--block" in _refused("-m", t, "-o", o, "--block", "1")
     assert "-o" in _refused("-m", t)
     assert "--outtype" in _refused("-m", t, "-o", o, "--outtype", "q4")
+    assert "-s" in _refused("-m", t, "-o", o, "--seed", "-5")
+    assert "context" in _refused("-m", t, "-o", o, "--prompt-len", "100000")
+    assert "work folder" in _refused("-m", t, "-o", o, "--work", "/etc/passwd")
 
 
 # --- the real pretrained target ----------------------------------------------------------------------

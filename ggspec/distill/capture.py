@@ -65,7 +65,7 @@ class Dataset:
     n_done: int
 
     @classmethod
-    def open(cls, work: Path, mode: str = "r") -> "Dataset":
+    def open(cls, work: Path, mode: str = "r") -> Dataset:
         meta = json.loads((work / DATA_FILE).read_text())
         n, L, width = meta["n_seq"], meta["seq_len"], meta["width"]
         return cls(
@@ -100,7 +100,10 @@ def bytes_needed(plan: CapturePlan, n_layers: int, n_embd: int) -> int:
 
 
 def check_disk(work: Path, need: int) -> None:
-    work.mkdir(parents=True, exist_ok=True)
+    try:
+        work.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"cannot use {work} as the work folder ({exc.strerror or exc})", field="work") from None
     free = shutil.disk_usage(work).free
     if free < need * 1.05:
         raise InputError(f"not enough disk space in {work}: the features need {need / 1e9:.2f} GB, "

@@ -81,16 +81,15 @@ def read_jsonl(path: Path) -> list[Text]:
         try:
             obj = json.loads(line)
         except (json.JSONDecodeError, RecursionError):
-            raise InputError(f"--data {path}:{n}: not JSON", field="data") from None
+            raise InputError(f"--data {path}:{n}: not JSON") from None
         text = obj.get("text", obj.get("prompt")) if isinstance(obj, dict) else None
         if not isinstance(text, str) or not text:
-            raise InputError(f"--data {path}:{n}: expected an object with a non-empty string \"text\" or \"prompt\"",
-                             field="data")
+            raise InputError(f"--data {path}:{n}: expected an object with a non-empty string \"text\" or \"prompt\"")
         check_text(text, f"--data {path}:{n}")
         kind = obj.get("category", "user")
         texts.append(Text(text, kind if isinstance(kind, str) and kind else "user", f"{path.name}:{n}"))
     if not texts:
-        raise InputError(f"--data {path}: no texts in the file", field="data")
+        raise InputError(f"--data {path}: no texts in the file")
     return texts
 
 

@@ -24,8 +24,8 @@ class DistillOptions:
     target: Path
     output: Path
     work: Path
-    capture: CapturePlan = CapturePlan()
-    train: TrainPlan = TrainPlan()
+    capture: CapturePlan = field(default_factory=CapturePlan)
+    train: TrainPlan = field(default_factory=TrainPlan)
     data: Path | None = None  # JSONL prompts; None: the built-in corpus
     resume: bool = False
     layers: tuple[int, ...] = ()  # target layer-input ids; () = spread like the z-lab drafts
@@ -60,7 +60,7 @@ def default_layers(n_layer: int, count: int = DEFAULT_FEATURE_LAYERS) -> tuple[i
     if count == 1:
         return (n_layer // 2 + 1,)
     start, end = 1, n_layer - 3
-    ids = sorted({int(round(start + i * (end - start) / (count - 1))) + 1 for i in range(count)})
+    ids = sorted({round(start + i * (end - start) / (count - 1)) + 1 for i in range(count)})
     if len(ids) < min(count, n_layer - 1):
         pool = list(range(1, n_layer))
         ids = sorted({pool[round(i * (len(pool) - 1) / max(1, min(count, len(pool)) - 1))]
@@ -100,6 +100,10 @@ def validate(opts: DistillOptions, meta) -> tuple[int, ...]:
         raise InputError("the draft vocabulary must be >= 0 (0: the target's whole vocabulary)", field="draft_vocab")
     if not 2 <= opts.block <= 64:
         raise InputError(f"block size {opts.block} is out of range (2..64)", field="block")
+    n_ctx = meta.arch_key("context_length")
+    if isinstance(n_ctx, int) and n_ctx > 0 and opts.capture.seq_len > n_ctx:
+        raise InputError(f"prompts of {opts.capture.prompt_len} + continuations of {opts.capture.gen_len} tokens "
+                         f"exceed the target's context of {n_ctx}", field="prompt_len")
     if opts.capture.gen_len < opts.block:
         raise InputError(f"continuations of {opts.capture.gen_len} tokens hold no block of {opts.block}", field="gen_len")
     if opts.draft_layers < 1:

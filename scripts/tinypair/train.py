@@ -10,16 +10,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ggspec.distill.train import cosine_lr
 from tinypair.model import DFlashDraft, DraftConfig, Target, TargetConfig
 
 Log = Callable[[str], None]
-
-
-def cosine_lr(step: int, total: int, peak: float, warmup: int) -> float:
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    progress = (step - warmup) / max(1, total - warmup)
-    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 def random_windows(stream: np.ndarray, n: int, length: int, gen: torch.Generator) -> torch.Tensor:
