@@ -156,8 +156,6 @@ def run(
 ) -> None:
     """Generate from a prompt (or a file of prompts, -np at a time), speculatively or plain greedy with --no-spec."""
     from ggspec.files import check_text, read_text
-    from ggspec.runtime import ContextParams
-    from ggspec.speculative.planes import PlaneOptions
 
     if n_predict < 1:
         fail("-n must be at least 1")
@@ -179,17 +177,32 @@ def run(
     target, draft, rec = shared.resolve_models(plain=no_spec)
     if draft is None and shared.needs_draft and not no_spec:  # a target-only pair (its draft is not made yet)
         err.print(f"[yellow]note:[/] pair '{pair}' has no draft model yet: plain greedy decoding", soft_wrap=True)
-    cfg = shared.pair_config(
-        target, draft, plain=no_spec, n_gpu_layers_draft=n_gpu_layers_draft,
+    cfg = _pair_config(shared, target, draft, rec, plain=no_spec, n_gpu_layers_draft=n_gpu_layers_draft, n_max=n_max,
+                       parallel=parallel if parallel is not None else opts.DEFAULTS["parallel"], n_ctx=n_ctx,
+                       n_batch=n_batch, n_ubatch=n_ubatch, type_k=type_k, type_v=type_v, flash_attn=flash_attn,
+                       inject=inject, rs_planes=rs_planes, rs_lead=rs_lead)
+    _run(cfg, prompts, n_predict, ignore_eos, prompt_file)
+
+
+def _pair_config(shared: opts.Shared, target: Path, draft: Path | None, rec: dict, *, plain: bool,
+                 n_gpu_layers_draft: int | None, n_max: int | None, parallel: int, n_ctx: int | None, n_batch: int,
+                 n_ubatch: int, type_k: str | None, type_v: str | None, flash_attn: str, inject: str | None,
+                 rs_planes: str | None, rs_lead: str | None):
+    """`run` and `serve`: the PairConfig of their flags, a flag winning over the pair's recommendation."""
+    from ggspec.runtime import ContextParams
+    from ggspec.speculative.planes import PlaneOptions
+
+    return shared.pair_config(
+        target, draft, plain=plain, n_gpu_layers_draft=n_gpu_layers_draft,
         n_max=opts.pick(n_max, rec, "n_max"),  # None: the default, fitted to the draft without a warning
-        parallel=parallel if parallel is not None else opts.DEFAULTS["parallel"],
+        parallel=parallel,
         ctx=ContextParams(n_ctx=opts.pick(n_ctx, rec, "ctx", opts.DEFAULTS["ctx"]), n_batch=n_batch,
-                          n_ubatch=n_ubatch, n_threads=threads, type_k=opts.pick(type_k, rec, "ctk", opts.DEFAULTS["ctk"]),
+                          n_ubatch=n_ubatch, n_threads=shared.threads,
+                          type_k=opts.pick(type_k, rec, "ctk", opts.DEFAULTS["ctk"]),
                           type_v=opts.pick(type_v, rec, "ctv", opts.DEFAULTS["ctv"]), flash_attn=flash_attn),
         planes=PlaneOptions.parse(opts.pick(rs_planes, rec, "planes"), opts.pick(rs_lead, rec, "lead")),
         inject=inject if inject is not None else opts.DEFAULTS["inject"],
     )
-    _run(cfg, prompts, n_predict, ignore_eos, prompt_file)
 
 
 def _run(cfg, prompts: list[str], n_predict: int, ignore_eos: bool, prompt_file: Path | None = None) -> None:
@@ -310,6 +323,117 @@ def _stats_line(s, sp) -> str:
     return line
 
 
+def _check_bind(host: str, port: int, flag: str, ipv4_note: str, in_use: str) -> str:
+    """The IPv4 address of `host` once a socket could bind it with `port` (closed again), so a
+    listener that cannot start fails in one line before it loads or starts anything."""
+    import socket
+
+    try:
+        address = socket.gethostbyname(host)
+    except (OSError, UnicodeError):
+        fail(f"{flag} {host}: not an IPv4 address or a name of this machine ({ipv4_note})")
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the listeners do
+            probe.bind((address, port))
+    except OSError as exc:
+        why = {98: f"the port is in use ({in_use})", 99: "not an address of this machine",
+               13: "permission denied (ports below 1024 need privileges)"}.get(exc.errno, exc.strerror or str(exc))
+        fail(f"cannot listen on {host}:{port}: {why}")
+    return address
+
+
+# --- serve ------------------------------------------------------------------------------------------
+
+
+@app.command()
+def serve(
+    model: opts.Model = None,
+    draft: opts.Draft = None,
+    pair: opts.Pair = None,
+    models_dir: opts.ModelsDir = None,
+    dflash: opts.DFlash = None,
+    spec_type: opts.SpecType = None,
+    no_spec: Annotated[bool, typer.Option("--no-spec", help="Plain decoding, no draft (the A/B baseline).")] = False,
+    host: Annotated[str, typer.Option("--host", help="Address to listen on (loopback by default; anything else "
+                                                     "is reachable from other machines).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="Port to listen on.")] = 8080,
+    alias: Annotated[Optional[str], typer.Option(
+        "-a", "--alias", help="The model's name in the API \\[default: the pair's name or the target's file name].")] = None,
+    max_queue: Annotated[int, typer.Option(
+        "--max-queue", help="Requests that may wait for a slot; past this the server answers 503.")] = 64,
+    chat_template: Annotated[Optional[str], typer.Option(
+        "--chat-template", help="One of llama.cpp's built-in chat templates (chatml, gemma, llama3, ...) instead of "
+                                "the model's.")] = None,
+    chat_template_file: Annotated[Optional[Path], typer.Option(
+        "--chat-template-file", help="A Jinja chat template file instead of the model's.")] = None,
+    drain_timeout: Annotated[float, typer.Option(
+        "--drain-timeout", help="On SIGINT/SIGTERM, seconds the requests in progress may take to finish.")] = 30.0,
+    temp: Annotated[float, typer.Option("--temp", help="Temperature of requests that give none (0: greedy).")] = 0.8,
+    top_k: opts.TopK = opts.TOP_K,
+    top_p: opts.TopP = opts.TOP_P,
+    min_p: opts.MinP = opts.MIN_P,
+    n_max: opts.N_MAX.one = None,
+    p_min: opts.PMin = opts.P_MIN,
+    ngram_size_n: opts.NgramSizeN = opts.NGRAM_SIZE_N,
+    ngram_size_m: opts.NgramSizeM = opts.NGRAM_SIZE_M,
+    parallel: Annotated[int, typer.Option(
+        "-np", "--parallel", help="Slots: requests decoded together (continuous batching); -c is split among them.")] = 4,
+    n_ctx: opts.N_CTX.one = None,
+    n_batch: Annotated[int, typer.Option("-b", "--batch-size", help="Logical batch size.")] = 512,
+    n_ubatch: Annotated[int, typer.Option("-ub", "--ubatch-size", help="Physical batch size.")] = 512,
+    type_k: opts.TYPE_K.one = None,
+    type_v: opts.TYPE_V.one = None,
+    flash_attn: Annotated[str, typer.Option("-fa", "--flash-attn", help="Flash attention: on, off or auto.")] = "auto",
+    threads: opts.Threads = opts.THREADS,
+    n_gpu_layers: opts.GpuLayers = None,
+    n_gpu_layers_draft: Annotated[Optional[int], typer.Option(
+        "-ngld", "--n-gpu-layers-draft", help="Draft layers to offload \\[default: as -ngl].")] = None,
+    rpc: opts.Rpc = None,
+    split_mode: opts.SplitMode = None,
+    tensor_split: opts.TensorSplit = None,
+    mirror_output: opts.MirrorOutput = False,
+    rpc_timeout: opts.RpcTimeout = opts.RPC_TIMEOUT,
+    inject: opts.INJECT.one = None,
+    rs_planes: opts.PLANES.one = None,
+    rs_lead: opts.LEAD.one = None,
+) -> None:
+    """An OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, /v1/models, /health,
+    /metrics) decoding every request speculatively, -np of them batched in each step."""
+    if not 0 < port < 65536:
+        fail(f"--port {port}: expected a port number (1..65535)")
+    if max_queue < 0:
+        fail(f"--max-queue {max_queue}: expected 0 or more")
+    if drain_timeout < 0:
+        fail(f"--drain-timeout {drain_timeout}: expected 0 or more seconds")
+    try:
+        import uvicorn  # noqa: F401
+        import starlette  # noqa: F401
+    except ImportError:
+        fail("`ggspec serve` needs the server extra: pip install 'ggspec[serve]'")
+    address = _check_bind(host, port, "--host", "the server listens on IPv4", "another server?")
+    if not address.startswith("127."):
+        err.print(f"[bold yellow]warning:[/] listening on {host}:{port}, beyond this machine: the server has no "
+                  "authentication; anyone who can reach the port can use it.", soft_wrap=True)
+    sampling = opts.SamplerSettings(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p)
+    shared = opts.Shared(model=model, draft=draft, pair=pair, models_dir=models_dir, dflash=dflash, spec_type=spec_type,
+                         p_min=p_min, ngram_size_n=ngram_size_n, ngram_size_m=ngram_size_m, threads=threads,
+                         n_gpu_layers=n_gpu_layers, rpc=rpc, split_mode=split_mode, tensor_split=tensor_split,
+                         mirror_output=mirror_output, rpc_timeout=rpc_timeout, sampling=sampling)
+    target, draft, rec = shared.resolve_models(plain=no_spec)
+    if draft is None and shared.needs_draft and not no_spec:
+        err.print(f"[yellow]note:[/] pair '{pair}' has no draft model yet: plain decoding", soft_wrap=True)
+    cfg = _pair_config(shared, target, draft, rec, plain=no_spec, n_gpu_layers_draft=n_gpu_layers_draft, n_max=n_max,
+                       parallel=parallel, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, type_k=type_k,
+                       type_v=type_v, flash_attn=flash_attn, inject=inject, rs_planes=rs_planes, rs_lead=rs_lead)
+    from ggspec.server.run import ServeOptions, serve as run_server
+
+    options = ServeOptions(host=address, port=port, model_id=alias or pair or target.stem, max_queue=max_queue,
+                           chat_template=chat_template, chat_template_file=chat_template_file,
+                           drain_timeout=drain_timeout, plain=no_spec)
+    run_server(cfg, options, log=lambda line: err.print(line, soft_wrap=True, highlight=False))
+
+
 # --- rpc-server -------------------------------------------------------------------------------------
 
 @app.command("rpc-server")
@@ -322,7 +446,6 @@ def rpc_server(
     """Start a llama.cpp RPC worker (ggml-rpc-server of this build) for --rpc runs."""
     import os
     import signal
-    import socket
     import subprocess
 
     from ggspec.native.bindings import library_path
@@ -336,18 +459,7 @@ def rpc_server(
         fail("ggml-rpc-server is not built: run `ggspec build`")
     # ggml-rpc-server binds IPv4 literals only, and exits 0 with a message when it cannot bind:
     # resolve the name and try the address here first, so each failure is one line and exit 1
-    try:
-        address = socket.gethostbyname(host)
-    except (OSError, UnicodeError):
-        fail(f"-H {host}: not an IPv4 address or a name of this machine (ggml-rpc-server listens on IPv4 only)")
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as ggml-rpc-server does
-            probe.bind((address, port))
-    except OSError as exc:
-        why = {98: "the port is in use (another worker?)", 99: "not an address of this machine",
-               13: "permission denied (ports below 1024 need privileges)"}.get(exc.errno, exc.strerror or str(exc))
-        fail(f"cannot listen on {host}:{port}: {why}")
+    address = _check_bind(host, port, "-H", "ggml-rpc-server listens on IPv4 only", "another worker?")
     if not address.startswith("127."):  # beyond loopback
         err.print(f"[bold yellow]warning:[/] binding {host}:{port}: llama.cpp's RPC protocol has no authentication "
                   "or encryption; anyone who can reach this port can run code on this worker's memory. "

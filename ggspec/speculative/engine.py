@@ -205,9 +205,14 @@ class Engine:
         cells, which cost 22 % of the aggregate speed at -np 4 on the tiny pair (measured)."""
         return self.target.n_ctx_seq
 
+    @property
+    def block_cells(self) -> int:
+        """Cells a sequence needs past its prompt and its budget: one verify block."""
+        return (self.n_max if self.speculative else 0) + 1
+
     def _need(self, n_prompt: int, n_predict: int) -> int:
         """Cells a sequence may occupy: its prompt, its budget and one verify block past it."""
-        return n_prompt + n_predict + (self.n_max if self.speculative else 0) + 1
+        return n_prompt + n_predict + self.block_cells
 
     def check_prompt(self, prompt: np.ndarray) -> None:
         """Reject prompts llama.cpp cannot take, before anything is decoded."""

@@ -1,0 +1,171 @@
+"""OpenAI's request bodies, validated, and the bodies and stream chunks of the answers.
+
+Requests are parsed strictly from the raw JSON (pydantic): a field of the wrong type, an unknown
+field or a value out of range is a 400 naming the field, never a 500. Parameters of OpenAI's API
+that ggspec does not implement (penalties, logprobs, logit bias, n > 1, echo, best_of) are
+accepted only at their no-op values, so a request is never silently answered as something else.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+MAX_STOPS = 4  # as OpenAI
+SEED_MAX = 0xFFFFFFFE  # llama.cpp's seeds are uint32; 0xFFFFFFFF means "random" there
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class _Sampling(_Strict):
+    """Fields both endpoints take."""
+
+    model: str | None = None
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    top_k: int | None = None  # llama.cpp's extension (<= 0: the whole vocabulary)
+    min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None  # llama.cpp's extension
+    seed: Annotated[int, Field(ge=0, le=SEED_MAX)] | None = None
+    stop: str | Annotated[list[str], Field(max_length=MAX_STOPS)] | None = None
+    n: Literal[1] = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None  # OpenAI's end-user id: accepted, unused
+    presence_penalty: Literal[0] = 0
+    frequency_penalty: Literal[0] = 0
+    logit_bias: Annotated[dict[str, float], Field(max_length=0)] | None = None
+
+    @property
+    def stops(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)] | Annotated[
+        list[str], Field(min_length=1, max_length=1)]
+    echo: Literal[False] = False
+    best_of: Literal[1] = 1
+    logprobs: Literal[0] | None = None
+    suffix: None = None
+
+
+class ContentPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[ContentPart]
+    name: str | None = None
+
+    @property
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class ChatRequest(_Sampling):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    logprobs: Literal[False] | None = None
+
+    @field_validator("max_completion_tokens")
+    @classmethod
+    def _one_limit(cls, v, info):
+        if v is not None and info.data.get("max_tokens") is not None:
+            raise ValueError("give max_tokens or max_completion_tokens, not both")
+        return v
+
+    @property
+    def limit(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+def validation_message(exc: ValidationError) -> tuple[str, str | None]:
+    """The first problem of a failed validation as (one line, the parameter's name)."""
+    errors = exc.errors(include_url=False)
+    # a union (prompt, stop) reports every branch: the one that got furthest says what is wrong
+    e = min(errors, key=lambda e: (e["type"].endswith("_type"), -len(e["loc"])))
+    loc = ".".join(str(p) for p in e["loc"] if not isinstance(p, str) or not p.startswith(("function-", "list[",
+                                                                                           "str", "int", "literal")))
+    if e["type"] == "json_invalid":
+        return f"the body is not valid JSON: {e['msg'].removeprefix('Invalid JSON: ')}", None
+    if e["type"] == "extra_forbidden":
+        return f"unknown or unsupported parameter '{loc}'", loc or None
+    if e["type"] == "missing":
+        return f"'{loc}' is required", loc or None
+    if e["type"] in ("model_type", "model_attributes_type") and not loc:
+        return "the body must be a JSON object", None
+    msg = e["msg"].removeprefix("Value error, ")
+    if e["type"] == "too_long" and loc == "prompt":
+        msg = "one prompt per request (n = 1)"
+    if e["type"] == "literal_error" and loc in {"n", "best_of", "echo", "presence_penalty", "frequency_penalty",
+                                                  "logprobs", "suffix"}:
+        msg = f"not supported by this server ({msg.lower()})"
+    return f"'{loc}': {msg}" if loc else msg, loc or None
+
+
+# --- answers ---------------------------------------------------------------------------------------
+
+
+def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def usage(n_prompt: int, stats) -> dict:
+    """OpenAI's usage plus the request's speculative figures: drafted and accepted draft tokens,
+    speculative steps and τ (tokens committed per speculative step)."""
+    return {"prompt_tokens": n_prompt, "completion_tokens": stats.n_generated,
+            "total_tokens": n_prompt + stats.n_generated, "draft_tokens": stats.drafted,
+            "accepted_tokens": stats.accepted, "spec_steps": stats.spec_steps, "tau": round(stats.tau, 4)}
+
+
+class Shape:
+    """The fixed parts of one response (id, object names, model, creation time) for one endpoint."""
+
+    def __init__(self, chat: bool, model: str) -> None:
+        self.chat, self.model = chat, model
+        self.id = new_id("chatcmpl" if chat else "cmpl")
+        self.created = int(time.time())
+
+    def _head(self, obj: str) -> dict:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    def whole(self, text: str, finish: str, use: dict) -> dict:
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                      "finish_reason": finish}
+            return {**self._head("chat.completion"), "choices": [choice], "usage": use}
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        return {**self._head("text_completion"), "choices": [choice], "usage": use}
+
+    def chunk(self, text: str | None, finish: str | None = None, *, role: bool = False) -> dict:
+        if self.chat:
+            delta = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            return {**self._head("chat.completion.chunk"), "choices": [choice]}
+        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+        return {**self._head("text_completion"), "choices": [choice]}
+
+    def usage_chunk(self, use: dict) -> dict:
+        return {**self._head("chat.completion.chunk" if self.chat else "text_completion"), "choices": [],
+                "usage": use}

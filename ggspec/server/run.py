@@ -1,0 +1,92 @@
+"""Start and stop the server: load the pair, serve with uvicorn, drain on SIGINT / SIGTERM.
+
+Everything that can fail on the user's input (models, settings, the chat template) fails before
+the port is opened. On SIGINT or SIGTERM uvicorn stops accepting connections and lets the open
+requests finish (at most `drain_timeout` seconds, then they are cancelled); the engine's thread
+stops, the contexts and models are freed, and the process exits 0. A second signal ends the drain.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ggspec.speculative.engine import Engine
+from ggspec.speculative.models import PairConfig
+
+
+@dataclass
+class ServeOptions:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    model_id: str = "ggspec"
+    max_queue: int = 64
+    chat_template: str | None = None  # a llama.cpp built-in template name
+    chat_template_file: Path | None = None
+    drain_timeout: float = 30.0
+    plain: bool = False  # no drafting (the A/B baseline)
+    log_level: str = "warning"  # uvicorn's
+
+
+class _Stop(Exception):
+    """A signal that uvicorn passed on after its graceful shutdown."""
+
+
+def build_service(engine: Engine, options: ServeOptions):
+    """The application's Service over an open engine."""
+    from ggspec.server.app import Service
+    from ggspec.server.chat import ChatTemplate
+    from ggspec.server.metrics import Metrics
+    from ggspec.server.scheduler import Scheduler
+
+    template = ChatTemplate(engine.target_model, options.chat_template, options.chat_template_file)
+    scheduler = Scheduler(engine, options.max_queue)
+    metrics = Metrics(options.model_id, lambda: scheduler.waiting, lambda: scheduler.running, engine.parallel)
+    scheduler.metrics = metrics
+    cfg = engine.cfg
+    info = {"target": str(cfg.target), "draft": None if options.plain or cfg.draft is None else str(cfg.draft),
+            "speculative": engine.speculative, "spec_type": engine.plan.spec_type, "n_max": engine.n_max,
+            "parallel": engine.parallel, "n_ctx_slot": engine.capacity, "n_vocab": engine.target_model.n_vocab,
+            "chat_template": template.source}
+    return Service(scheduler, template, options.model_id, cfg.sampling, metrics, info)
+
+
+def serve(cfg: PairConfig, options: ServeOptions, log: Callable[[str], None] = print) -> None:
+    import uvicorn
+
+    from ggspec.server.app import create_app
+
+    with Engine.open(cfg, plain=options.plain) as engine:
+        for w in engine.warnings:
+            log(f"warning: {w}")
+        service = build_service(engine, options)
+        config = uvicorn.Config(create_app(service), host=options.host, port=options.port,
+                                log_level=options.log_level, access_log=False, lifespan="on",
+                                timeout_graceful_shutdown=options.drain_timeout)
+        server = uvicorn.Server(config)
+        spec = (f"speculative ({engine.plan.spec_type}, n_max {engine.n_max})" if engine.speculative
+                else "plain decoding")
+        log(f"serving '{options.model_id}' on http://{options.host}:{options.port}/v1  ({spec}, {engine.parallel} "
+            f"slots of {engine.capacity} tokens, chat template: {service.template.source}); Ctrl-C stops")
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+        def stop(signum, _frame) -> None:
+            raise _Stop(signum)
+
+        for sig in previous:  # uvicorn raises the signal again once it has shut down
+            signal.signal(sig, stop)
+        try:
+            server.run()
+        except _Stop:
+            pass
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        m = service.metrics
+        log(f"stopped: {_total(m.requests):.0f} requests answered, {_total(m.generation_tokens):.0f} tokens generated")
+
+
+def _total(counter) -> float:
+    return sum(s.value for metric in counter.collect() for s in metric.samples if s.name.endswith("_total"))

@@ -1,0 +1,229 @@
+"""The engine on its own thread, fed by HTTP requests: continuous batching with a bounded queue.
+
+A llama.cpp context is not thread-safe, so one thread owns the Engine and makes every llama.cpp
+call (ctypes releases the GIL during them: the HTTP side keeps serving). Between two engine
+steps that thread cancels the jobs whose clients left or whose text hit a stop string, moves
+queued jobs into free slots, and after the step hands each job its new tokens. The HTTP side
+(asyncio) only submits jobs and reads their events.
+
+A job's events: `Tokens` (each step's committed tokens), then one `Done` (finish reason and the
+sequence's statistics) or one `Failed`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from ggspec.errors import GGSpecError, InputError
+from ggspec.speculative.engine import Engine
+from ggspec.speculative.sampling import SamplerSettings
+from ggspec.speculative.stats import RunStats
+
+log = logging.getLogger("ggspec.server")
+
+
+class Overloaded(GGSpecError):
+    """The queue is full (HTTP 503)."""
+
+
+class Draining(GGSpecError):
+    """The server is shutting down and takes no new requests (HTTP 503)."""
+
+
+@dataclass(frozen=True)
+class Tokens:
+    tokens: list[int]
+
+
+@dataclass(frozen=True)
+class Done:
+    reason: str  # "stop" (an end-of-generation token), "length" (budget or context), "abort"
+    stats: RunStats
+
+
+@dataclass(frozen=True)
+class Failed:
+    message: str
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    prompt: np.ndarray
+    max_tokens: int
+    sampling: SamplerSettings
+    seed: int | None = None
+
+
+class Job:
+    """One request inside the scheduler. `events` is read on the event loop it was made on."""
+
+    def __init__(self, spec: JobSpec, loop: asyncio.AbstractEventLoop) -> None:
+        self.spec = spec
+        self.events: asyncio.Queue = asyncio.Queue()
+        self._loop = loop
+        self.cancelled = False
+        self.seq = None
+        self.t_arrival = time.perf_counter()
+        self.t_last: float | None = None  # when its latest tokens arrived
+
+    def emit(self, event) -> None:
+        """Called on the engine thread; the loop may be gone when the server stops."""
+        try:
+            self._loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:
+            pass
+
+
+class Scheduler:
+    def __init__(self, engine: Engine, max_queue: int, metrics=None) -> None:
+        self.engine = engine
+        self.max_queue = max_queue
+        self.metrics = metrics
+        self._cv = threading.Condition()
+        self._queue: deque[Job] = deque()
+        self._running: dict[object, Job] = {}  # Sequence -> Job
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="ggspec-engine", daemon=True)
+
+    # --- the HTTP side ---------------------------------------------------------------------------
+
+    @property
+    def waiting(self) -> int:
+        return len(self._queue)
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    def budget(self, prompt: np.ndarray, max_tokens: int | None) -> int:
+        """Admission: the request's token budget if its prompt, budget and one verify block fit
+        a slot's cells; InputError (HTTP 400) otherwise, before anything is decoded."""
+        eng = self.engine
+        eng.check_prompt(prompt)
+        room = eng.capacity - len(prompt) - eng.block_cells
+        if max_tokens is None:
+            return room  # until an end-of-generation token or the slot is full, as llama-server
+        if max_tokens > room:
+            raise InputError(f"this request needs {len(prompt)} prompt + {max_tokens} generated + {eng.block_cells} "
+                             f"draft-block positions, but a slot holds {eng.capacity}: lower max_tokens to at most "
+                             f"{room} or shorten the prompt", field="max_tokens")
+        return max_tokens
+
+    def submit(self, spec: JobSpec) -> Job:
+        """Queue a job (call on the event loop that reads its events)."""
+        job = Job(spec, asyncio.get_running_loop())
+        with self._cv:
+            if self._stopping:
+                raise Draining("the server is shutting down")
+            if len(self._queue) + len(self._running) >= self.engine.parallel + self.max_queue:
+                raise Overloaded(f"the server is busy: all {self.engine.parallel} slots are in use and "
+                                 f"{len(self._queue)} requests are queued (the limit); retry later")
+            self._queue.append(job)
+            self._cv.notify()
+        return job
+
+    def cancel(self, job: Job) -> None:
+        """The client left (or its text hit a stop string): its slot is freed before the next step."""
+        with self._cv:
+            job.cancelled = True
+            self._cv.notify()
+
+    # --- lifetime --------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Refuse new jobs, end the ones left (their clients get `Failed`), stop the thread."""
+        with self._cv:
+            self._stopping = True
+            self._cv.notify()
+        self._thread.join(timeout)
+
+    # --- the engine thread -----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not (self._queue or self._running or self._stopping):
+                    self._cv.wait()
+                if self._stopping:
+                    break
+                cancelled = [job for job in self._running.values() if job.cancelled]
+                admitted = self._admit()
+            for job in cancelled:
+                self._end(job, "abort")
+            for job in admitted:
+                try:
+                    job.seq = self.engine.add(job.spec.prompt, job.spec.max_tokens, sampling=job.spec.sampling,
+                                              seed=job.spec.seed, tag=job)
+                except GGSpecError as exc:  # admission checked it: a bug if it happens
+                    job.emit(Failed(str(exc)))
+                    continue
+                self._running[job.seq] = job
+            if self.engine.active:
+                self._step()
+        for job in [*self._running.values(), *self._queue]:
+            job.emit(Failed("the server shut down before this request finished"))
+        self._queue.clear()
+        for job in list(self._running.values()):
+            self._end(job, None)
+
+    def _admit(self) -> list[Job]:
+        """Queued jobs for the free slots (under the lock); cancelled ones are dropped."""
+        free = self.engine.parallel - len(self._running)
+        out = []
+        while self._queue and len(out) < free:
+            job = self._queue.popleft()
+            if not job.cancelled:
+                out.append(job)
+        return out
+
+    def _step(self) -> None:
+        try:
+            results = self.engine.step()
+        except GGSpecError as exc:  # llama.cpp refused a decode: every sequence in it is lost
+            log.error("engine step failed: %s", exc)
+            for job in list(self._running.values()):
+                job.emit(Failed(f"decoding failed: {exc}"))
+                self._end(job, None)
+            return
+        now = time.perf_counter()
+        if self.metrics is not None:
+            self.metrics.engine_step(results)
+        for seq, step in results:
+            job = self._running.get(seq)
+            if job is None or not step.tokens:
+                continue
+            if self.metrics is not None:
+                if job.t_last is None:
+                    self.metrics.first_token(now - job.t_arrival)
+                else:
+                    self.metrics.tokens_after(now - job.t_last, len(step.tokens))
+            job.t_last = now
+            job.emit(Tokens(list(step.tokens)))
+        for seq in [s for s in self._running if s.done]:
+            job = self._running[seq]
+            self._end(job, self._reason(seq))
+
+    def _reason(self, seq) -> str:
+        last = seq.tokens[-1] if seq.tokens else None
+        return "stop" if last is not None and self.engine.target_model.is_eog(last) else "length"
+
+    def _end(self, job: Job, reason: str | None) -> None:
+        """Free the job's slot (a no-op for a finished sequence) and tell its client."""
+        seq = job.seq
+        self._running.pop(seq, None)
+        if seq is not None:
+            self.engine.cancel(seq)
+        if reason is not None:
+            if self.metrics is not None:
+                self.metrics.finished(reason, time.perf_counter() - job.t_arrival)
+            job.emit(Done(reason, seq.stats))
