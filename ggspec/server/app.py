@@ -94,7 +94,7 @@ class Service:
         budget = self.scheduler.budget(prompt, limit)
         sampling = self.settings(req)
         sampling.validate()
-        return self.scheduler.submit(JobSpec(prompt, budget, sampling, req.seed))
+        return self.scheduler.submit(JobSpec(prompt, budget, sampling, req.seed, req.ignore_eos))
 
 
 # --- routes ----------------------------------------------------------------------------------------

@@ -35,6 +35,7 @@ class _Sampling(_Strict):
     top_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
     top_k: int | None = None  # llama.cpp's extension (<= 0: the whole vocabulary)
     min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None  # llama.cpp's extension
+    ignore_eos: bool = False  # llama.cpp's extension: generate max_tokens whatever the tokens are
     seed: Annotated[int, Field(ge=0, le=SEED_MAX)] | None = None
     stop: str | Annotated[list[str], Field(max_length=MAX_STOPS)] | None = None
     n: Literal[1] = 1

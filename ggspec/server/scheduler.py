@@ -59,6 +59,7 @@ class JobSpec:
     max_tokens: int
     sampling: SamplerSettings
     seed: int | None = None
+    ignore_eos: bool = False
 
 
 class Job:
@@ -124,7 +125,7 @@ class Scheduler:
                 raise Draining("the server is shutting down")
             if len(self._queue) + len(self._running) >= self.engine.parallel + self.max_queue:
                 raise Overloaded(f"the server is busy: all {self.engine.parallel} slots are in use and "
-                                 f"{len(self._queue)} requests are queued (the limit); retry later")
+                                 f"{self.max_queue} requests are waiting (the queue's limit); retry later")
             self._queue.append(job)
             self._cv.notify()
         return job
@@ -163,7 +164,7 @@ class Scheduler:
             for job in admitted:
                 try:
                     job.seq = self.engine.add(job.spec.prompt, job.spec.max_tokens, sampling=job.spec.sampling,
-                                              seed=job.spec.seed, tag=job)
+                                              seed=job.spec.seed, ignore_eos=job.spec.ignore_eos, tag=job)
                 except GGSpecError as exc:  # admission checked it: a bug if it happens
                     job.emit(Failed(str(exc)))
                     continue
