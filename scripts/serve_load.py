@@ -27,8 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ggspec.bench.prompts import BUILTIN  # noqa: E402
-from ggspec.bench.serving import rss_bytes, run_load, solo  # noqa: E402
+from ggspec.bench.prompts import BUILTIN
+from ggspec.bench.serving import rss_bytes, run_load, solo
 
 
 def free_port() -> int:
@@ -63,7 +63,7 @@ class RssWatch:
             self.peak = max(self.peak, rss_bytes(self.pid))
             self._stop.wait(0.2)
 
-    def start(self) -> "RssWatch":
+    def start(self) -> RssWatch:
         self._thread.start()
         return self
 

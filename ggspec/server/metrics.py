@@ -8,8 +8,15 @@ sum of all phases' rates.
 
 from __future__ import annotations
 
-from prometheus_client import CONTENT_TYPE_LATEST  # noqa: F401  (re-exported for the app)
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,  # noqa: F401  (re-exported for the app)
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 
 from ggspec.speculative.stats import Step
 

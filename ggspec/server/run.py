@@ -69,7 +69,7 @@ def serve(cfg: PairConfig, options: ServeOptions, log: Callable[[str], None] = p
         spec = (f"speculative ({engine.plan.spec_type}, n_max {engine.n_max})" if engine.speculative
                 else "plain decoding")
         log(f"serving '{options.model_id}' on http://{options.host}:{options.port}/v1  ({spec}, {engine.parallel} "
-            f"slots of {engine.capacity} tokens, chat template: {service.template.source}); Ctrl-C stops")
+            f"slot{'s' if engine.parallel != 1 else ''} of {engine.capacity} tokens, chat template: {service.template.source}); Ctrl-C stops")
         previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
 
         def stop(signum, _frame) -> None:

@@ -1,0 +1,430 @@
+"""`ggspec serve` against a live server on loopback, driven by OpenAI's Python client (and raw
+HTTP where the client would refuse to send what is being tested)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from conftest import run_cli
+
+from ggspec.server.text import TextStream
+
+openai = pytest.importorskip("openai")
+
+ROOT = Path(__file__).resolve().parents[1]
+PAIR = "tiny-coder"
+PROMPTS = ["def fibonacci(n):", "class Stack:\n    def __init__(self):", "The quick brown fox",
+           "import os\nimport sys\n\n"]
+N = 40
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LiveServer:
+    """`ggspec serve ARGS` in a subprocess on a free loopback port, ready when /health answers."""
+
+    def __init__(self, *args: str) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "ggspec.cli", "serve", *args, "--port", str(self.port)]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        t_end = time.monotonic() + 120
+        while time.monotonic() < t_end:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"serve exited {self.proc.returncode}: {self.proc.stderr.read()}")
+            try:
+                if self.get("/health")[0] == 200:
+                    break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            raise AssertionError("serve was not ready in 120 s")
+        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+    def get(self, path: str) -> tuple[int, dict | str]:
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=30) as r:
+                body = r.read().decode()
+                return r.status, json.loads(body) if r.headers.get_content_type() == "application/json" else body
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    def post(self, path: str, body: bytes | dict) -> tuple[int, dict]:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data, {"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=120) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    def health(self) -> dict:
+        return self.get("/health")[1]
+
+    def metric(self, name: str, **labels) -> float:
+        """The value of one Prometheus sample (0 when it is not there yet)."""
+        text = self.get("/metrics")[1]
+        for line in text.splitlines():
+            if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+    def stop(self) -> tuple[int, str]:
+        """SIGTERM; the exit status and what it printed on stderr."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            _, err = self.proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            _, err = self.proc.communicate()
+        return self.proc.returncode, err
+
+
+@pytest.fixture(scope="module")
+def refs(build_info) -> dict[str, str]:
+    """`ggspec run`'s greedy continuation of each prompt (what the server must answer)."""
+    out = {}
+    for p in PROMPTS:
+        proc = run_cli("run", "--pair", PAIR, "-p", p, "-n", str(N), "--ignore-eos")
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.startswith(p) and proc.stdout.endswith("\n")
+        out[p] = proc.stdout[len(p):-1]
+    return out
+
+
+@pytest.fixture(scope="module")
+def server4(build_info):
+    s = LiveServer("--pair", PAIR, "-np", "4")
+    yield s
+    code, err = s.stop()
+    assert code == 0, err
+
+
+def _complete(s: LiveServer, prompt: str, stream: bool, **kw) -> tuple[str, str | None, dict | None]:
+    """(text, finish reason, usage) of one completion through OpenAI's client."""
+    args = dict(model=PAIR, prompt=prompt, max_tokens=N, temperature=0, extra_body={"ignore_eos": True})
+    args.update(kw)
+    if not stream:
+        r = s.client.completions.create(**args)
+        return r.choices[0].text, r.choices[0].finish_reason, r.usage.model_dump()
+    text, finish, usage = "", None, None
+    for chunk in s.client.completions.create(**args, stream=True, stream_options={"include_usage": True}):
+        if chunk.choices:
+            text += chunk.choices[0].text
+            finish = chunk.choices[0].finish_reason or finish
+        if chunk.usage is not None:
+            usage = chunk.usage.model_dump()
+    return text, finish, usage
+
+
+# --- lossless: the server's greedy text is `ggspec run`'s ------------------------------------------
+
+
+@pytest.mark.parametrize("parallel", [1, 4])
+def test_greedy_completions_equal_run_streamed_or_not_with_concurrent_clients(build_info, refs, parallel, server4):
+    """Every prompt twice (streamed and whole) from 8 concurrent clients: each text is `ggspec
+    run`'s, token for token, at -np 1 (requests queue) and -np 4 (batched in each step)."""
+    s = server4 if parallel == 4 else LiveServer("--pair", PAIR, "-np", "1")
+    try:
+        jobs = [(p, stream) for p in PROMPTS for stream in (False, True)]
+        with ThreadPoolExecutor(8) as pool:
+            results = list(pool.map(lambda j: _complete(s, *j), jobs))
+        for (p, stream), (text, finish, usage) in zip(jobs, results):
+            assert text == refs[p], (p, stream)
+            assert finish == "length" and usage["completion_tokens"] == N
+            assert usage["spec_steps"] > 0 and usage["draft_tokens"] >= usage["accepted_tokens"] > 0
+            steps = usage["spec_steps"]
+            assert usage["tau"] == pytest.approx((usage["accepted_tokens"] + steps) / steps, abs=1e-3)
+    finally:
+        if s is not server4:
+            assert s.stop()[0] == 0
+
+
+def test_chat_is_the_template_rendered_then_completed(server4, build_info):
+    """A model without a chat template gets llama.cpp's chatml (as llama-server): the chat answer
+    is `ggspec run`'s greedy continuation of that rendered text; streamed the same."""
+    rendered = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\ndef add(a, b):<|im_end|>\n<|im_start|>assistant\n"
+    proc = run_cli("run", "--pair", PAIR, "-p", rendered, "-n", "24", "--ignore-eos")
+    assert proc.returncode == 0, proc.stderr
+    want = proc.stdout[len(rendered):-1]
+    messages = [{"role": "system", "content": "Be brief."},
+                {"role": "user", "content": [{"type": "text", "text": "def add"}, {"type": "text", "text": "(a, b):"}]}]
+    args = dict(model=PAIR, messages=messages, max_tokens=24, temperature=0, extra_body={"ignore_eos": True})
+    r = server4.client.chat.completions.create(**args)
+    assert r.choices[0].message.content == want and r.choices[0].message.role == "assistant"
+    assert r.object == "chat.completion" and r.usage.completion_tokens == 24
+    chunks = list(server4.client.chat.completions.create(**args, stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == want
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_stop_strings_cut_the_text_streamed_or_not(server4, refs):
+    p = PROMPTS[0]
+    full = refs[p]
+    stop = full[len(full) // 2:len(full) // 2 + 3]  # a few characters from the middle
+    cut = full[:full.find(stop)]
+    for stream in (False, True):
+        text, finish, usage = _complete(server4, p, stream, stop=[stop, "never-there"])
+        assert (text, finish) == (cut, "stop")
+        assert usage["completion_tokens"] <= N
+
+
+def test_models_health_and_metrics(server4):
+    status, models = server4.get("/v1/models")
+    assert status == 200 and [m["id"] for m in models["data"]] == [PAIR]
+    meta = models["data"][0]["meta"]
+    assert meta["speculative"] and meta["n_max"] == 7 and meta["parallel"] == 4 and meta["n_ctx_slot"] == 1024
+    assert server4.client.models.list().data[0].id == PAIR
+    h = server4.health()
+    assert h["status"] == "ok" and h["slots_idle"] + h["slots_processing"] == 4
+    before = {k: server4.metric(f"ggspec:{k}_total", model_name=PAIR) for k in
+              ("spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens", "generation_tokens")}
+    pos0 = server4.metric("ggspec:spec_decode_num_accepted_tokens_per_pos_total", position="0")
+    _, _, usage = _complete(server4, PROMPTS[2], stream=False)
+    after = {k: server4.metric(f"ggspec:{k}_total", model_name=PAIR) for k in before}
+    assert after["spec_decode_num_draft_tokens"] - before["spec_decode_num_draft_tokens"] == usage["draft_tokens"]
+    assert after["spec_decode_num_accepted_tokens"] - before["spec_decode_num_accepted_tokens"] == usage["accepted_tokens"]
+    assert after["generation_tokens"] - before["generation_tokens"] == N
+    assert server4.metric("ggspec:spec_decode_num_accepted_tokens_per_pos_total", position="0") > pos0
+    text = server4.get("/metrics")[1]
+    for name in ("ggspec:request_success_total", "ggspec:prompt_tokens_total", "ggspec:engine_steps_total",
+                 "ggspec:spec_decode_num_drafts_total", "ggspec:spec_decode_num_replays_total",
+                 "ggspec:num_requests_running", "ggspec:num_requests_waiting", "ggspec:time_to_first_token_seconds",
+                 'ggspec:step_seconds_total{model_name="tiny-coder",phase="verify"}'):
+        assert name in text, name
+
+
+# --- sampling --------------------------------------------------------------------------------------
+
+
+def test_a_seed_reproduces_a_sampled_answer_alone_or_batched(server4):
+    """Sampling over the whole distribution (top-k, top-p, min-p off): the same seed gives the
+    same text alone and beside other requests; other seeds give other text."""
+    def sampled(seed: int, stream: bool = True) -> str:
+        return _complete(server4, PROMPTS[1], stream, seed=seed, temperature=0.9, top_p=1.0,
+                         extra_body={"ignore_eos": True, "top_k": 0, "min_p": 0.0})[0]
+
+    alone = sampled(7, stream=False)
+    with ThreadPoolExecutor(4) as pool:
+        texts = list(pool.map(sampled, [7, 8, 7, 9]))
+    assert texts[0] == texts[2] == alone
+    assert texts[1] != alone or texts[3] != alone
+
+
+# --- bad requests: 4xx with OpenAI's error body, and the server goes on ------------------------------
+
+
+@pytest.mark.parametrize("path, body, status, param, needle", [
+    ("/v1/completions", b"{not json", 400, None, "not valid JSON"),
+    ("/v1/completions", b"[1, 2]", 400, None, "must be a JSON object"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": "5"}, 400, "max_tokens", "valid integer"),
+    ("/v1/completions", {"prompt": "x", "temperature": True}, 400, "temperature", "valid number"),
+    ("/v1/completions", {"prompt": "x", "best_of_n": 3}, 400, "best_of_n", "unknown or unsupported parameter"),
+    ("/v1/completions", {"prompt": "x", "n": 2}, 400, "n", "not supported"),
+    ("/v1/completions", {"prompt": "x", "frequency_penalty": 0.5}, 400, "frequency_penalty", "not supported"),
+    ("/v1/completions", {"prompt": ["a", "b"]}, 400, "prompt", "one prompt per request"),
+    ("/v1/completions", {"prompt": [5, 999999]}, 400, "prompt", "outside the vocabulary"),
+    ("/v1/completions", {}, 400, "prompt", "'prompt' is required"),
+    ("/v1/completions", {"prompt": "x", "seed": -1}, 400, "seed", "greater than or equal to 0"),
+    ("/v1/completions", {"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop", "at most 4"),
+    ("/v1/completions", {"prompt": "x", "model": "gpt-4"}, 404, "model", "does not exist here"),
+    ("/v1/chat/completions", {"messages": []}, 400, "messages", "at least 1"),
+    ("/v1/chat/completions", {"messages": [{"role": "tool", "content": "x"}]}, 400, "messages.0.role", "'user'"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
+     "messages.0.content.0.type", "'text'"),
+    ("/v1/nope", {}, 404, None, "no route POST /v1/nope"),
+])
+def test_bad_requests_get_4xx_with_an_error_body(server4, path, body, status, param, needle):
+    code, reply = server4.post(path, body)
+    assert code == status, reply
+    err = reply["error"]
+    assert needle in err["message"] and err["param"] == param and err["type"] == "invalid_request_error"
+    assert server4.health()["status"] == "ok"
+
+
+def test_context_overflow_is_a_400_before_any_decode(server4):
+    steps = server4.metric("ggspec:engine_steps_total", model_name=PAIR)
+    code, reply = server4.post("/v1/completions", {"prompt": "def f(x):", "max_tokens": 1020})
+    assert code == 400 and reply["error"]["code"] == "context_length_exceeded"
+    assert re.search(r"needs \d+ prompt \+ 1020 generated \+ 8 draft-block positions, but a slot holds 1024: lower "
+                     r"max_tokens to at most \d+", reply["error"]["message"]), reply
+    long = "x = 1\n" * 600  # over the 1024-token slot by itself
+    code, reply = server4.post("/v1/chat/completions", {"messages": [{"role": "user", "content": long}]})
+    assert code == 400 and reply["error"]["param"] == "prompt" and "the context holds 1024" in reply["error"]["message"]
+    with pytest.raises(openai.BadRequestError):
+        server4.client.completions.create(model=PAIR, prompt="x", max_tokens=5000)
+    assert server4.metric("ggspec:engine_steps_total", model_name=PAIR) == steps  # nothing was decoded
+    code, _ = server4.post("/v1/completions", {"prompt": "def f(x):", "max_tokens": 8})
+    assert code == 200
+
+
+def test_a_get_on_a_post_route_is_405(server4):
+    code, reply = server4.get("/v1/completions")
+    assert code == 405 and "GET is not allowed" in reply["error"]["message"]
+
+
+# --- slots: overload, disconnects, drain -----------------------------------------------------------
+
+
+def _open_stream(s: LiveServer, max_tokens: int) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+    """A streaming completion whose first chunk has arrived (the connection stays open)."""
+    conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=60)
+    conn.request("POST", "/v1/completions", json.dumps({"prompt": "def f(x):", "max_tokens": max_tokens,
+                                                         "temperature": 0, "stream": True, "ignore_eos": True}),
+                 {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200
+    return conn, resp
+
+
+def _wait_for(predicate, what: str, timeout: float = 20.0) -> None:
+    t_end = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < t_end, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def test_overload_is_a_503_and_a_disconnect_frees_the_slot(build_info):
+    """One slot, a queue of one: the third concurrent request is refused (503, before any
+    decode); a client that hangs up mid-stream frees its slot at the next step (the queued
+    request starts), and one that hangs up while queued never starts."""
+    s = LiveServer("--pair", PAIR, "-np", "1", "-c", "16384", "--max-queue", "1", "--no-spec")
+    try:
+        a, ra = _open_stream(s, 16000)
+        assert ra.readline().startswith(b"data: ")
+        _wait_for(lambda: s.health()["slots_processing"] == 1, "the first request to run")
+        b = http.client.HTTPConnection("127.0.0.1", s.port, timeout=60)
+        b.request("POST", "/v1/completions", json.dumps({"prompt": "x", "max_tokens": 16000, "stream": True,
+                                                          "ignore_eos": True}), {"Content-Type": "application/json"})
+        _wait_for(lambda: s.health()["requests_waiting"] == 1, "the second request to queue")
+        code, reply = s.post("/v1/completions", {"prompt": "x", "max_tokens": 4})
+        assert code == 503 and reply["error"]["code"] == "overloaded" and "retry later" in reply["error"]["message"]
+        with pytest.raises(openai.InternalServerError):  # the client's class for a 503
+            s.client.completions.create(model=PAIR, prompt="x", max_tokens=4)
+        assert s.metric("ggspec:request_rejected_total", reason="overloaded") == 2
+        a.close()  # hang up mid-stream: the queued request gets the slot
+        _wait_for(lambda: s.health()["requests_waiting"] == 0 and s.health()["slots_processing"] == 1,
+                  "the queued request to start")
+        assert s.metric("ggspec:request_success_total", finished_reason="abort") == 1
+        b.close()
+        _wait_for(lambda: s.health()["slots_processing"] == 0, "the slot to be freed")
+        assert s.metric("ggspec:request_success_total", finished_reason="abort") == 2
+        code, reply = s.post("/v1/completions", {"prompt": "def f(x):", "max_tokens": 8, "temperature": 0})
+        assert code == 200 and reply["usage"]["completion_tokens"] <= 8
+    finally:
+        code, err = s.stop()
+    assert code == 0, err
+
+
+def test_sigterm_drains_the_requests_in_progress_then_exits_0(build_info):
+    s = LiveServer("--pair", PAIR, "-np", "2")
+    conn, resp = _open_stream(s, 600)
+    first = resp.readline()
+    assert first.startswith(b"data: ")
+    s.proc.send_signal(signal.SIGTERM)
+    body = first + resp.read()  # the stream goes on to its end
+    events = [json.loads(line[6:]) for line in body.split(b"\n") if line.startswith(b"data: {")]
+    assert body.rstrip().endswith(b"data: [DONE]") and events[-1]["choices"][0]["finish_reason"] == "length"
+    conn.close()
+    code, err = s.stop()
+    assert code == 0, err
+    assert "stopped: 1 requests answered, 600 tokens generated" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--port", "0"], "--port 0: expected a port number"),
+    (["--max-queue", "-1"], "--max-queue -1: expected 0 or more"),
+    (["--host", "no-such-host.invalid"], "--host no-such-host.invalid: not an IPv4 address"),
+    (["--chat-template", "nonesuch"], "unknown built-in chat template 'nonesuch' (llama.cpp has: "),
+    (["--chat-template-file", "/nonexistent.jinja"], "cannot read the chat template file /nonexistent.jinja"),
+    (["-np", "0"], "-np"),
+])
+def test_serve_refuses_bad_options_in_one_line(build_info, args, needle):
+    proc = run_cli("serve", "--pair", PAIR, *args, timeout=60)
+    assert proc.returncode == 1 and needle in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_a_port_in_use_is_one_line(build_info):
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        proc = run_cli("serve", "--pair", PAIR, "--port", str(port), timeout=60)
+    assert proc.returncode == 1 and f"cannot listen on 127.0.0.1:{port}: the port is in use" in proc.stderr
+
+
+def test_a_jinja_template_file_renders_the_chat(build_info, tmp_path):
+    """--chat-template-file: rendered with jinja2 (bos_token, add_generation_prompt,
+    raise_exception); a template that raises is the request's 400, not a 500."""
+    tmpl = tmp_path / "t.jinja"
+    tmpl.write_text("{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('no system role') }}"
+                    "{% endif %}[{{ m.role }}] {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}[bot]"
+                    "{% endif %}")
+    s = LiveServer("--pair", PAIR, "-np", "1", "--chat-template-file", str(tmpl))
+    try:
+        rendered = "[user] def add(a, b):\n[bot]"
+        proc = run_cli("run", "--pair", PAIR, "-p", rendered, "-n", "16", "--ignore-eos")
+        r = s.client.chat.completions.create(model=PAIR, messages=[{"role": "user", "content": "def add(a, b):"}],
+                                             max_tokens=16, temperature=0, extra_body={"ignore_eos": True})
+        assert r.choices[0].message.content == proc.stdout[len(rendered):-1]
+        code, reply = s.post("/v1/chat/completions", {"messages": [{"role": "system", "content": "x"}]})
+        assert code == 400 and "the chat template refused these messages: no system role" in reply["error"]["message"]
+    finally:
+        assert s.stop()[0] == 0
+
+
+def test_load_script_passes_its_checks(build_info):
+    """scripts/serve_load.py, small: 8 clients, 48 requests, every greedy output equal to its solo
+    run, no errors, memory flat after the warm-up, a clean exit on SIGTERM."""
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "serve_load.py"), "--serve", f"--pair {PAIR} -np 4",
+                           "--clients", "8", "--requests", "48", "--max-tokens", "24", "--json"],
+                          check=False, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["errors"] == 0 and summary["outputs_differing_from_solo"] == 0 and summary["server_exit"] == 0
+    assert summary["tokens"] == 48 * 24 and summary["throughput_tps"] > 0
+
+
+# --- text: UTF-8 and stop strings (no model needed) --------------------------------------------------
+
+
+def _pieces(*parts: bytes):
+    table = dict(enumerate(parts))
+    return TextStream(table.__getitem__), list(table)
+
+
+def test_text_stream_waits_for_a_split_character():
+    stream, ids = _pieces("é".encode()[:1], "é".encode()[1:] + b"x")
+    assert stream.push([ids[0]]) == "" and stream.push([ids[1]]) == "éx"
+
+
+def test_text_stream_holds_back_a_possible_stop_string_and_cuts_at_it():
+    table = {0: b"Hello, wor", 1: b"ld! END", 2: b"ING more"}
+    s = TextStream(table.__getitem__, ["END!", "ld!"])
+    assert s.push([0]) == "Hello, wor" and s.push([1]) == "" and s.stopped and s.text == "Hello, wor"
+    s = TextStream(table.__getitem__, ["ENDING"])
+    out = s.push([0]) + s.push([1])
+    assert out == "Hello, world! " and not s.stopped  # "END" held back
+    assert s.push([2]) == "" and s.stopped and s.text == "Hello, world! "
+    s = TextStream(table.__getitem__, ["END."])
+    assert s.push([0, 1]) == "Hello, world! " and s.finish() == "END"  # never completed: released at the end
