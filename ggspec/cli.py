@@ -367,6 +367,9 @@ def serve(
                                 "the model's.")] = None,
     chat_template_file: Annotated[Optional[Path], typer.Option(
         "--chat-template-file", help="A Jinja chat template file instead of the model's.")] = None,
+    cache_prompt: Annotated[bool, typer.Option(
+        "--cache-prompt/--no-cache-prompt", help="Keep each slot's cells for a later prompt that starts the same way "
+                                                 "(only the rest is decoded; not for recurrent targets).")] = True,
     drain_timeout: Annotated[float, typer.Option(
         "--drain-timeout", help="On SIGINT/SIGTERM, seconds the requests in progress may take to finish.")] = 30.0,
     temp: Annotated[float, typer.Option("--temp", help="Temperature of requests that give none (0: greedy).")] = 0.8,
@@ -430,7 +433,7 @@ def serve(
 
     options = ServeOptions(host=address, port=port, model_id=alias or pair or target.stem, max_queue=max_queue,
                            chat_template=chat_template, chat_template_file=chat_template_file,
-                           drain_timeout=drain_timeout, plain=no_spec)
+                           drain_timeout=drain_timeout, plain=no_spec, prompt_cache=cache_prompt)
     run_server(cfg, options, log=lambda line: err.print(line, soft_wrap=True, highlight=False))
 
 

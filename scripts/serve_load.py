@@ -92,7 +92,7 @@ def main() -> int:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         cmd = [sys.executable, "-m", "ggspec.cli", "serve", *shlex.split(args.serve), "--port", str(port)]
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         pid = proc.pid
     else:
         url, pid = args.url.rstrip("/"), args.pid

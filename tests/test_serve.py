@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -43,11 +44,12 @@ class LiveServer:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "ggspec.cli", "serve", *args, "--port", str(self.port)]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.log = tempfile.TemporaryFile("w+")  # not a pipe: nothing reads it while the server runs
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.log, text=True)
         t_end = time.monotonic() + 120
         while time.monotonic() < t_end:
             if self.proc.poll() is not None:
-                raise AssertionError(f"serve exited {self.proc.returncode}: {self.proc.stderr.read()}")
+                raise AssertionError(f"serve exited {self.proc.returncode}: {self.output()}")
             try:
                 if self.get("/health")[0] == 200:
                     break
@@ -85,16 +87,20 @@ class LiveServer:
                 return float(line.rsplit(" ", 1)[1])
         return 0.0
 
+    def output(self) -> str:
+        self.log.seek(0)
+        return self.log.read()
+
     def stop(self) -> tuple[int, str]:
         """SIGTERM; the exit status and what it printed on stderr."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         try:
-            _, err = self.proc.communicate(timeout=60)
+            self.proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            _, err = self.proc.communicate()
-        return self.proc.returncode, err
+            self.proc.wait()
+        return self.proc.returncode, self.output()
 
 
 @pytest.fixture(scope="module")

@@ -40,7 +40,9 @@ class Metrics:
                                 ("finished_reason",))
         self.rejected = counter("ggspec:request_rejected", "Requests refused before decoding, by reason "
                                 "(invalid, too_long, overloaded, draining).", ("reason",))
-        self.prompt_tokens = counter("ggspec:prompt_tokens", "Prompt tokens prefilled.")
+        self.prompt_tokens = counter("ggspec:prompt_tokens", "Prompt tokens of admitted requests.")
+        self.cached_tokens = counter("ggspec:prefix_cache_hit_tokens", "Prompt tokens the prompt cache held "
+                                                                       "(not decoded again).")
         self.generation_tokens = counter("ggspec:generation_tokens", "Tokens generated.")
         self.steps = counter("ggspec:engine_steps", "Engine transactions (one draft and one verify call for every "
                                                     "active sequence).")
@@ -94,6 +96,7 @@ class Metrics:
             self._inc(self.generation_tokens, len(step.tokens))
             if step.kind == "prefill":
                 self._inc(self.prompt_tokens, step.n_prompt)
+                self._inc(self.cached_tokens, step.n_cached)
                 self._inc(self.seconds, step.t_total, phase="prefill")
                 continue
             transaction = transaction or step

@@ -133,11 +133,13 @@ def new_id(prefix: str) -> str:
 
 
 def usage(n_prompt: int, stats) -> dict:
-    """OpenAI's usage plus the request's speculative figures: drafted and accepted draft tokens,
-    speculative steps and τ (tokens committed per speculative step)."""
+    """OpenAI's usage (cached_tokens: prompt tokens the prompt cache held) plus the request's
+    speculative figures: drafted and accepted draft tokens, speculative steps and τ (tokens
+    committed per speculative step)."""
     return {"prompt_tokens": n_prompt, "completion_tokens": stats.n_generated,
-            "total_tokens": n_prompt + stats.n_generated, "draft_tokens": stats.drafted,
-            "accepted_tokens": stats.accepted, "spec_steps": stats.spec_steps, "tau": round(stats.tau, 4)}
+            "total_tokens": n_prompt + stats.n_generated, "prompt_tokens_details": {"cached_tokens": stats.n_cached},
+            "draft_tokens": stats.drafted, "accepted_tokens": stats.accepted, "spec_steps": stats.spec_steps,
+            "tau": round(stats.tau, 4)}
 
 
 class Shape:

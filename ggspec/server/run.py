@@ -27,6 +27,7 @@ class ServeOptions:
     chat_template_file: Path | None = None
     drain_timeout: float = 30.0
     plain: bool = False  # no drafting (the A/B baseline)
+    prompt_cache: bool = True  # a slot keeps its cells for a later prompt with the same beginning
     log_level: str = "warning"  # uvicorn's
 
 
@@ -49,7 +50,7 @@ def build_service(engine: Engine, options: ServeOptions):
     info = {"target": str(cfg.target), "draft": None if options.plain or cfg.draft is None else str(cfg.draft),
             "speculative": engine.speculative, "spec_type": engine.plan.spec_type, "n_max": engine.n_max,
             "parallel": engine.parallel, "n_ctx_slot": engine.capacity, "n_vocab": engine.target_model.n_vocab,
-            "chat_template": template.source}
+            "prompt_cache": engine.prompt_cache, "chat_template": template.source}
     return Service(scheduler, template, options.model_id, cfg.sampling, metrics, info)
 
 
@@ -58,13 +59,16 @@ def serve(cfg: PairConfig, options: ServeOptions, log: Callable[[str], None] = p
 
     from ggspec.server.app import create_app
 
-    with Engine.open(cfg, plain=options.plain) as engine:
+    import os, sys
+    sys.setswitchinterval(float(os.environ.get("GGSPEC_SWITCH", "0.005")))
+    with Engine.open(cfg, plain=options.plain, prompt_cache=options.prompt_cache) as engine:
         for w in engine.warnings:
             log(f"warning: {w}")
         service = build_service(engine, options)
         config = uvicorn.Config(create_app(service), host=options.host, port=options.port,
                                 log_level=options.log_level, access_log=False, lifespan="on",
-                                timeout_graceful_shutdown=options.drain_timeout)
+                                timeout_graceful_shutdown=options.drain_timeout,
+                                loop=os.environ.get("GGSPEC_LOOP", "auto"), http=os.environ.get("GGSPEC_HTTP", "auto"))
         server = uvicorn.Server(config)
         spec = (f"speculative ({engine.plan.spec_type}, n_max {engine.n_max})" if engine.speculative
                 else "plain decoding")

@@ -68,7 +68,7 @@ class Job:
     def __init__(self, spec: JobSpec, loop: asyncio.AbstractEventLoop) -> None:
         self.spec = spec
         self.events: asyncio.Queue = asyncio.Queue()
-        self._loop = loop
+        self.loop = loop
         self.cancelled = False
         self.seq = None
         self.t_arrival = time.perf_counter()
@@ -76,10 +76,21 @@ class Job:
 
     def emit(self, event) -> None:
         """Called on the engine thread; the loop may be gone when the server stops."""
-        try:
-            self._loop.call_soon_threadsafe(self.events.put_nowait, event)
-        except RuntimeError:
-            pass
+        _publish(self.loop, [(self, event)])
+
+
+def _deliver(events: list[tuple[Job, object]]) -> None:
+    for job, event in events:
+        job.events.put_nowait(event)
+
+
+def _publish(loop: asyncio.AbstractEventLoop, events: list[tuple[Job, object]]) -> None:
+    """Hand events to their jobs on the event loop: one wake-up for all of them (every wake-up
+    makes the loop's thread take the GIL the engine's thread needs after each llama.cpp call)."""
+    try:
+        loop.call_soon_threadsafe(_deliver, events)
+    except RuntimeError:  # the loop is closed: the server stopped
+        pass
 
 
 class Scheduler:
@@ -197,34 +208,42 @@ class Scheduler:
                 self._end(job, None)
             return
         now = time.perf_counter()
-        if self.metrics is not None:
-            self.metrics.engine_step(results)
+        events: list[tuple[Job, object]] = []
         for seq, step in results:
             job = self._running.get(seq)
             if job is None or not step.tokens:
                 continue
+            events.append((job, Tokens(list(step.tokens))))
             if self.metrics is not None:
                 if job.t_last is None:
                     self.metrics.first_token(now - job.t_arrival)
                 else:
                     self.metrics.tokens_after(now - job.t_last, len(step.tokens))
             job.t_last = now
-            job.emit(Tokens(list(step.tokens)))
         for seq in [s for s in self._running if s.done]:
             job = self._running[seq]
-            self._end(job, self._reason(seq))
+            events.append((job, self._end(job, self._reason(seq), emit=False)))
+        if events:
+            _publish(events[0][0].loop, events)
+        if self.metrics is not None:  # after the clients have their tokens
+            self.metrics.engine_step(results)
 
     def _reason(self, seq) -> str:
         last = seq.tokens[-1] if seq.tokens else None
         return "stop" if last is not None and self.engine.target_model.is_eog(last) else "length"
 
-    def _end(self, job: Job, reason: str | None) -> None:
-        """Free the job's slot (a no-op for a finished sequence) and tell its client."""
+    def _end(self, job: Job, reason: str | None, emit: bool = True) -> Done | None:
+        """Free the job's slot (a no-op for a finished sequence); with a reason, its Done event
+        (sent now unless `emit` is False)."""
         seq = job.seq
         self._running.pop(seq, None)
         if seq is not None:
             self.engine.cancel(seq)
-        if reason is not None:
-            if self.metrics is not None:
-                self.metrics.finished(reason, time.perf_counter() - job.t_arrival)
-            job.emit(Done(reason, seq.stats))
+        if reason is None:
+            return None
+        if self.metrics is not None:
+            self.metrics.finished(reason, time.perf_counter() - job.t_arrival)
+        done = Done(reason, seq.stats)
+        if emit:
+            job.emit(done)
+        return done

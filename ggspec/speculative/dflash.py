@@ -167,8 +167,8 @@ class DFlashProposer:
 
     # --- feature rows of target positions ---------------------------------------------------------
 
-    def begin(self, seq) -> None:
-        pass
+    def begin(self, seq, cached: int = 0) -> None:
+        self.draft.remove(cached, seq.seq_id)  # the previous sequence's positions past the shared prefix
 
     def observe(self, spans: list[Span]) -> None:
         for sp in spans:
@@ -279,10 +279,16 @@ class DFlashProposer:
             drafts.append(Draft(tokens, None if q is None else q[:len(tokens)]))
         return drafts
 
-    def release(self, seq) -> None:
+    def release(self, seq, keep: int = 0) -> int:
+        """Rows not injected yet are dropped: the draft's cells hold the positions up to the last
+        flush, which may be fewer than `keep`."""
         self._rows.pop(seq.seq_id, None)
         self._drop_from.pop(seq.seq_id, None)
-        self.draft.drop_sequence(seq.seq_id)
+        if keep <= 0:
+            self.draft.drop_sequence(seq.seq_id)
+            return 0
+        self.draft.remove(keep, seq.seq_id)
+        return min(keep, self.draft.pos_max(seq.seq_id) + 1)
 
     def reset(self) -> None:
         """Forget captured rows and empty the draft cache."""

@@ -102,9 +102,12 @@ class Engine:
     and closes them with the engine."""
 
     def __init__(self, models: Models, cfg: PairConfig, *, verifier: Verifier | None = None,
-                 plain: bool = False) -> None:
+                 plain: bool = False, prompt_cache: bool = False) -> None:
         """`plain`: no drafting at all (a baseline over the same weights, with no draft context
-        and no rollback planes)."""
+        and no rollback planes). `prompt_cache`: a slot keeps the cells of its last sequence, and
+        a new prompt goes to the free slot whose cells hold the longest prefix of it: only the
+        rest is decoded (llama-server's cache_prompt; not for recurrent targets, whose state
+        cannot be cut back to a prefix)."""
         cfg.validate()
         self.models = models
         self.cfg = cfg
@@ -135,6 +138,8 @@ class Engine:
             self.close()
             raise
         self._free_ids = list(range(self.parallel))
+        self.prompt_cache = prompt_cache and not models.target.is_recurrent
+        self._cached: dict[int, np.ndarray] = {}  # free slot -> the tokens its cells still hold (positions 0..)
         self.active: list[Sequence] = []
         self.stats = EngineStats()
         self._is_eog = models.target.is_eog
@@ -248,14 +253,39 @@ class Engine:
         sampling.validate()
         if not self.can_add(prompt, n_predict):
             raise CapacityError(f"no room for another sequence now: all {self.parallel} slots are busy", field="parallel")
-        seq = Sequence(self._free_ids.pop(0), prompt, n_predict, ignore_eos=ignore_eos, tag=tag,
+        slot, cached = self._pick_slot(prompt)
+        self._free_ids.remove(slot)
+        seq = Sequence(slot, prompt, n_predict, ignore_eos=ignore_eos, tag=tag,
                        speculate=speculate and self.proposer is not None, record_margins=record_margins,
                        sampling=sampling, seed=self._seed(sampling.seed if seed is None else seed))
         seq.limit = min(self._need(len(prompt), n_predict), self.capacity)  # positions it may use
+        seq.n_cached = cached
+        self._cached.pop(slot, None)
+        self.target.truncate(cached, slot)  # the previous sequence's cells past the common prefix
         self.active.append(seq)
         if seq.speculate:
-            self.proposer.begin(seq)
+            self.proposer.begin(seq, cached)
+        elif self.proposer is not None:
+            self.proposer.release(seq)  # its draft cells would go stale
         return seq
+
+    def _pick_slot(self, prompt: np.ndarray) -> tuple[int, int]:
+        """A free slot for a prompt, and how many of its first tokens the slot's cells hold already
+        (at most all but the last: that one is the first step's id_last)."""
+        slot, best = self._free_ids[0], 0
+        if not self.prompt_cache:
+            return slot, 0
+        body = prompt[:-1]
+        for sid in self._free_ids:
+            cached = self._cached.get(sid)
+            if cached is None:
+                continue
+            n = min(len(cached), len(body))
+            differ = np.flatnonzero(cached[:n] != body[:n])
+            common = int(differ[0]) if len(differ) else n
+            if common > best:
+                slot, best = sid, common
+        return slot, best
 
     @staticmethod
     def _seed(seed: int) -> int:
@@ -268,10 +298,17 @@ class Engine:
             self._retire(seq)
 
     def _retire(self, seq: Sequence) -> None:
+        """Free a sequence's slot. With the prompt cache its cells stay, up to its last decoded
+        position, for a later prompt that starts the same way."""
         self.active.remove(seq)
-        self.target.drop_sequence(seq.seq_id)
-        if seq.speculate:
-            self.proposer.release(seq)
+        keep = min(seq.pos, len(seq.history) - 1) if self.prompt_cache and seq.started else 0
+        if self.proposer is not None:  # the draft's cells must hold the same positions as the target's
+            keep = self.proposer.release(seq, keep) if seq.speculate else 0
+        if keep > 0:
+            self.target.truncate(keep, seq.seq_id)
+            self._cached[seq.seq_id] = np.asarray(seq.history[:keep], dtype=np.int32)
+        else:
+            self.target.drop_sequence(seq.seq_id)
         self._free_ids.append(seq.seq_id)
         self._free_ids.sort()
 
@@ -279,6 +316,7 @@ class Engine:
         """Drop every sequence and empty every cache (the `auto` layout keeps what it learned)."""
         for seq in list(self.active):
             self.cancel(seq)
+        self._cached.clear()
         self.target.clear()
         if self.proposer is not None and hasattr(self.proposer, "reset"):
             self.proposer.reset()
@@ -330,7 +368,7 @@ class Engine:
         t0 = time.perf_counter()
         t_inject = 0.0
         body, chunk = seq.prompt[:-1], self.target.n_batch
-        for off in range(0, len(body), chunk):
+        for off in range(seq.n_cached, len(body), chunk):  # the slot's cells hold the first n_cached
             part = body[off:off + chunk]
             self._batch.clear().add_tokens(part, off, seq.seq_id, outputs="none")
             spans = [Span(seq.seq_id, 0, len(part), off)] if seq.speculate else None
@@ -338,8 +376,8 @@ class Engine:
         t_inject += self._flush()
         seq.id_last, seq.pos = int(seq.prompt[-1]), len(body)
         t_total = time.perf_counter() - t0
-        step = Step([], "prefill", n_prompt=len(seq.prompt), t_verify=t_total - t_inject, t_inject=t_inject,
-                    t_total=t_total)
+        step = Step([], "prefill", n_prompt=len(seq.prompt), n_cached=seq.n_cached, t_verify=t_total - t_inject,
+                    t_inject=t_inject, t_total=t_total)
         seq.stats.add(step)
         return step
 

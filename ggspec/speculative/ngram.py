@@ -151,7 +151,7 @@ class NgramProposer:
         self.max_draft: int | None = self.size_m  # llama.cpp's n_max for this type
         self._hist: dict[Sequence, _History] = {}
 
-    def begin(self, seq: Sequence) -> None:
+    def begin(self, seq: Sequence, cached: int = 0) -> None:
         pass
 
     def observe(self, spans: list[Span]) -> None:
@@ -182,8 +182,9 @@ class NgramProposer:
     def propose(self, seqs: list[Sequence], n: int) -> list[Draft]:
         return [Draft(self.draft_one(s, n)) for s in seqs]
 
-    def release(self, seq: Sequence) -> None:
+    def release(self, seq: Sequence, keep: int = 0) -> int:
         self._hist.pop(seq, None)
+        return keep  # it holds nothing of a sequence's positions: the target's cells decide
 
     def close(self) -> None:
         self._hist.clear()

@@ -52,8 +52,10 @@ class Proposer(Protocol):
     name: str  # llama.cpp's speculative type name, e.g. "draft-dflash", "ngram-simple"
     max_draft: int | None  # the most tokens one draft can hold (a DFlash block - 1), None: no limit
 
-    def begin(self, seq: Sequence) -> None:
-        """A sequence joins; its prompt is decoded on the target next (observe() follows)."""
+    def begin(self, seq: Sequence, cached: int = 0) -> None:
+        """A sequence joins; its prompt is decoded on the target next (observe() follows). The
+        first `cached` positions of its slot are kept from the slot's previous sequence (the
+        prompt cache): what the proposer kept of them (see release) stays, the rest goes."""
 
     def observe(self, spans: list[Span]) -> None:
         """The target's last decode computed these rows (readable until the next target decode)."""
@@ -67,8 +69,10 @@ class Proposer(Protocol):
     def propose(self, seqs: list[Sequence], n: int) -> list[Draft]:
         """Draft up to n tokens after each sequence's last committed token, in one pass."""
 
-    def release(self, seq: Sequence) -> None:
-        """A sequence left (finished or cancelled): forget it and free what it held."""
+    def release(self, seq: Sequence, keep: int = 0) -> int:
+        """A sequence left (finished or cancelled): forget it and free what it held beyond its
+        first `keep` positions (the prompt cache). Returns how many leading positions it still
+        holds (at most keep)."""
 
     def close(self) -> None:
         """Free owned llama.cpp objects."""

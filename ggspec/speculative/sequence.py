@@ -25,6 +25,7 @@ class Sequence:
     speculate: bool = True  # False: plain decoding for this sequence (the proposer never sees it)
     record_margins: bool = False  # keep the target's top-2 margin of each plain step (the oracle)
     limit: int = 0  # positions it may use (prompt, budget, one verify block), set by the engine
+    n_cached: int = 0  # leading prompt tokens its slot's cells held already (the prompt cache)
     tokens: list[int] = field(default_factory=list)  # generated (committed) tokens
     history: list[int] = field(default_factory=list)  # prompt + committed tokens (n-gram lookups)
     pos: int = 0  # position of id_last, which the target has not decoded yet

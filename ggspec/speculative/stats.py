@@ -15,7 +15,8 @@ class Step:
     kind: str  # "prefill" | "spec" | "plain"
     drafted: int = 0  # draft tokens proposed
     accepted: int = 0  # of which the target accepted (a leading run)
-    n_prompt: int = 0  # prompt tokens processed (prefill only)
+    n_prompt: int = 0  # prompt tokens (prefill only)
+    n_cached: int = 0  # of which the prompt cache held (not decoded again)
     t_draft: float = 0.0  # seconds in the draft's noise-block decode
     t_verify: float = 0.0  # seconds in the target decode (prefill: prompt processing)
     t_inject: float = 0.0  # seconds injecting target features into the draft cache
@@ -36,6 +37,7 @@ class RunStats:
     speculative steps divided by the number of those steps (each step counts the bonus token)."""
 
     n_prompt: int = 0
+    n_cached: int = 0  # prompt tokens the prompt cache held
     t_prompt: float = 0.0
     n_generated: int = 0
     n_decoded: int = 0  # tokens committed after the prefill's first one
@@ -57,6 +59,7 @@ class RunStats:
     def add(self, step: Step) -> None:
         if step.kind == "prefill":
             self.n_prompt += step.n_prompt
+            self.n_cached += step.n_cached
             self.t_prompt += step.t_verify
             self.n_generated += len(step.tokens)
             self.t_inject += step.t_inject
@@ -88,7 +91,7 @@ class RunStats:
 
     @property
     def prompt_tps(self) -> float:
-        return self.n_prompt / self.t_prompt if self.t_prompt > 0 else 0.0
+        return (self.n_prompt - self.n_cached) / self.t_prompt if self.t_prompt > 0 else 0.0
 
     @property
     def tau(self) -> float:

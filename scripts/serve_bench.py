@@ -1,0 +1,197 @@
+#!/usr/bin/env python3
+"""ggspec serve against llama-server of the same patched build, side by side in one run.
+
+    python scripts/serve_bench.py --pair tiny-coder            # concurrency 1,2,4,8; -np 8
+
+Four servers at once, each on a free loopback port, each with the same pair, slots (-np), context,
+cache types, threads and draft length: ggspec speculative, llama-server speculative
+(`--spec-type draft-dflash`), ggspec plain (--no-spec) and llama-server plain. Each gets a
+warm-up, then at every concurrency `--requests-per-client` x concurrency streamed greedy
+completions of the built-in bench prompts, `--max-tokens` each (ignore_eos: every request makes
+exactly that many). Reported per row: aggregate generated tokens/s, TTFT p50/p99, time per output
+token (TPOT) p50/p99 (of the median run of --reps interleaved runs), the ratio to llama-server's
+speculative throughput, and whether every output equals the same prompt's output from ggspec's
+plain server alone (the lossless check).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from ggspec.bench.native import find_tool
+from ggspec.bench.prompts import BUILTIN
+from ggspec.bench.serving import run_load, solo
+from ggspec.pairs import get_entry, resolve
+
+console = Console(stderr=True)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(cmd: list[str], port: int, env: dict, log: Path) -> subprocess.Popen:
+    """A server whose output goes to `log` (a pipe nobody reads would fill up and stop
+    llama-server, which logs every request)."""
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    t_end = time.monotonic() + 180
+    while time.monotonic() < t_end:
+        if proc.poll() is not None:
+            raise SystemExit(f"{Path(cmd[0]).name} exited {proc.returncode}: {log.read_text()[-2000:]}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                if r.status == 200:
+                    return proc
+        except OSError:
+            time.sleep(0.2)
+    proc.kill()
+    raise SystemExit(f"{cmd[0]} was not ready within 180 s")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def commands(args, target: Path, draft: Path, port: int) -> dict[str, list[str]]:
+    common = ["-np", str(args.parallel), "-c", str(args.ctx), "-t", str(args.threads), "-ctk", args.ctk,
+              "-ctv", args.ctv, "-fa", "off", "--port", str(port), "--host", "127.0.0.1"]
+    ggspec = [sys.executable, "-m", "ggspec.cli", "serve", "-m", str(target), *common]
+    server = [str(find_tool("llama-server")), "-m", str(target), *common, "-tb", str(args.threads),
+              "--no-webui"]
+    spec = ["--spec-draft-n-max", str(args.n_max)]
+    return {
+        "ggspec spec": [*ggspec, "-md", str(draft), *spec],
+        "llama-server spec": [*server, "-md", str(draft), "--spec-type", "draft-dflash", *spec,
+                              "-td", str(args.threads), "-tbd", str(args.threads)],
+        "ggspec plain": [*ggspec, "--no-spec"],
+        "llama-server plain": server,
+    }
+
+
+def metric(url: str, name: str) -> float:
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+            text = r.read().decode()
+    except OSError:
+        return float("nan")
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pair", default="tiny-coder")
+    ap.add_argument("--concurrency", default="1,2,4,8")
+    ap.add_argument("-np", "--parallel", type=int, default=8)
+    ap.add_argument("-c", "--ctx", type=int, default=4096)
+    ap.add_argument("-t", "--threads", type=int, default=1)
+    ap.add_argument("-ctk", default="f16")
+    ap.add_argument("-ctv", default="f16")
+    ap.add_argument("--n-max", type=int, default=7)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--requests-per-client", type=int, default=6)
+    ap.add_argument("--reps", type=int, default=3, help="runs of each (server, concurrency), interleaved; the median is shown")
+    ap.add_argument("--only", help="comma list of servers to run (default: all four)")
+    ap.add_argument("--json", type=Path, help="also write the rows here")
+    ap.add_argument("--logs", type=Path, default=Path(tempfile.gettempdir()) / "ggspec-serve-bench",
+                    help="the servers' output files")
+    ap.add_argument("--timeout", type=float, default=120.0, help="seconds a request may take before it counts as an error")
+    args = ap.parse_args()
+    args.logs.mkdir(parents=True, exist_ok=True)
+
+    files = resolve(get_entry(args.pair))
+    if files.draft is None:
+        raise SystemExit(f"pair {args.pair} has no draft")
+    levels = [int(c) for c in args.concurrency.split(",")]
+    prompts = [p.text for p in BUILTIN]
+    extra = {"ignore_eos": True}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_ARG_")}
+    names = list(commands(args, files.target, files.draft, 0))
+    if args.only:
+        names = [n for n in names if n in args.only.split(",")]
+    # every server runs at once (an idle one waits on a condition: no CPU), so the measurements
+    # can be interleaved: the machine's drift falls on all of them alike
+    ports = {name: free_port() for name in {*names, "ggspec plain"}}
+    procs = {}
+    try:
+        for name, port in ports.items():
+            cmd = commands(args, files.target, files.draft, port)[name]
+            console.print(f"[bold]{name}[/]: {' '.join(Path(c).name if i == 0 else c for i, c in enumerate(cmd))}",
+                          soft_wrap=True)
+            procs[name] = start(cmd, port, env, args.logs / f"{name.replace(' ', '-')}.log")
+        urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
+        refs = [r.text for r in solo(urls["ggspec plain"], prompts, args.max_tokens, extra)]
+        for name in names:  # warm-up
+            run_load(urls[name], prompts, clients=max(levels), requests=2 * max(levels), max_tokens=args.max_tokens,
+                     extra=extra)
+        loads: dict[tuple[str, int], list] = {}
+        taus: dict[int, list[float]] = {}
+        for c in levels:
+            for rep in range(args.reps):
+                for name in names if rep % 2 == 0 else names[::-1]:
+                    d0, a0 = (metric(urls[name], f"ggspec:spec_decode_num_{k}_total") for k in ("drafts", "accepted_tokens"))
+                    load = run_load(urls[name], prompts, clients=c, requests=args.requests_per_client * c,
+                                    max_tokens=args.max_tokens, extra=extra, timeout=args.timeout)
+                    d1, a1 = (metric(urls[name], f"ggspec:spec_decode_num_{k}_total") for k in ("drafts", "accepted_tokens"))
+                    loads.setdefault((name, c), []).append(load)
+                    if name == "ggspec spec" and d1 > d0:
+                        taus.setdefault(c, []).append((a1 - a0 + d1 - d0) / (d1 - d0))
+                    console.print(f"  {name} c={c} rep {rep + 1}: {load.throughput:.0f} t/s, errors {len(load.errors)}")
+    finally:
+        for proc in procs.values():
+            stop(proc)
+    rows = []
+    for (name, c), runs in loads.items():
+        best = sorted(runs, key=lambda x: x.throughput)[len(runs) // 2]  # the median run
+        replies = [r for run in runs for r in run.replies]
+        same = sum(r.text == refs[r.index] for r in replies if not r.error)
+        rows.append({"server": name, "concurrency": c, "requests": len(replies),
+                     "errors": sum(len(run.errors) for run in runs),
+                     "tps": best.throughput, "tps_runs": [round(run.throughput, 1) for run in runs],
+                     "ttft_p50_ms": 1e3 * best.percentile("ttft", 50), "ttft_p99_ms": 1e3 * best.percentile("ttft", 99),
+                     "tpot_p50_ms": 1e3 * best.percentile("tpot", 50), "tpot_p99_ms": 1e3 * best.percentile("tpot", 99),
+                     "tau": float(np.median(taus[c])) if name == "ggspec spec" and taus.get(c) else None,
+                     "equal_to_solo": f"{same}/{len(replies)}"})
+    ref = {r["concurrency"]: r["tps"] for r in rows if r["server"] == "llama-server spec"}
+    table = Table(title=f"{args.pair}: -np {args.parallel}, -c {args.ctx}, -t {args.threads}, n_max {args.n_max}, "
+                        f"{args.max_tokens} tokens per request, greedy")
+    for col in ("server", "conc.", "t/s", "× llama-server spec", "TTFT p50/p99 ms", "TPOT p50/p99 ms", "τ",
+                "errors", "= solo"):
+        table.add_column(col, justify="left" if col == "server" else "right")
+    for r in sorted(rows, key=lambda r: (r["concurrency"], r["server"])):
+        x = r["tps"] / ref[r["concurrency"]] if ref.get(r["concurrency"]) else float("nan")
+        table.add_row(r["server"], str(r["concurrency"]), f"{r['tps']:.0f}", f"{x:.2f}",
+                      f"{r['ttft_p50_ms']:.1f} / {r['ttft_p99_ms']:.1f}", f"{r['tpot_p50_ms']:.2f} / {r['tpot_p99_ms']:.2f}",
+                      "" if r["tau"] is None else f"{r['tau']:.2f}", str(r["errors"]), r["equal_to_solo"])
+    Console().print(table)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 0 if all(r["errors"] == 0 for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
