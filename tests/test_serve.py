@@ -147,7 +147,7 @@ def _complete(s: LiveServer, prompt: str, stream: bool, **kw) -> tuple[str, str 
 def test_greedy_completions_equal_run_streamed_or_not_with_concurrent_clients(build_info, refs, parallel, server4):
     """Every prompt twice (streamed and whole) from 8 concurrent clients: each text is `ggspec
     run`'s, token for token, at -np 1 (requests queue) and -np 4 (batched in each step)."""
-    s = server4 if parallel == 4 else LiveServer("--pair", PAIR, "-np", "1")
+    s = server4 if parallel == 4 else LiveServer("--pair", PAIR, "-np", "1", "--no-cache-prompt")
     try:
         jobs = [(p, stream) for p in PROMPTS for stream in (False, True)]
         with ThreadPoolExecutor(8) as pool:
@@ -158,9 +158,26 @@ def test_greedy_completions_equal_run_streamed_or_not_with_concurrent_clients(bu
             assert usage["spec_steps"] > 0 and usage["draft_tokens"] >= usage["accepted_tokens"] > 0
             steps = usage["spec_steps"]
             assert usage["tau"] == pytest.approx((usage["accepted_tokens"] + steps) / steps, abs=1e-3)
+            if parallel == 1:
+                assert usage["prompt_tokens_details"]["cached_tokens"] == 0
     finally:
         if s is not server4:
             assert s.stop()[0] == 0
+
+
+def test_a_repeated_prompt_comes_from_the_prompt_cache(server4, refs):
+    """The second time, every prompt token but the last is in its slot's cells already: only
+    one is decoded, and the answer is the same."""
+    hits = server4.metric("ggspec:prefix_cache_hit_tokens_total", model_name=PAIR)
+    p = "def fibonacci(n):\n    # the cache"
+    first = _complete(server4, p, stream=False)
+    second = _complete(server4, p, stream=True)
+    assert second[0] == first[0]
+    n_prompt = second[2]["prompt_tokens"]
+    assert first[2]["prompt_tokens_details"]["cached_tokens"] < n_prompt - 1
+    assert second[2]["prompt_tokens_details"]["cached_tokens"] == n_prompt - 1
+    assert server4.metric("ggspec:prefix_cache_hit_tokens_total", model_name=PAIR) - hits >= n_prompt - 1
+    assert server4.get("/v1/models")[1]["data"][0]["meta"]["prompt_cache"] is True
 
 
 def test_chat_is_the_template_rendered_then_completed(server4, build_info):

@@ -271,7 +271,8 @@ class Engine:
 
     def _pick_slot(self, prompt: np.ndarray) -> tuple[int, int]:
         """A free slot for a prompt, and how many of its first tokens the slot's cells hold already
-        (at most all but the last: that one is the first step's id_last)."""
+        (at most all but the last: that one is the first step's id_last). `_cached` is in the
+        order the slots were freed."""
         slot, best = self._free_ids[0], 0
         if not self.prompt_cache:
             return slot, 0
@@ -285,6 +286,9 @@ class Engine:
             common = int(differ[0]) if len(differ) else n
             if common > best:
                 slot, best = sid, common
+        if best == 0:  # no prefix to reuse: a slot holding nothing, else the one that waited longest
+            empty = [sid for sid in self._free_ids if sid not in self._cached]
+            slot = empty[0] if empty else next(sid for sid in self._cached if sid in self._free_ids)
         return slot, best
 
     @staticmethod
