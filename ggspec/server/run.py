@@ -59,16 +59,13 @@ def serve(cfg: PairConfig, options: ServeOptions, log: Callable[[str], None] = p
 
     from ggspec.server.app import create_app
 
-    import os, sys
-    sys.setswitchinterval(float(os.environ.get("GGSPEC_SWITCH", "0.005")))
     with Engine.open(cfg, plain=options.plain, prompt_cache=options.prompt_cache) as engine:
         for w in engine.warnings:
             log(f"warning: {w}")
         service = build_service(engine, options)
         config = uvicorn.Config(create_app(service), host=options.host, port=options.port,
                                 log_level=options.log_level, access_log=False, lifespan="on",
-                                timeout_graceful_shutdown=options.drain_timeout,
-                                loop=os.environ.get("GGSPEC_LOOP", "auto"), http=os.environ.get("GGSPEC_HTTP", "auto"))
+                                timeout_graceful_shutdown=options.drain_timeout)
         server = uvicorn.Server(config)
         spec = (f"speculative ({engine.plan.spec_type}, n_max {engine.n_max})" if engine.speculative
                 else "plain decoding")
