@@ -174,24 +174,24 @@ def run(
                          n_gpu_layers=n_gpu_layers, rpc=rpc, split_mode=split_mode, tensor_split=tensor_split,
                          mirror_output=mirror_output, rpc_timeout=rpc_timeout,
                          sampling=opts.SamplerSettings(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed))
-    target, draft, rec = shared.resolve_models(plain=no_spec)
-    if draft is None and shared.needs_draft and not no_spec:  # a target-only pair (its draft is not made yet)
-        err.print(f"[yellow]note:[/] pair '{pair}' has no draft model yet: plain greedy decoding", soft_wrap=True)
-    cfg = _pair_config(shared, target, draft, rec, plain=no_spec, n_gpu_layers_draft=n_gpu_layers_draft, n_max=n_max,
+    cfg = _pair_config(shared, plain=no_spec, n_gpu_layers_draft=n_gpu_layers_draft, n_max=n_max,
                        parallel=parallel if parallel is not None else opts.DEFAULTS["parallel"], n_ctx=n_ctx,
                        n_batch=n_batch, n_ubatch=n_ubatch, type_k=type_k, type_v=type_v, flash_attn=flash_attn,
                        inject=inject, rs_planes=rs_planes, rs_lead=rs_lead)
     _run(cfg, prompts, n_predict, ignore_eos, prompt_file)
 
 
-def _pair_config(shared: opts.Shared, target: Path, draft: Path | None, rec: dict, *, plain: bool,
-                 n_gpu_layers_draft: int | None, n_max: int | None, parallel: int, n_ctx: int | None, n_batch: int,
-                 n_ubatch: int, type_k: str | None, type_v: str | None, flash_attn: str, inject: str | None,
-                 rs_planes: str | None, rs_lead: str | None):
-    """`run` and `serve`: the PairConfig of their flags, a flag winning over the pair's recommendation."""
+def _pair_config(shared: opts.Shared, *, plain: bool, n_gpu_layers_draft: int | None, n_max: int | None,
+                 parallel: int, n_ctx: int | None, n_batch: int, n_ubatch: int, type_k: str | None,
+                 type_v: str | None, flash_attn: str, inject: str | None, rs_planes: str | None, rs_lead: str | None):
+    """`run` and `serve`: the models and the PairConfig of their flags, a flag winning over the
+    pair's recommendation; a target-only pair runs plain, with a note."""
     from ggspec.runtime import ContextParams
     from ggspec.speculative.planes import PlaneOptions
 
+    target, draft, rec = shared.resolve_models(plain=plain)
+    if draft is None and shared.needs_draft and not plain:  # a target-only pair (its draft is not made yet)
+        err.print(f"[yellow]note:[/] pair '{shared.pair}' has no draft model yet: plain decoding", soft_wrap=True)
     return shared.pair_config(
         target, draft, plain=plain, n_gpu_layers_draft=n_gpu_layers_draft,
         n_max=opts.pick(n_max, rec, "n_max"),  # None: the default, fitted to the draft without a warning
@@ -423,15 +423,12 @@ def serve(
                          p_min=p_min, ngram_size_n=ngram_size_n, ngram_size_m=ngram_size_m, threads=threads,
                          n_gpu_layers=n_gpu_layers, rpc=rpc, split_mode=split_mode, tensor_split=tensor_split,
                          mirror_output=mirror_output, rpc_timeout=rpc_timeout, sampling=sampling)
-    target, draft, rec = shared.resolve_models(plain=no_spec)
-    if draft is None and shared.needs_draft and not no_spec:
-        err.print(f"[yellow]note:[/] pair '{pair}' has no draft model yet: plain decoding", soft_wrap=True)
-    cfg = _pair_config(shared, target, draft, rec, plain=no_spec, n_gpu_layers_draft=n_gpu_layers_draft, n_max=n_max,
+    cfg = _pair_config(shared, plain=no_spec, n_gpu_layers_draft=n_gpu_layers_draft, n_max=n_max,
                        parallel=parallel, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, type_k=type_k,
                        type_v=type_v, flash_attn=flash_attn, inject=inject, rs_planes=rs_planes, rs_lead=rs_lead)
     from ggspec.server.run import ServeOptions, serve as run_server
 
-    options = ServeOptions(host=address, port=port, model_id=alias or pair or target.stem, max_queue=max_queue,
+    options = ServeOptions(host=address, port=port, model_id=alias or pair or Path(cfg.target).stem, max_queue=max_queue,
                            chat_template=chat_template, chat_template_file=chat_template_file,
                            drain_timeout=drain_timeout, plain=no_spec, prompt_cache=cache_prompt)
     run_server(cfg, options, log=lambda line: err.print(line, soft_wrap=True, highlight=False))

@@ -36,6 +36,8 @@ FLAGS = {
     "rpc_timeout": "--rpc-timeout", "prompt": "-p", "n_predict": "-n",
     "ngram_size_n": "--spec-ngram-simple-size-n", "ngram_size_m": "--spec-ngram-simple-size-m",
     "temp": "--temp", "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p", "seed": "--seed",
+    # ggspec serve
+    "chat_template": "--chat-template", "chat_template_file": "--chat-template-file",
     # ggspec distill
     "layers": "--layers", "draft_vocab": "--draft-vocab", "block": "--block", "gen_len": "--gen-len",
     "prompt_len": "--prompt-len",

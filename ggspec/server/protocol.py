@@ -15,6 +15,9 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 MAX_STOPS = 4  # as OpenAI
+# request fields an InputError of the engine or the chat template may name (the 400's `param`;
+# the command line's flags never see these)
+REQUEST_PARAMS = frozenset({"prompt", "messages", "max_tokens", "temp", "top_p", "min_p", "seed"})
 SEED_MAX = 0xFFFFFFFE  # llama.cpp's seeds are uint32; 0xFFFFFFFF means "random" there
 
 
