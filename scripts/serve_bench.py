@@ -3,15 +3,16 @@
 
     python scripts/serve_bench.py --pair tiny-coder            # concurrency 1,2,4,8; -np 8
 
-Four servers at once, each on a free loopback port, each with the same pair, slots (-np), context,
-cache types, threads and draft length: ggspec speculative, llama-server speculative
-(`--spec-type draft-dflash`), ggspec plain (--no-spec) and llama-server plain. Each gets a
-warm-up, then at every concurrency `--requests-per-client` x concurrency streamed greedy
-completions of the built-in bench prompts, `--max-tokens` each (ignore_eos: every request makes
-exactly that many). Reported per row: aggregate generated tokens/s, TTFT p50/p99, time per output
-token (TPOT) p50/p99 (of the median run of --reps interleaved runs), the ratio to llama-server's
-speculative throughput, and whether every output equals the same prompt's output from ggspec's
-plain server alone (the lossless check).
+Four servers with the same pair, slots (-np), context, cache types, threads and draft length:
+ggspec speculative, llama-server speculative (`--spec-type draft-dflash`), ggspec plain
+(--no-spec) and llama-server plain; each alone on the machine on a free loopback port, one after
+the other, the order alternating between the --reps repetitions. Each gets a warm-up, then at every
+concurrency `--requests-per-client` x concurrency streamed greedy completions of the built-in
+bench prompts, `--max-tokens` each (ignore_eos: every request makes exactly that many). Reported
+per row (the median of the repetitions): aggregate generated tokens/s, its ratio to llama-server's
+speculative throughput, TTFT and time per output token (TPOT) p50/p99, the draft acceptance rate
+(ggspec's from /metrics, llama-server's from its log), and whether every output equals the same
+prompt's output from ggspec's plain server alone (the lossless check).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -29,7 +31,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np
 from rich.console import Console
 from rich.table import Table
 
@@ -102,6 +103,24 @@ def metric(url: str, name: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
 
 
+_LLAMA_ACCEPT = re.compile(r"draft acceptance = [\d.]+ \(\s*(\d+) accepted /\s*(\d+) generated\)")
+
+
+def drafted(url: str, log: Path) -> tuple[float, float]:
+    """(accepted, drafted) draft tokens so far: ggspec's from /metrics, llama-server's from the
+    per-request lines of its log."""
+    acc = metric(url, "ggspec:spec_decode_num_accepted_tokens_total")
+    if acc == acc and acc > 0:  # not NaN: a ggspec server with drafts
+        return acc, metric(url, "ggspec:spec_decode_num_draft_tokens_total")
+    found = _LLAMA_ACCEPT.findall(log.read_text(errors="replace")) if log.is_file() else []
+    return float(sum(int(a) for a, _ in found)), float(sum(int(g) for _, g in found))
+
+
+def _rate(runs: list[tuple[float, float]]) -> float | None:
+    acc, gen = sum(a for a, _ in runs), sum(g for _, g in runs)
+    return acc / gen if gen else None
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pair", default="tiny-coder")
@@ -133,37 +152,41 @@ def main() -> int:
     names = list(commands(args, files.target, files.draft, 0))
     if args.only:
         names = [n for n in names if n in args.only.split(",")]
-    # every server runs at once (an idle one waits on a condition: no CPU), so the measurements
-    # can be interleaved: the machine's drift falls on all of them alike
-    ports = {name: free_port() for name in {*names, "ggspec plain"}}
-    procs = {}
-    try:
-        for name, port in ports.items():
+    # one server at a time, alone on the machine; the order alternates between repetitions so
+    # the machine's drift falls on every server alike
+    loads: dict[tuple[str, int], list] = {}
+    accept: dict[tuple[str, int], list[tuple[float, float]]] = {}  # (accepted, drafted) per run
+    refs = None
+    for rep in range(args.reps):
+        order = names if rep % 2 == 0 else names[::-1]
+        if refs is None:
+            order = ["ggspec plain", *[n for n in order if n != "ggspec plain"]]
+        for name in order:
+            port = free_port()
+            url = f"http://127.0.0.1:{port}"
             cmd = commands(args, files.target, files.draft, port)[name]
-            console.print(f"[bold]{name}[/]: {' '.join(Path(c).name if i == 0 else c for i, c in enumerate(cmd))}",
-                          soft_wrap=True)
-            procs[name] = start(cmd, port, env, args.logs / f"{name.replace(' ', '-')}.log")
-        urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
-        refs = [r.text for r in solo(urls["ggspec plain"], prompts, args.max_tokens, extra)]
-        for name in names:  # warm-up
-            run_load(urls[name], prompts, clients=max(levels), requests=2 * max(levels), max_tokens=args.max_tokens,
-                     extra=extra)
-        loads: dict[tuple[str, int], list] = {}
-        taus: dict[int, list[float]] = {}
-        for c in levels:
-            for rep in range(args.reps):
-                for name in names if rep % 2 == 0 else names[::-1]:
-                    d0, a0 = (metric(urls[name], f"ggspec:spec_decode_num_{k}_total") for k in ("drafts", "accepted_tokens"))
-                    load = run_load(urls[name], prompts, clients=c, requests=args.requests_per_client * c,
+            if rep == 0:
+                console.print(f"[bold]{name}[/]: {' '.join(Path(c).name if i == 0 else c for i, c in enumerate(cmd))}",
+                              soft_wrap=True)
+            log = args.logs / f"{name.replace(' ', '-')}.log"
+            proc = start(cmd, port, env, log)
+            try:
+                if refs is None:
+                    refs = [r.text for r in solo(url, prompts, args.max_tokens, extra)]
+                if name not in names:
+                    continue
+                run_load(url, prompts, clients=max(levels), requests=2 * max(levels), max_tokens=args.max_tokens,
+                         extra=extra)  # warm-up
+                for c in levels:
+                    before = drafted(url, log)
+                    load = run_load(url, prompts, clients=c, requests=args.requests_per_client * c,
                                     max_tokens=args.max_tokens, extra=extra, timeout=args.timeout)
-                    d1, a1 = (metric(urls[name], f"ggspec:spec_decode_num_{k}_total") for k in ("drafts", "accepted_tokens"))
+                    after = drafted(url, log)
                     loads.setdefault((name, c), []).append(load)
-                    if name == "ggspec spec" and d1 > d0:
-                        taus.setdefault(c, []).append((a1 - a0 + d1 - d0) / (d1 - d0))
-                    console.print(f"  {name} c={c} rep {rep + 1}: {load.throughput:.0f} t/s, errors {len(load.errors)}")
-    finally:
-        for proc in procs.values():
-            stop(proc)
+                    accept.setdefault((name, c), []).append((after[0] - before[0], after[1] - before[1]))
+                    console.print(f"  rep {rep + 1} {name} c={c}: {load.throughput:.0f} t/s, errors {len(load.errors)}")
+            finally:
+                stop(proc)
     rows = []
     for (name, c), runs in loads.items():
         best = sorted(runs, key=lambda x: x.throughput)[len(runs) // 2]  # the median run
@@ -174,20 +197,20 @@ def main() -> int:
                      "tps": best.throughput, "tps_runs": [round(run.throughput, 1) for run in runs],
                      "ttft_p50_ms": 1e3 * best.percentile("ttft", 50), "ttft_p99_ms": 1e3 * best.percentile("ttft", 99),
                      "tpot_p50_ms": 1e3 * best.percentile("tpot", 50), "tpot_p99_ms": 1e3 * best.percentile("tpot", 99),
-                     "tau": float(np.median(taus[c])) if name == "ggspec spec" and taus.get(c) else None,
+                     "accept": _rate(accept[(name, c)]),
                      "equal_to_solo": f"{same}/{len(replies)}"})
     ref = {r["concurrency"]: r["tps"] for r in rows if r["server"] == "llama-server spec"}
     table = Table(title=f"{args.pair}: -np {args.parallel}, -c {args.ctx}, -t {args.threads}, n_max {args.n_max}, "
                         f"{args.max_tokens} tokens per request, greedy")
-    for col in ("server", "conc.", "t/s", "× llama-server spec", "TTFT p50/p99 ms", "TPOT p50/p99 ms", "τ",
+    for col in ("server", "conc.", "t/s", "× llama-server spec", "TTFT p50/p99 ms", "TPOT p50/p99 ms", "accept",
                 "errors", "= solo"):
         table.add_column(col, justify="left" if col == "server" else "right")
     for r in sorted(rows, key=lambda r: (r["concurrency"], r["server"])):
         x = r["tps"] / ref[r["concurrency"]] if ref.get(r["concurrency"]) else float("nan")
         table.add_row(r["server"], str(r["concurrency"]), f"{r['tps']:.0f}", f"{x:.2f}",
                       f"{r['ttft_p50_ms']:.1f} / {r['ttft_p99_ms']:.1f}", f"{r['tpot_p50_ms']:.2f} / {r['tpot_p99_ms']:.2f}",
-                      "" if r["tau"] is None else f"{r['tau']:.2f}", str(r["errors"]), r["equal_to_solo"])
-    Console().print(table)
+                      "" if r["accept"] is None else f"{100 * r['accept']:.1f}%", str(r["errors"]), r["equal_to_solo"])
+    Console(width=170).print(table)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0 if all(r["errors"] == 0 for r in rows) else 1
