@@ -32,6 +32,7 @@ class Metrics:
         self.registry = r = CollectorRegistry()
         labels = {"model_name": model}
         self._labels = labels
+        self._children: dict[tuple, object] = {}
 
         def counter(name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
             return Counter(name, doc, ("model_name", *extra), registry=r)
@@ -68,54 +69,82 @@ class Metrics:
             Gauge(name, doc, ("model_name",), registry=r).labels(**labels).set_function(fn)
         Gauge("ggspec:num_slots", "Parallel sequence slots.", ("model_name",), registry=r).labels(**labels).set(slots)
 
+    def _child(self, metric, **labels):
+        """A metric's child for these labels, looked up once (`labels()` takes a lock and builds
+        a key every call; this runs many times a step)."""
+        key = (id(metric), *sorted(labels.items()))
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(**self._labels, **labels)
+        return child
+
     def _inc(self, metric: Counter, amount: float = 1.0, **labels) -> None:
         if amount:
-            metric.labels(**self._labels, **labels).inc(amount)
+            self._child(metric, **labels).inc(amount)
 
     def reject(self, reason: str) -> None:
         self._inc(self.rejected, reason=reason)
 
     def finished(self, reason: str, seconds: float) -> None:
         self._inc(self.requests, finished_reason=reason)
-        self.e2e.labels(**self._labels).observe(seconds)
+        self._child(self.e2e).observe(seconds)
 
     def first_token(self, seconds: float) -> None:
-        self.ttft.labels(**self._labels).observe(seconds)
+        self._child(self.ttft).observe(seconds)
 
     def tokens_after(self, seconds: float, n: int) -> None:
         """n tokens arrived `seconds` after the request's previous ones."""
-        h = self.itl.labels(**self._labels)
+        h = self._child(self.itl)
         for _ in range(n):
             h.observe(seconds / n)
 
     def engine_step(self, results: list[tuple[object, Step]]) -> None:
         """One `Engine.step()`: its prefills, then its transaction (every sequence's step of one
-        transaction carries the transaction's shared times: counted once)."""
+        transaction carries the transaction's shared times: counted once). Summed first, then
+        one increment per series."""
         transaction = None
+        generated = drafts = drafted = accepted = replays = 0
+        per_pos_drafted: list[int] = []
+        per_pos_accepted: list[int] = []
         for _, step in results:
-            self._inc(self.generation_tokens, len(step.tokens))
+            generated += len(step.tokens)
             if step.kind == "prefill":
                 self._inc(self.prompt_tokens, step.n_prompt)
                 self._inc(self.cached_tokens, step.n_cached)
                 self._inc(self.seconds, step.t_total, phase="prefill")
                 continue
             transaction = transaction or step
+            replays += step.replayed
             if step.drafted:
-                self._inc(self.drafts)
-                self._inc(self.draft_tokens, step.drafted)
-                self._inc(self.accepted_tokens, step.accepted)
-                for i in range(step.drafted):
-                    self._inc(self.drafted_per_pos, position=str(i))
-                for i in range(step.accepted):
-                    self._inc(self.accepted_per_pos, position=str(i))
-            self._inc(self.replays, int(step.replayed))
+                drafts += 1
+                drafted += step.drafted
+                accepted += step.accepted
+                _bump(per_pos_drafted, step.drafted)
+                _bump(per_pos_accepted, step.accepted)
+        self._inc(self.generation_tokens, generated)
+        self._inc(self.drafts, drafts)
+        self._inc(self.draft_tokens, drafted)
+        self._inc(self.accepted_tokens, accepted)
+        self._inc(self.replays, replays)
+        for i, n in enumerate(per_pos_drafted):
+            self._inc(self.drafted_per_pos, n, position=str(i))
+        for i, n in enumerate(per_pos_accepted):
+            self._inc(self.accepted_per_pos, n, position=str(i))
         if transaction is not None:
             t = transaction
             self._inc(self.steps)
-            parts = {"draft": t.t_draft, "verify": t.t_verify, "inject": t.t_inject, "replay": t.t_replay}
+            parts = {"draft": t.t_draft, "verify": t.t_verify, "inject": t.t_inject, "replay": t.t_replay,
+                     "other": t.t_overhead}
             for phase, seconds in parts.items():
                 self._inc(self.seconds, seconds, phase=phase)
-            self._inc(self.seconds, t.t_overhead, phase="other")
 
     def text(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _bump(counts: list[int], n: int) -> None:
+    """Count one more at each of the first n positions."""
+    if len(counts) < n:
+        counts.extend([0] * (n - len(counts)))
+    for i in range(n):
+        counts[i] += 1
