@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import signal
@@ -110,7 +111,7 @@ def drafted(url: str, log: Path) -> tuple[float, float]:
     """(accepted, drafted) draft tokens so far: ggspec's from /metrics, llama-server's from the
     per-request lines of its log."""
     acc = metric(url, "ggspec:spec_decode_num_accepted_tokens_total")
-    if acc == acc and acc > 0:  # not NaN: a ggspec server with drafts
+    if not math.isnan(acc) and acc > 0:  # a ggspec server with drafts
         return acc, metric(url, "ggspec:spec_decode_num_draft_tokens_total")
     found = _LLAMA_ACCEPT.findall(log.read_text(errors="replace")) if log.is_file() else []
     return float(sum(int(a) for a, _ in found)), float(sum(int(g) for _, g in found))
