@@ -409,11 +409,11 @@ def serve(
         fail(f"--max-queue {max_queue}: expected 0 or more")
     if drain_timeout < 0:
         fail(f"--drain-timeout {drain_timeout}: expected 0 or more seconds")
-    try:
-        import uvicorn  # noqa: F401
-        import starlette  # noqa: F401
-    except ImportError:
-        fail("`ggspec serve` needs the server extra: pip install 'ggspec[serve]'")
+    import importlib.util
+
+    missing = [m for m in ("starlette", "uvicorn", "pydantic", "prometheus_client") if importlib.util.find_spec(m) is None]
+    if missing:
+        fail(f"`ggspec serve` needs {', '.join(missing)}: pip install 'ggspec[serve]'")
     address = _check_bind(host, port, "--host", "the server listens on IPv4", "another server?")
     if not address.startswith("127."):
         err.print(f"[bold yellow]warning:[/] listening on {host}:{port}, beyond this machine: the server has no "
@@ -426,7 +426,8 @@ def serve(
     cfg = _pair_config(shared, plain=no_spec, n_gpu_layers_draft=n_gpu_layers_draft, n_max=n_max,
                        parallel=parallel, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, type_k=type_k,
                        type_v=type_v, flash_attn=flash_attn, inject=inject, rs_planes=rs_planes, rs_lead=rs_lead)
-    from ggspec.server.run import ServeOptions, serve as run_server
+    from ggspec.server.run import ServeOptions
+    from ggspec.server.run import serve as run_server
 
     options = ServeOptions(host=address, port=port, model_id=alias or pair or Path(cfg.target).stem, max_queue=max_queue,
                            chat_template=chat_template, chat_template_file=chat_template_file,

@@ -26,7 +26,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
 
@@ -37,37 +36,23 @@ from rich.table import Table
 
 from ggspec.bench.native import find_tool
 from ggspec.bench.prompts import BUILTIN
-from ggspec.bench.serving import run_load, solo
+from ggspec.bench.serving import NotReady, free_port, run_load, solo, wait_ready
 from ggspec.pairs import get_entry, resolve
 
 console = Console(stderr=True)
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start(cmd: list[str], port: int, env: dict, log: Path) -> subprocess.Popen:
+def start(cmd: list[str], url: str, env: dict, log: Path) -> subprocess.Popen:
     """A server whose output goes to `log` (a pipe nobody reads would fill up and stop
     llama-server, which logs every request)."""
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-    t_end = time.monotonic() + 180
-    while time.monotonic() < t_end:
-        if proc.poll() is not None:
-            raise SystemExit(f"{Path(cmd[0]).name} exited {proc.returncode}: {log.read_text()[-2000:]}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                if r.status == 200:
-                    return proc
-        except OSError:
-            time.sleep(0.2)
-    proc.kill()
-    raise SystemExit(f"{cmd[0]} was not ready within 180 s")
+    try:
+        wait_ready(url, proc)
+    except NotReady as exc:
+        proc.kill()
+        raise SystemExit(f"{Path(cmd[0]).name}: {exc}: {log.read_text()[-2000:]}") from None
+    return proc
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -170,7 +155,7 @@ def main() -> int:
                 console.print(f"[bold]{name}[/]: {' '.join(Path(c).name if i == 0 else c for i, c in enumerate(cmd))}",
                               soft_wrap=True)
             log = args.logs / f"{name.replace(' ', '-')}.log"
-            proc = start(cmd, port, env, log)
+            proc = start(cmd, url, env, log)
             try:
                 if refs is None:
                     refs = [r.text for r in solo(url, prompts, args.max_tokens, extra)]

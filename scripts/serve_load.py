@@ -17,38 +17,15 @@ import argparse
 import json
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import threading
-import time
-import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ggspec.bench.prompts import BUILTIN
-from ggspec.bench.serving import rss_bytes, run_load, solo
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_healthy(url: str, proc: subprocess.Popen | None, timeout: float = 180.0) -> None:
-    t_end = time.monotonic() + timeout
-    while time.monotonic() < t_end:
-        if proc is not None and proc.poll() is not None:
-            raise SystemExit(f"the server exited ({proc.returncode}) before it was ready")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.2)
-    raise SystemExit(f"the server at {url} was not ready within {timeout:.0f} s")
+from ggspec.bench.serving import NotReady, free_port, rss_bytes, run_load, solo, wait_ready
 
 
 class RssWatch:
@@ -101,7 +78,10 @@ def main() -> int:
     prompts = [p.text for p in BUILTIN]
     extra = {"ignore_eos": True}
     try:
-        wait_healthy(url, proc)
+        try:
+            wait_ready(url, proc)
+        except NotReady as exc:
+            raise SystemExit(str(exc)) from None
         refs = solo(url, prompts, args.max_tokens, extra)
         bad = [r for r in refs if r.error]
         if bad:

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from conftest import run_cli
 
+from ggspec.bench.serving import NotReady, free_port, wait_ready
 from ggspec.server.text import TextStream
 
 openai = pytest.importorskip("openai")
@@ -31,32 +32,19 @@ PROMPTS = ["def fibonacci(n):", "class Stack:\n    def __init__(self):", "The qu
 N = 40
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class LiveServer:
     """`ggspec serve ARGS` in a subprocess on a free loopback port, ready when /health answers."""
 
     def __init__(self, *args: str) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "ggspec.cli", "serve", *args, "--port", str(self.port)]
         self.log = tempfile.TemporaryFile("w+")  # not a pipe: nothing reads it while the server runs
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.log, text=True)
-        t_end = time.monotonic() + 120
-        while time.monotonic() < t_end:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"serve exited {self.proc.returncode}: {self.output()}")
-            try:
-                if self.get("/health")[0] == 200:
-                    break
-            except OSError:
-                time.sleep(0.1)
-        else:
-            raise AssertionError("serve was not ready in 120 s")
+        try:
+            wait_ready(self.url, self.proc, timeout=120)
+        except NotReady as exc:
+            raise AssertionError(f"{exc}: {self.output()}") from None
         self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=120)
 
     def get(self, path: str) -> tuple[int, dict | str]:

@@ -12,13 +12,42 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
+import subprocess
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import numpy as np
+
+
+class NotReady(RuntimeError):
+    """A server that exited, or did not answer /health in time."""
+
+
+def free_port() -> int:
+    """A loopback TCP port nobody listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(url: str, proc: subprocess.Popen | None = None, timeout: float = 180.0) -> None:
+    """Return once url + /health answers 200; NotReady when `proc` exits first or time runs out."""
+    t_end = time.monotonic() + timeout
+    while time.monotonic() < t_end:
+        if proc is not None and proc.poll() is not None:
+            raise NotReady(f"the server exited ({proc.returncode}) before it was ready")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.1)
+    raise NotReady(f"the server at {url} was not ready within {timeout:.0f} s")
 
 
 @dataclass

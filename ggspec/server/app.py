@@ -141,8 +141,7 @@ async def _answer(request: Request, svc: Service, req, prompt: np.ndarray, limit
 
 
 async def _events(svc: Service, job) -> AsyncIterator[object]:
-    """A job's events until its last; a stop string found in the text cancels it (its final
-    statistics still come, as a Done, at the next step)."""
+    """A job's events, up to and including its Done or Failed."""
     while True:
         event = await job.events.get()
         yield event

@@ -18,7 +18,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from ggspec.speculative.stats import Step
+from ggspec.speculative.stats import Step, count_positions
 
 disable_created_metrics()  # no `*_created` series: they double the page and nobody graphs them
 
@@ -119,8 +119,8 @@ class Metrics:
                 drafts += 1
                 drafted += step.drafted
                 accepted += step.accepted
-                _bump(per_pos_drafted, step.drafted)
-                _bump(per_pos_accepted, step.accepted)
+                count_positions(per_pos_drafted, step.drafted)
+                count_positions(per_pos_accepted, step.accepted)
         self._inc(self.generation_tokens, generated)
         self._inc(self.drafts, drafts)
         self._inc(self.draft_tokens, drafted)
@@ -141,10 +141,3 @@ class Metrics:
     def text(self) -> bytes:
         return generate_latest(self.registry)
 
-
-def _bump(counts: list[int], n: int) -> None:
-    """Count one more at each of the first n positions."""
-    if len(counts) < n:
-        counts.extend([0] * (n - len(counts)))
-    for i in range(n):
-        counts[i] += 1

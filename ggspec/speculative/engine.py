@@ -223,10 +223,9 @@ class Engine:
         """Reject prompts llama.cpp cannot take, before anything is decoded."""
         if len(prompt) == 0:
             raise InputError("the prompt is empty (it tokenized to zero tokens)", field="prompt")
-        n_draft = self.n_max if self.speculative else 0
-        need = len(prompt) + 1 + n_draft  # prompt, then one verify block [id_last, d1..dn]
+        need = len(prompt) + self.block_cells  # prompt, then one verify block [id_last, d1..dn]
         if need > self.capacity:
-            room = "a draft block" if n_draft else "one generated token"
+            room = "a draft block" if self.speculative else "one generated token"
             raise InputError(f"the prompt has {len(prompt)} tokens: with {room} it needs {need} positions, "
                              f"but the context holds {self.capacity} (raise the context size or shorten the prompt)",
                              field="prompt")

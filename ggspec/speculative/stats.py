@@ -81,8 +81,8 @@ class RunStats:
             if len(self.accept_hist) <= step.accepted:
                 self.accept_hist.extend([0] * (step.accepted + 1 - len(self.accept_hist)))
             self.accept_hist[step.accepted] += 1
-            _bump(self.pos_drafted, step.drafted)
-            _bump(self.pos_accepted, step.accepted)
+            count_positions(self.pos_drafted, step.drafted)
+            count_positions(self.pos_accepted, step.accepted)
 
     @property
     def decode_tps(self) -> float:
@@ -142,7 +142,7 @@ def merge(runs) -> RunStats:
     return total
 
 
-def _bump(counts: list[int], n: int) -> None:
+def count_positions(counts: list[int], n: int) -> None:
     """counts[i] += 1 for i < n, growing the list as needed."""
     if len(counts) < n:
         counts.extend([0] * (n - len(counts)))
