@@ -40,28 +40,33 @@ class Batch(OwnedHandle):
         if not self.ptr:
             raise LlamaError("llama_batch_ext_init failed")
         self.capacity: int = ctx.n_batch
-        self._add_tokens = self.lc._lib.ggspec_batch_add_tokens  # looked up once: it runs every step
+        self.quick = ctx.quick  # the short calls (see Context.quick)
+        self._add_tokens = self.quick.ggspec_batch_add_tokens  # looked up once: it runs every step
         self.n_tokens = 0
         self.n_outputs = 0
+        # token ids are staged here and its address passed (the shim copies them into the batch):
+        # one numpy copy per call instead of a fresh ctypes view of every caller's array
+        self._ids = np.empty(self.capacity, dtype=np.int32)
+        self._ids_addr: int = self._ids.ctypes.data
         self._layer_ids: dict[tuple, ctypes.Array] = {}  # ctypes copies of layer id lists
 
     def clear(self) -> "Batch":
-        self.lc.llama_batch_ext_clear(self.ptr)
+        self.quick.llama_batch_ext_clear(self.ptr)
         self.n_tokens = 0
         self.n_outputs = 0
         return self
 
     def add_tokens(self, tokens, pos0: int, seq_id: int = 0, outputs: str | np.ndarray = "last") -> "Batch":
         """Append tokens at positions pos0, pos0+1, ...; outputs: "all", "last", "none" or flags."""
-        ids = np.ascontiguousarray(tokens, dtype=np.int32)
-        n = len(ids)
+        n = len(tokens)
         if isinstance(outputs, str):
             flags, flags_addr, n_out = _output_flags(outputs, n)
         else:
             flags = np.ascontiguousarray(outputs, dtype=np.int8)
             flags_addr, n_out = flags.ctypes.data, int(np.count_nonzero(flags))
         self._check_room(n)
-        rc = self._add_tokens(self.ptr, seq_id, ids.ctypes.data, n, pos0, flags_addr)
+        self._ids[:n] = tokens
+        rc = self._add_tokens(self.ptr, seq_id, self._ids_addr, n, pos0, flags_addr)
         self._added(rc, n, n_out)
         return self
 
@@ -70,7 +75,7 @@ class Batch(OwnedHandle):
         data = np.ascontiguousarray(rows, dtype=np.float32)
         n, width = data.shape
         self._check_room(n)
-        rc = self.lc._lib.ggspec_batch_add_embd_rows(self.ptr, seq_id, data.ctypes.data, n, width, pos0)
+        rc = self.quick.ggspec_batch_add_embd_rows(self.ptr, seq_id, data.ctypes.data, n, width, pos0)
         self._added(rc, n, 0)
         return self
 
@@ -83,7 +88,7 @@ class Batch(OwnedHandle):
             ids = self._layer_ids[tuple(layer_ids)] = (ctypes.c_int32 * len(layer_ids))(*layer_ids)
         src.check_layer_inputs(layer_ids, row0, n_rows)
         self._check_room(n_rows)
-        rc = self.lc._lib.ggspec_batch_add_layer_inputs(self.ptr, seq_id, src.ptr, ids, len(ids), src.model.n_embd,
+        rc = self.quick.ggspec_batch_add_layer_inputs(self.ptr, seq_id, src.ptr, ids, len(ids), src.model.n_embd,
                                                         row0, n_rows, pos0)
         self._added(rc, n_rows, 0)
         return self

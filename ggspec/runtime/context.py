@@ -11,7 +11,7 @@ import numpy as np
 from ggspec.errors import InputError, LlamaError
 from ggspec.runtime import watchdog
 from ggspec.runtime.handle import OwnedHandle
-from ggspec.native.bindings import last_log_error
+from ggspec.native.bindings import held_gil, last_log_error
 from ggspec.runtime.model import Model
 from ggspec.runtime.preflight import GGML_MAX_N_THREADS, MAX_CTX, check_memory
 from ggspec.values import is_int
@@ -123,11 +123,17 @@ class Context(OwnedHandle):
         self.n_vocab = model.n_vocab
         self._n_outputs = 0
         self._n_rows = 0  # rows of the last decode
+        # the short calls of every step keep the GIL (bindings.held_gil), except while RPC workers
+        # are watched: a call blocked on one must leave the GIL to the watchdog's thread
+        lib = self.lc._lib
+        self.quick = lib if watchdog.armed() else held_gil()
         # llama_get_logits returning the bare address (its own function object: the bindings'
         # keeps its float-pointer result type); it runs every step
-        lib = self.lc._lib
-        self._get_logits = type(lib.llama_get_logits)(("llama_get_logits", lib))
-        self._get_logits.argtypes, self._get_logits.restype = [ctypes.c_void_p], ctypes.c_void_p
+        if self.quick is lib:
+            self._get_logits = type(lib.llama_get_logits)(("llama_get_logits", lib))
+            self._get_logits.argtypes, self._get_logits.restype = [ctypes.c_void_p], ctypes.c_void_p
+        else:
+            self._get_logits = self.quick.llama_get_logits
         self._logits_key: tuple[int | None, int] = (None, -1)  # (buffer address, rows) of _logits
         self._logits = np.empty((0, model.n_vocab), dtype=np.float32)
         self._layer_inputs_on: frozenset[int] = frozenset()  # layers whose inputs decodes extract
@@ -223,7 +229,7 @@ class Context(OwnedHandle):
     # --- memory ----------------------------------------------------------------------------------
 
     def pos_max(self, seq_id: int = 0) -> int:
-        return self.lc.llama_memory_seq_pos_max(self.memory, seq_id)
+        return self.quick.llama_memory_seq_pos_max(self.memory, seq_id)
 
     def clear(self) -> None:
         self.lc.llama_memory_clear(self.memory, True)
@@ -233,7 +239,7 @@ class Context(OwnedHandle):
         models only when a state plane holds the state after position p0 - 1 (patch 0002)."""
         if not self.model.is_recurrent or p0 > self.pos_max(seq_id):
             return True
-        return self.lc._lib.ggspec_rs_can_rollback(self.ptr, seq_id, p0) == 1
+        return self.quick.ggspec_rs_can_rollback(self.ptr, seq_id, p0) == 1
 
     def truncate(self, p0: int, seq_id: int = 0) -> None:
         """Drop positions >= p0 of a sequence (roll back rejected tokens).
@@ -243,11 +249,14 @@ class Context(OwnedHandle):
         old trap of rolling back a whole last batch without a kept input state; we check first so
         the refusal is a clear error.
         """
+        if not self.model.is_recurrent:  # an attention cache: removing nothing is a no-op
+            self.remove(p0, seq_id)
+            return
         if p0 > self.pos_max(seq_id):
             return
         if not self.can_truncate(p0, seq_id):
             raise LlamaError(f"no recurrent state plane holds the state before position {p0}")
-        if not self.lc.llama_memory_seq_rm(self.memory, seq_id, p0, -1):
+        if not self.quick.llama_memory_seq_rm(self.memory, seq_id, p0, -1):
             raise LlamaError(f"llama.cpp refused to remove positions >= {p0} of sequence {seq_id}")
 
     # --- recurrent state planes (patch 0002) -----------------------------------------------------
@@ -276,11 +285,11 @@ class Context(OwnedHandle):
 
     def drop_sequence(self, seq_id: int) -> None:
         """Free every cell of a sequence (it finished or was cancelled)."""
-        self.lc.llama_memory_seq_rm(self.memory, seq_id, -1, -1)
+        self.quick.llama_memory_seq_rm(self.memory, seq_id, -1, -1)
 
     def remove(self, p0: int, seq_id: int = 0) -> None:
         """Drop positions >= p0 from a non-recurrent cache (e.g. the draft's noise block)."""
-        if not self.lc.llama_memory_seq_rm(self.memory, seq_id, p0, -1):
+        if not self.quick.llama_memory_seq_rm(self.memory, seq_id, p0, -1):
             raise LlamaError(f"llama.cpp refused to remove positions >= {p0} of sequence {seq_id}")
 
     # --- lifetime --------------------------------------------------------------------------------

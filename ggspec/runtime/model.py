@@ -62,6 +62,8 @@ class Model(OwnedHandle):
         self.is_recurrent: bool = bool(
             self.lc.llama_model_is_recurrent(ptr) or self.lc.llama_model_is_hybrid(ptr)
         )
+        self._pieces: dict[int, bytes] = {}  # token_bytes, looked up once per token id
+        self._eog: dict[int, bool] = {}  # is_eog, likewise
 
     @property
     def mirrored_output(self) -> bool:
@@ -93,6 +95,13 @@ class Model(OwnedHandle):
         return n
 
     def token_bytes(self, token: int) -> bytes:
+        """The bytes of one token's text (a server detokenizes every generated token: cached)."""
+        piece = self._pieces.get(token)
+        if piece is None:
+            piece = self._pieces[token] = self._piece(token)
+        return piece
+
+    def _piece(self, token: int) -> bytes:
         if not 0 <= token < self.n_vocab:
             raise InputError(f"token id {token} is outside the {self.what}'s vocabulary (0..{self.n_vocab - 1})")
         buf = ctypes.create_string_buffer(64)
@@ -108,9 +117,15 @@ class Model(OwnedHandle):
         return b"".join(self.token_bytes(int(t)) for t in tokens).decode("utf-8", "replace")
 
     def is_eog(self, token: int) -> bool:
-        return bool(self.lc.llama_vocab_is_eog(self.vocab, token))
+        """Whether a token ends generation (asked of every committed token: cached)."""
+        eog = self._eog.get(token)
+        if eog is None:
+            eog = self._eog[token] = bool(self.lc.llama_vocab_is_eog(self.vocab, token))
+        return eog
 
     # --- lifetime --------------------------------------------------------------------------------
 
     def _free(self, ptr) -> None:
+        self._pieces.clear()  # a closed model answers nothing, cached or not
+        self._eog.clear()
         self.lc.llama_model_free(ptr)

@@ -9,7 +9,6 @@ as events and leave as one JSON body or as server-sent events (SSE).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -172,10 +171,6 @@ async def _collect(request: Request, svc: Service, job, text: TextStream):
             raise ApiError(500, event.message, kind="server_error")
 
 
-def _data(obj) -> bytes:
-    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
-
-
 async def _sse(svc: Service, job, shape: p.Shape, text: TextStream, n_prompt: int, include_usage: bool):
     """Server-sent events: chunks as tokens arrive, a last chunk with the finish reason, usage
     when asked for, then [DONE]. A client that leaves cancels the job (Starlette cancels this
@@ -183,24 +178,24 @@ async def _sse(svc: Service, job, shape: p.Shape, text: TextStream, n_prompt: in
     stopped = False
     try:
         if shape.chat:
-            yield _data(shape.chunk(None, role=True))
+            yield p.sse(shape.chunk(None, role=True))
         async for event in _events(svc, job):
             if isinstance(event, Tokens) and not stopped:
                 delta = text.push(event.tokens)
                 if delta:
-                    yield _data(shape.chunk(delta))
+                    yield shape.text_event(delta)
                 if text.stopped:
                     stopped = True
                     svc.scheduler.cancel(job)
             elif isinstance(event, Done):
                 tail = "" if stopped else text.finish()
                 if tail:
-                    yield _data(shape.chunk(tail))
-                yield _data(shape.chunk(None, "stop" if stopped else event.reason))
+                    yield p.sse(shape.chunk(tail))
+                yield p.sse(shape.chunk(None, "stop" if stopped else event.reason))
                 if include_usage:
-                    yield _data(shape.usage_chunk(p.usage(n_prompt, event.stats)))
+                    yield p.sse(shape.usage_chunk(p.usage(n_prompt, event.stats)))
             elif isinstance(event, Failed):
-                yield _data(p.error_body(event.message, "server_error"))
+                yield p.sse(p.error_body(event.message, "server_error"))
         yield b"data: [DONE]\n\n"
     finally:
         svc.scheduler.cancel(job)  # a no-op once it finished

@@ -8,6 +8,7 @@ accepted only at their no-op values, so a request is never silently answered as 
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from typing import Annotated, Literal
@@ -145,6 +146,14 @@ def usage(n_prompt: int, stats) -> dict:
             "tau": round(stats.tau, 4)}
 
 
+def sse(obj) -> bytes:
+    """One server-sent event carrying a JSON object."""
+    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+_MARK = "\x00ggspec-text\x00"  # stands for a chunk's text while its event is rendered once
+
+
 class Shape:
     """The fixed parts of one response (id, object names, model, creation time) for one endpoint."""
 
@@ -152,6 +161,17 @@ class Shape:
         self.chat, self.model = chat, model
         self.id = new_id("chatcmpl" if chat else "cmpl")
         self.created = int(time.time())
+        # a text chunk's event is the same bytes each time but for the text: rendered once here,
+        # split where the text goes (a streamed answer sends one per engine step)
+        head, mark, tail = sse(self.chunk(_MARK)).partition(json.dumps(_MARK, ensure_ascii=False).encode())
+        self._text_event = (head, tail) if mark else None
+
+    def text_event(self, text: str) -> bytes:
+        """`sse(self.chunk(text))`, without building and encoding the whole object."""
+        if self._text_event is None:
+            return sse(self.chunk(text))
+        head, tail = self._text_event
+        return head + json.dumps(text, ensure_ascii=False).encode() + tail
 
     def _head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}

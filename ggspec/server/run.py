@@ -85,9 +85,5 @@ def serve(cfg: PairConfig, options: ServeOptions, log: Callable[[str], None] = p
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-        m = service.metrics
-        log(f"stopped: {_total(m.requests):.0f} requests answered, {_total(m.generation_tokens):.0f} tokens generated")
-
-
-def _total(counter) -> float:
-    return sum(s.value for metric in counter.collect() for s in metric.samples if s.name.endswith("_total"))
+        tot = service.metrics.totals
+        log(f"stopped: {sum(tot.requests.values())} requests answered, {tot.generation_tokens} tokens generated")

@@ -217,12 +217,12 @@ class DFlashProposer:
 
     # --- drafting --------------------------------------------------------------------------------
 
-    def _block(self, id_last: int, n: int) -> np.ndarray:
-        """The noise block of one sequence for n drafts."""
+    def _blocks(self, seqs, n: int) -> np.ndarray:
+        """The noise blocks of these sequences for n drafts, one row each: [id_last, MASK, ...]."""
         rows = n if self.info.anchor_first else n + 1
-        block = np.full(rows, self.info.mask_token, dtype=np.int32)
-        block[0] = id_last
-        return block
+        blocks = np.full((len(seqs), rows), self.info.mask_token, dtype=np.int32)
+        blocks[:, 0] = [seq.id_last for seq in seqs]
+        return blocks
 
     def propose(self, seqs, n: int) -> list[Draft]:
         """Draft n tokens after each sequence's last token (at its position), all blocks in one
@@ -230,13 +230,14 @@ class DFlashProposer:
         engine flushes first)."""
         if not seqs:
             return []
-        rows = len(self._block(0, n))
+        blocks = self._blocks(seqs, n)
+        rows = blocks.shape[1]
         if rows * len(seqs) > self.draft.n_ubatch:  # a non-causal batch larger than one ubatch aborts llama.cpp
             raise InputError(f"{len(seqs)} noise blocks of {rows} rows do not fit the draft's physical batch size "
                              f"{self.draft.n_ubatch}", field="n_ubatch")
         self._batch.clear()
-        for seq in seqs:
-            self._batch.add_tokens(self._block(seq.id_last, n), seq.pos, seq.seq_id, outputs=self._outputs)
+        for seq, block in zip(seqs, blocks):
+            self._batch.add_tokens(block, seq.pos, seq.seq_id, outputs=self._outputs)
         self.draft.decode(self._batch)
         sampled = self.samples_drafts and not all(seq.sampling.greedy for seq in seqs)
         drafts = self._sample(seqs, rows, n) if sampled else self._read(len(seqs), rows, n)
