@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 
@@ -31,6 +30,7 @@ from ggspec.server.text import TextStream
 from ggspec.speculative.sampling import SamplerSettings
 
 log = logging.getLogger("ggspec.server")
+DONE = b"data: [DONE]\n\n"  # the stream's last event
 DISCONNECT_POLL = 0.25  # seconds between checks for a vanished client while a whole answer is made
 
 
@@ -139,15 +139,6 @@ async def _answer(request: Request, svc: Service, req, prompt: np.ndarray, limit
     return JSONResponse(shape.whole(text.text, finish, p.usage(len(prompt), stats)))
 
 
-async def _events(svc: Service, job) -> AsyncIterator[object]:
-    """A job's events, up to and including its Done or Failed."""
-    while True:
-        event = await job.events.get()
-        yield event
-        if isinstance(event, (Done, Failed)):
-            return
-
-
 async def _collect(request: Request, svc: Service, job, text: TextStream):
     """(finish reason, stats) of a whole answer; (None, None) once the client is gone."""
     stopped = False
@@ -179,7 +170,8 @@ async def _sse(svc: Service, job, shape: p.Shape, text: TextStream, n_prompt: in
     try:
         if shape.chat:
             yield p.sse(shape.chunk(None, role=True))
-        async for event in _events(svc, job):
+        while True:  # the job's events end with its Done or Failed
+            event = await job.events.get()
             if isinstance(event, Tokens) and not stopped:
                 delta = text.push(event.tokens)
                 if delta:
@@ -187,16 +179,17 @@ async def _sse(svc: Service, job, shape: p.Shape, text: TextStream, n_prompt: in
                 if text.stopped:
                     stopped = True
                     svc.scheduler.cancel(job)
-            elif isinstance(event, Done):
+            elif isinstance(event, Done):  # the rest of the answer in one write
                 tail = "" if stopped else text.finish()
-                if tail:
-                    yield p.sse(shape.chunk(tail))
-                yield p.sse(shape.chunk(None, "stop" if stopped else event.reason))
+                end = [shape.text_event(tail)] if tail else []
+                end.append(p.sse(shape.chunk(None, "stop" if stopped else event.reason)))
                 if include_usage:
-                    yield p.sse(shape.usage_chunk(p.usage(n_prompt, event.stats)))
+                    end.append(p.sse(shape.usage_chunk(p.usage(n_prompt, event.stats))))
+                yield b"".join([*end, DONE])
+                return
             elif isinstance(event, Failed):
-                yield p.sse(p.error_body(event.message, "server_error"))
-        yield b"data: [DONE]\n\n"
+                yield p.sse(p.error_body(event.message, "server_error")) + DONE
+                return
     finally:
         svc.scheduler.cancel(job)  # a no-op once it finished
 

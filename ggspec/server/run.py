@@ -8,6 +8,7 @@ stops, the contexts and models are freed, and the process exits 0. A second sign
 
 from __future__ import annotations
 
+import gc
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -67,6 +68,11 @@ def serve(cfg: PairConfig, options: ServeOptions, log: Callable[[str], None] = p
                                 log_level=options.log_level, access_log=False, lifespan="on",
                                 timeout_graceful_shutdown=options.drain_timeout)
         server = uvicorn.Server(config)
+        # everything loaded so far lives as long as the server: out of the collector's sight, a
+        # full collection (which may run on the engine's thread, in the middle of a step) only
+        # walks what requests allocate (vLLM's engine does the same)
+        gc.collect()
+        gc.freeze()
         spec = (f"speculative ({engine.plan.spec_type}, n_max {engine.n_max})" if engine.speculative
                 else "plain decoding")
         log(f"serving '{options.model_id}' on http://{options.host}:{options.port}/v1  ({spec}, {engine.parallel} "
