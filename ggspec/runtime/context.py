@@ -186,8 +186,8 @@ class Context(OwnedHandle):
     def check_layer_inputs(self, layer_ids, row0: int, n_rows: int) -> None:
         """Raise unless the last decode extracted these layers' inputs for rows row0..row0+n_rows-1
         (llama.cpp aborts the process on a read of anything else)."""
-        missing = [il for il in layer_ids if il not in self._extracted]
-        if missing:
+        if not self._extracted.issuperset(layer_ids):
+            missing = [il for il in layer_ids if il not in self._extracted]
             raise LlamaError(f"the inputs of layer(s) {missing} were not extracted by the last decode "
                              f"(enable_layer_inputs before decoding)")
         if row0 < 0 or row0 + n_rows > self._n_rows:

@@ -36,7 +36,7 @@ class Draft:
         return len(self.tokens)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Span:
     """The rows of one target decode that belong to one sequence."""
 

@@ -21,7 +21,7 @@ from ggspec.speculative.sequence import Sequence
 DRAFT, VERIFY = 0, 1  # the purposes of a sequence's random draws (Sequence.rng)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Outcome:
     accepted: int  # leading drafts the target accepted
     tokens: list[int]  # committed: d1..d_accepted, then the target's own token
@@ -67,6 +67,8 @@ class SequenceVerifier:
         self.rejection = RejectionVerifier()  # each span with its sequence's own settings
 
     def verify(self, logits: np.ndarray, spans: list[tuple[Sequence, Draft, int]]) -> list[Outcome]:
+        if all(seq.sampling.greedy for seq, _, _ in spans):
+            return self.greedy.verify(logits, spans)
         outcomes: list[Outcome | None] = [None] * len(spans)
         for rule, greedy in ((self.greedy, True), (self.rejection, False)):  # each rule once per step
             mine = [k for k, (seq, _, _) in enumerate(spans) if seq.sampling.greedy == greedy]
