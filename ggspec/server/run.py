@@ -60,7 +60,10 @@ def serve(cfg: PairConfig, options: ServeOptions, log: Callable[[str], None] = p
 
     from ggspec.server.app import create_app
 
-    with Engine.open(cfg, plain=options.plain, prompt_cache=options.prompt_cache) as engine:
+    # the first token comes from the prefill, as llama-server's: a request's first chunk does not
+    # wait for a whole draft-and-verify step
+    with Engine.open(cfg, plain=options.plain, prompt_cache=options.prompt_cache,
+                     first_token_from_prefill=True) as engine:
         for w in engine.warnings:
             log(f"warning: {w}")
         service = build_service(engine, options)

@@ -102,12 +102,15 @@ class Engine:
     and closes them with the engine."""
 
     def __init__(self, models: Models, cfg: PairConfig, *, verifier: Verifier | None = None,
-                 plain: bool = False, prompt_cache: bool = False) -> None:
+                 plain: bool = False, prompt_cache: bool = False, first_token_from_prefill: bool = False) -> None:
         """`plain`: no drafting at all (a baseline over the same weights, with no draft context
         and no rollback planes). `prompt_cache`: a slot keeps the cells of its last sequence, and
         a new prompt goes to the free slot whose cells hold the longest prefix of it: only the
         rest is decoded (llama-server's cache_prompt; not for recurrent targets, whose state
-        cannot be cut back to a prefix)."""
+        cannot be cut back to a prefix). `first_token_from_prefill`: the prefill decodes the whole
+        prompt and chooses the first token from its last row, as llama-server does, a step earlier
+        than llama.cpp's own loop, whose draft positions `ggspec run` and the benchmarks mirror
+        (see _prefill)."""
         cfg.validate()
         self.models = models
         self.cfg = cfg
@@ -139,6 +142,7 @@ class Engine:
             raise
         self._free_ids = list(range(self.parallel))
         self.prompt_cache = prompt_cache and not models.target.is_recurrent
+        self.first_token_from_prefill = first_token_from_prefill
         self._cached: dict[int, np.ndarray] = {}  # free slot -> the tokens its cells still hold (positions 0..)
         self.active: list[Sequence] = []
         self.stats = EngineStats()
@@ -364,23 +368,36 @@ class Engine:
         return time.perf_counter() - t0
 
     def _prefill(self, seq: Sequence) -> Step:
-        """Decode a sequence's prompt but its last token, in n_batch chunks, as llama.cpp's own
-        loop does: the last prompt token is the first step's id_last, so the first generated
-        token already comes with drafts (and every step sits where llama.cpp's would). Prompt
-        rows are committed, so they reach the draft right away."""
+        """Decode a sequence's prompt in n_batch chunks. By default all but its last token, as
+        llama.cpp's own loop does: the last prompt token is the first step's id_last, so the
+        first generated token already comes with drafts (and every step sits where llama.cpp's
+        would). With `first_token_from_prefill` the whole prompt, and the first token is chosen
+        from the last row right away, by the verifier's rule for a step without drafts (greedy,
+        or drawn with the draws that step would use): the time to the first token is a prefill
+        instead of a prefill and a whole draft-and-verify step. Prompt rows are committed, so
+        they reach the draft right away."""
         t0 = time.perf_counter()
         t_inject = 0.0
-        body, chunk = seq.prompt[:-1], self.target.n_batch
+        first = self.first_token_from_prefill
+        body, chunk = (seq.prompt if first else seq.prompt[:-1]), self.target.n_batch
         for off in range(seq.n_cached, len(body), chunk):  # the slot's cells hold the first n_cached
             part = body[off:off + chunk]
-            self._batch.clear().add_tokens(part, off, seq.seq_id, outputs="none")
+            outputs = "last" if first and off + chunk >= len(body) else "none"
+            self._batch.clear().add_tokens(part, off, seq.seq_id, outputs=outputs)
             spans = [Span(seq.seq_id, 0, len(part), off)] if seq.speculate else None
             t_inject += self._decode_target(self._batch, spans)
+        seq.id_last, seq.pos = int(seq.prompt[-1]), len(seq.prompt) - 1
+        step = Step([], "prefill", n_prompt=len(seq.prompt), n_cached=seq.n_cached)
+        if first:
+            logits = self.target.logits_view()
+            out = self.verifier.verify(logits, [(seq, NO_DRAFT, 0)])[0]
+            if seq.record_margins:
+                step.margins.append(top2_margin(logits[0]))
+            seq.pos += 1
+            self._commit_tokens(seq, step, out.tokens)
         t_inject += self._flush()
-        seq.id_last, seq.pos = int(seq.prompt[-1]), len(body)
-        t_total = time.perf_counter() - t0
-        step = Step([], "prefill", n_prompt=len(seq.prompt), n_cached=seq.n_cached, t_verify=t_total - t_inject,
-                    t_inject=t_inject, t_total=t_total)
+        step.t_total = time.perf_counter() - t0
+        step.t_inject, step.t_verify = t_inject, step.t_total - t_inject
         seq.stats.add(step)
         return step
 
