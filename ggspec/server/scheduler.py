@@ -199,14 +199,22 @@ class Scheduler:
         return out
 
     def _step(self) -> None:
-        try:
-            results = self.engine.step()
-        except GGSpecError as exc:  # llama.cpp refused a decode: every sequence in it is lost
-            log.error("engine step failed: %s", exc)
-            for job in list(self._running.values()):
-                job.emit(Failed(f"decoding failed: {exc}"))
-                self._end(job, None)
-            return
+        """The prompts of the jobs that joined (their first tokens go out at once: they do not
+        wait for the transaction), then one engine step."""
+        for phase in (self.engine.prefill, self.engine.step):
+            try:
+                results = phase()
+            except GGSpecError as exc:  # llama.cpp refused a decode: every sequence in it is lost
+                log.error("engine step failed: %s", exc)
+                for job in list(self._running.values()):
+                    job.emit(Failed(f"decoding failed: {exc}"))
+                    self._end(job, None)
+                return
+            if results:
+                self._publish_results(results)
+
+    def _publish_results(self, results) -> None:
+        """Each job's new tokens, and the Done of the finished ones, in one hand-over."""
         now = time.perf_counter()
         events: list[tuple[Job, object]] = []
         for seq, step in results:

@@ -330,10 +330,16 @@ class Engine:
 
     # --- the loop --------------------------------------------------------------------------------
 
+    def prefill(self) -> list[tuple[Sequence, Step]]:
+        """Decode the prompts of the sequences that joined since the last step. `step()` does this
+        first; a server calls it on its own to send the prefill's first tokens (see
+        first_token_from_prefill) before the step's transaction."""
+        return [(seq, self._prefill(seq)) for seq in self.active if not seq.started]
+
     def step(self) -> list[tuple[Sequence, Step]]:
         """Prefill the sequences that joined, then one transaction for every active sequence.
         Returns each sequence's step (a newly joined sequence may have two: prefill and spec)."""
-        out = [(seq, self._prefill(seq)) for seq in self.active if not seq.started]
+        out = self.prefill()
         # in sequence-id order: llama.cpp puts consecutive sequence ids into one ubatch
         live = sorted((seq for seq in self.active if not seq.done), key=_seq_id)
         if live:
@@ -375,7 +381,7 @@ class Engine:
         from the last row right away, by the verifier's rule for a step without drafts (greedy,
         or drawn with the draws that step would use): the time to the first token is a prefill
         instead of a prefill and a whole draft-and-verify step. Prompt rows are committed, so
-        they reach the draft right away."""
+        they reach the draft before its next call."""
         t0 = time.perf_counter()
         t_inject = 0.0
         first = self.first_token_from_prefill
@@ -395,7 +401,8 @@ class Engine:
                 step.margins.append(top2_margin(logits[0]))
             seq.pos += 1
             self._commit_tokens(seq, step, out.tokens)
-        t_inject += self._flush()
+        else:  # (with a first token to send, the rows wait for the transaction's own flush)
+            t_inject += self._flush()
         step.t_total = time.perf_counter() - t0
         step.t_inject, step.t_verify = t_inject, step.t_total - t_inject
         seq.stats.add(step)
