@@ -186,7 +186,8 @@ def load() -> types.ModuleType:
 # keep the GIL, so the engine hands it over only during its decodes, which is when the HTTP side
 # can use it for free. The functions are the same; only the GIL handling differs.
 _HELD_GIL = ("llama_batch_ext_clear", "ggspec_batch_add_tokens", "ggspec_batch_add_layer_inputs",
-             "ggspec_batch_add_embd_rows", "llama_memory_seq_rm", "llama_memory_seq_pos_max", "ggspec_rs_can_rollback")
+             "ggspec_batch_add_embd_rows", "llama_memory_seq_rm", "llama_memory_seq_pos_max", "ggspec_rs_can_rollback",
+             "llama_get_logits")
 
 
 @cache
@@ -199,7 +200,6 @@ def held_gil() -> ctypes.PyDLL:
     for name in _HELD_GIL:
         src = getattr(lib, name)
         _declare(held, name, src.argtypes, src.restype)
-    _declare(held, "llama_get_logits", [c_void_p], c_void_p)  # the bare address (Context.logits_view)
     return held
 
 

@@ -129,11 +129,8 @@ class Context(OwnedHandle):
         self.quick = lib if watchdog.armed() else held_gil()
         # llama_get_logits returning the bare address (its own function object: the bindings'
         # keeps its float-pointer result type); it runs every step
-        if self.quick is lib:
-            self._get_logits = type(lib.llama_get_logits)(("llama_get_logits", lib))
-            self._get_logits.argtypes, self._get_logits.restype = [ctypes.c_void_p], ctypes.c_void_p
-        else:
-            self._get_logits = self.quick.llama_get_logits
+        self._get_logits = type(self.quick.llama_get_logits)(("llama_get_logits", self.quick))
+        self._get_logits.argtypes, self._get_logits.restype = [ctypes.c_void_p], ctypes.c_void_p
         self._logits_key: tuple[int | None, int] = (None, -1)  # (buffer address, rows) of _logits
         self._logits = np.empty((0, model.n_vocab), dtype=np.float32)
         self._layer_inputs_on: frozenset[int] = frozenset()  # layers whose inputs decodes extract

@@ -255,11 +255,10 @@ class DFlashProposer:
 
     def _read(self, n_seqs: int, rows: int, n: int) -> list[Draft]:
         """Drafts from the last draft decode: n_seqs blocks of `rows` rows, in batch order."""
-        logits = self.draft.logits_view()
-        # row i of a block predicts position pos + i: its rows 1..n are the drafts
-        tokens = logits.argmax(axis=1).astype(np.int32).reshape(n_seqs, rows)[:, 1:]
+        logits = self.draft.logits_view().reshape(n_seqs, rows, -1)[:, 1:]  # row i predicts position pos + i
+        tokens = logits.argmax(axis=2).astype(np.int32)
         if self.p_min > 0:
-            conf = top_k_confidence(logits.reshape(n_seqs, rows, -1)[:, 1:].reshape(n_seqs * n, -1)).reshape(n_seqs, n)
+            conf = top_k_confidence(logits.reshape(n_seqs * n, -1)).reshape(n_seqs, n)
             return [Draft(_cut(t, c < self.p_min)) for t, c in zip(tokens, conf)]
         return [Draft(t) for t in tokens]
 

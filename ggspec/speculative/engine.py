@@ -274,8 +274,8 @@ class Engine:
 
     def _pick_slot(self, prompt: np.ndarray) -> tuple[int, int]:
         """A free slot for a prompt, and how many of its first tokens the slot's cells hold already
-        (at most all but the last: that one is the first step's id_last). `_cached` is in the
-        order the slots were freed."""
+        (at most all but the last, which is always decoded: as the first step's id_last, or for the
+        prefill's output row). `_cached` is in the order the slots were freed."""
         slot, best = self._free_ids[0], 0
         if not self.prompt_cache:
             return slot, 0
@@ -333,8 +333,11 @@ class Engine:
     def prefill(self) -> list[tuple[Sequence, Step]]:
         """Decode the prompts of the sequences that joined since the last step. `step()` does this
         first; a server calls it on its own to send the prefill's first tokens (see
-        first_token_from_prefill) before the step's transaction."""
-        return [(seq, self._prefill(seq)) for seq in self.active if not seq.started]
+        first_token_from_prefill) before the step's transaction; a sequence that finished at its
+        prefill leaves, as finished ones leave a step."""
+        out = [(seq, self._prefill(seq)) for seq in self.active if not seq.started]
+        self._retire_finished()
+        return out
 
     def step(self) -> list[tuple[Sequence, Step]]:
         """Prefill the sequences that joined, then one transaction for every active sequence.
@@ -344,9 +347,12 @@ class Engine:
         live = sorted((seq for seq in self.active if not seq.done), key=_seq_id)
         if live:
             out += self._transaction(live)
+        self._retire_finished()
+        return out
+
+    def _retire_finished(self) -> None:
         for seq in [s for s in self.active if s.done]:
             self._retire(seq)
-        return out
 
     def run(self) -> Iterator[tuple[Sequence, Step]]:
         """Step until no sequence is active."""
