@@ -10,7 +10,8 @@ the other, the order alternating between the --reps repetitions. Each gets a war
 concurrency `--requests-per-client` x concurrency streamed greedy completions of the built-in
 bench prompts, `--max-tokens` each (ignore_eos: every request makes exactly that many). Reported
 per row (the median of the repetitions): aggregate generated tokens/s, its ratio to llama-server's
-speculative throughput, TTFT and time per output token (TPOT) p50/p99, the draft acceptance rate
+speculative throughput, the median (and range) of the paired ratios (each repetition's run over
+llama-server's speculative run of the same repetition), TTFT and time per output token (TPOT) p50/p99, the draft acceptance rate
 (ggspec's from /metrics, llama-server's from its log), and whether every output equals the same
 prompt's output from ggspec's plain server alone (the lossless check).
 """
@@ -102,6 +103,20 @@ def drafted(url: str, log: Path) -> tuple[float, float]:
     return float(sum(int(a) for a, _ in found)), float(sum(int(g) for _, g in found))
 
 
+def paired(tps_runs: list[float], ref_runs: list | None) -> dict | None:
+    """The median and range of run-by-run ratios to llama-server's speculative run of the same
+    repetition. The two ran minutes apart at most, so the machine's slow drift (runs of one server
+    spread 15-25 % here) cancels in each ratio, which the ratio of two medians does not do."""
+    if not ref_runs:
+        return None
+    ratios = sorted(t / ref.throughput for t, ref in zip(tps_runs, ref_runs) if ref.throughput > 0)
+    if not ratios:
+        return None
+    mid = len(ratios) // 2
+    median = ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
+    return {"median": median, "min": ratios[0], "max": ratios[-1], "ratios": [round(x, 3) for x in ratios]}
+
+
 def _rate(runs: list[tuple[float, float]]) -> float | None:
     acc, gen = sum(a for a, _ in runs), sum(g for _, g in runs)
     return acc / gen if gen else None
@@ -186,14 +201,18 @@ def main() -> int:
                      "accept": _rate(accept[(name, c)]),
                      "equal_to_solo": f"{same}/{len(replies)}"})
     ref = {r["concurrency"]: r["tps"] for r in rows if r["server"] == "llama-server spec"}
+    for r in rows:  # each repetition against llama-server's run of the same repetition
+        r["paired"] = paired(r["tps_runs"], loads.get(("llama-server spec", r["concurrency"])))
     table = Table(title=f"{args.pair}: -np {args.parallel}, -c {args.ctx}, -t {args.threads}, n_max {args.n_max}, "
                         f"{args.max_tokens} tokens per request, greedy")
-    for col in ("server", "conc.", "t/s", "× llama-server spec", "TTFT p50/p99 ms", "TPOT p50/p99 ms", "accept",
+    for col in ("server", "conc.", "t/s", "× llama-server spec", "paired × (min-max)", "TTFT p50/p99 ms", "TPOT p50/p99 ms", "accept",
                 "errors", "= solo"):
         table.add_column(col, justify="left" if col == "server" else "right")
     for r in sorted(rows, key=lambda r: (r["concurrency"], r["server"])):
         x = r["tps"] / ref[r["concurrency"]] if ref.get(r["concurrency"]) else float("nan")
+        pr = r["paired"]
         table.add_row(r["server"], str(r["concurrency"]), f"{r['tps']:.0f}", f"{x:.2f}",
+                      f"{pr['median']:.2f} ({pr['min']:.2f}-{pr['max']:.2f})" if pr else "",
                       f"{r['ttft_p50_ms']:.1f} / {r['ttft_p99_ms']:.1f}", f"{r['tpot_p50_ms']:.2f} / {r['tpot_p99_ms']:.2f}",
                       "" if r["accept"] is None else f"{100 * r['accept']:.1f}%", str(r["errors"]), r["equal_to_solo"])
     Console(width=170).print(table)
