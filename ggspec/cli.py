@@ -370,6 +370,9 @@ def serve(
     cache_prompt: Annotated[bool, typer.Option(
         "--cache-prompt/--no-cache-prompt", help="Keep each slot's cells for a later prompt that starts the same way "
                                                  "(only the rest is decoded; not for recurrent targets).")] = True,
+    cache_ram: Annotated[int, typer.Option(
+        "-cram", "--cache-ram", help="MiB of host memory for copies of slots' cells a new prompt overwrites, given back "
+                                     "to a later prompt that starts the same way (-1: no limit, 0: off).")] = 8192,
     drain_timeout: Annotated[float, typer.Option(
         "--drain-timeout", help="On SIGINT/SIGTERM, seconds the requests in progress may take to finish.")] = 30.0,
     temp: Annotated[float, typer.Option("--temp", help="Temperature of requests that give none (0: greedy).")] = 0.8,
@@ -409,6 +412,8 @@ def serve(
         fail(f"--max-queue {max_queue}: expected 0 or more")
     if drain_timeout < 0:
         fail(f"--drain-timeout {drain_timeout}: expected 0 or more seconds")
+    if cache_ram < -1:
+        fail(f"--cache-ram {cache_ram}: expected MiB (-1: no limit, 0: off)")
     import importlib.util
 
     missing = [m for m in ("starlette", "uvicorn", "pydantic", "prometheus_client") if importlib.util.find_spec(m) is None]
@@ -431,7 +436,8 @@ def serve(
 
     options = ServeOptions(host=address, port=port, model_id=alias or pair or Path(cfg.target).stem, max_queue=max_queue,
                            chat_template=chat_template, chat_template_file=chat_template_file,
-                           drain_timeout=drain_timeout, plain=no_spec, prompt_cache=cache_prompt)
+                           drain_timeout=drain_timeout, plain=no_spec, prompt_cache=cache_prompt,
+                           cache_ram_mib=cache_ram)
     run_server(cfg, options, log=lambda line: err.print(line, soft_wrap=True, highlight=False))
 
 

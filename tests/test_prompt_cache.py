@@ -18,7 +18,7 @@ CTX = ContextParams(n_ctx=2048, n_threads=1)
 
 def _cfg(**kw) -> PairConfig:
     files = resolve(get_entry("tiny-coder"))
-    return PairConfig(target=files.target, draft=files.draft, n_max=7, parallel=2, ctx=CTX, **kw)
+    return PairConfig(target=files.target, draft=files.draft, n_max=7, ctx=CTX, **{"parallel": 2, **kw})
 
 
 def _generate(eng: Engine, prompt: np.ndarray):
@@ -60,3 +60,50 @@ def test_off_by_default_and_for_recurrent_targets(build_info, hybrid_pair):
     cfg = PairConfig(target=hybrid_pair.target, draft=hybrid_pair.draft, n_max=7, parallel=2, ctx=CTX)
     with Engine.open(cfg, prompt_cache=True) as eng:
         assert not eng.prompt_cache  # a recurrent state cannot be cut back to a prefix
+        assert eng.store is None
+
+
+# --- the host-memory store (--cache-ram) ------------------------------------------------------------
+
+TEXTS = ("def fibonacci(n):\n    if n < 2:", "import os\nimport sys\n\ndef main():", "class Stack:\n    def __init__(self):")
+
+
+@pytest.mark.parametrize("spec_type", [None, "ngram-simple", "plain"])
+def test_cells_a_new_prompt_overwrote_come_back_from_host_memory(build_info, spec_type):
+    """One slot, three prompts in turn: without the store every prompt is decoded whole each
+    time; with it the second round loads each prompt's cells (target and draft) and decodes only
+    id_last, and the text is a fresh engine's."""
+    cfg = _cfg(parallel=1, **({"spec_type": spec_type} if spec_type == "ngram-simple" else {}))
+    plain = spec_type == "plain"
+    with Engine.open(cfg, plain=plain, prompt_cache=True, cache_ram=None) as eng, \
+            Engine.open(cfg, plain=plain, prompt_cache=True) as slot_only, Engine.open(cfg, plain=plain) as fresh:
+        prompts = [eng.target_model.tokenize(t) for t in TEXTS]
+        refs = [_generate(fresh, p).tokens for p in prompts]
+        for p, ref in zip(prompts, refs):
+            assert _generate(eng, p).tokens == ref and _generate(slot_only, p).tokens == ref
+        assert len(eng.store) == 2  # the first two prompts' cells, saved when the next one took the slot
+        for p, ref in zip(prompts, refs):
+            seq = _generate(eng, p)
+            assert seq.n_cached == len(p) - 1, "all but id_last came from the store"
+            assert seq.tokens == ref
+            if eng.draft_ctx is not None:  # the draft's cells were loaded too: its positions follow the target's
+                assert eng.draft_ctx.pos_max(seq.seq_id) >= len(p) - 2
+            assert _generate(slot_only, p).n_cached <= 1  # the slot alone held another prompt
+        assert eng.store.hits == 3 and eng.store.tokens_loaded == sum(len(p) - 1 for p in prompts)
+
+
+def test_store_keeps_to_its_budget_least_recently_used_first(build_info):
+    cfg = _cfg(parallel=1)
+    with Engine.open(cfg, prompt_cache=True, cache_ram=None) as probe:
+        prompts = [probe.target_model.tokenize(t) for t in TEXTS]
+        for p in prompts[:2]:
+            _generate(probe, p)
+        one = probe.store.nbytes  # the first prompt's cells (the largest of the three prompts)
+    with Engine.open(cfg, prompt_cache=True, cache_ram=one) as eng:
+        for p in prompts:
+            _generate(eng, p)
+        assert len(eng.store) == 1 and eng.store.nbytes <= one  # the first went when the second came
+        assert _generate(eng, prompts[1]).n_cached == len(prompts[1]) - 1  # the one kept
+        assert _generate(eng, prompts[0]).n_cached <= 1  # the one dropped
+    with Engine.open(cfg, prompt_cache=True, cache_ram=0) as off:
+        assert off.store is None

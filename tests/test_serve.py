@@ -168,6 +168,23 @@ def test_a_repeated_prompt_comes_from_the_prompt_cache(server4, refs):
     assert server4.get("/v1/models")[1]["data"][0]["meta"]["prompt_cache"] is True
 
 
+def test_a_prompt_pushed_out_of_its_slot_comes_back_from_host_memory(build_info, refs):
+    """One slot, two prompts in turn: the second overwrites the first one's cells, which the
+    server saved (--cache-ram); the first prompt's next request loads them and decodes one token,
+    and its text is still `ggspec run`'s."""
+    s = LiveServer("--pair", PAIR, "-np", "1", "--cache-ram", "64")
+    try:
+        a, b = PROMPTS[0], PROMPTS[1]
+        for p in (a, b):
+            assert _complete(s, p, stream=False)[0] == refs[p]
+        text, _, usage = _complete(s, a, stream=True)
+        assert text == refs[a]
+        assert usage["prompt_tokens_details"]["cached_tokens"] == usage["prompt_tokens"] - 1
+        assert s.get("/v1/models")[1]["data"][0]["meta"]["cache_ram_mib"] == 64
+    finally:
+        assert s.stop()[0] == 0
+
+
 def test_chat_is_the_template_rendered_then_completed(server4, build_info):
     """A model without a chat template gets llama.cpp's chatml (as llama-server): the chat answer
     is `ggspec run`'s greedy continuation of that rendered text; streamed the same."""
@@ -364,6 +381,7 @@ def test_sigterm_drains_the_requests_in_progress_then_exits_0(build_info):
 @pytest.mark.parametrize("args, needle", [
     (["--port", "0"], "--port 0: expected a port number"),
     (["--max-queue", "-1"], "--max-queue -1: expected 0 or more"),
+    (["--cache-ram", "-2"], "--cache-ram -2: expected MiB (-1: no limit, 0: off)"),
     (["--host", "no-such-host.invalid"], "--host no-such-host.invalid: not an IPv4 address"),
     (["--chat-template", "nonesuch"], "unknown built-in chat template 'nonesuch' (llama.cpp has: "),
     (["--chat-template-file", "/nonexistent.jinja"], "cannot read the chat template file /nonexistent.jinja"),

@@ -280,6 +280,25 @@ class Context(OwnedHandle):
         """Bytes of one recurrent state (one plane) of a sequence."""
         return int(self.lc.llama_state_seq_get_size_ext(self.ptr, seq_id, self.lc.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY))
 
+    def save_sequence(self, seq_id: int) -> bytearray:
+        """A copy of one sequence's cache cells (llama_state_seq_get_data), which load_sequence
+        puts back into any sequence of a context like this one (a server's host-memory prompt cache)."""
+        size = int(self.lc.llama_state_seq_get_size_ext(self.ptr, seq_id, 0))
+        data = bytearray(size)
+        got = int(self.lc.llama_state_seq_get_data_ext(self.ptr, (ctypes.c_uint8 * size).from_buffer(data), size,
+                                                        seq_id, 0)) if size else 0
+        if got == 0:
+            raise LlamaError(f"llama.cpp could not copy the cells of sequence {seq_id}: {last_log_error()}")
+        del data[got:]
+        return data
+
+    def load_sequence(self, data: bytearray, seq_id: int) -> None:
+        """Put cells saved by save_sequence into a sequence that holds none."""
+        got = self.lc.llama_state_seq_set_data_ext(self.ptr, (ctypes.c_uint8 * len(data)).from_buffer(data),
+                                                   len(data), seq_id, 0)
+        if got == 0:
+            raise LlamaError(f"llama.cpp could not load saved cells into sequence {seq_id}: {last_log_error()}")
+
     def drop_sequence(self, seq_id: int) -> None:
         """Free every cell of a sequence (it finished or was cancelled)."""
         self.quick.llama_memory_seq_rm(self.memory, seq_id, -1, -1)

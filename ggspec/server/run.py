@@ -29,6 +29,7 @@ class ServeOptions:
     drain_timeout: float = 30.0
     plain: bool = False  # no drafting (the A/B baseline)
     prompt_cache: bool = True  # a slot keeps its cells for a later prompt with the same beginning
+    cache_ram_mib: int = 8192  # host memory for cells a new prompt overwrites (-1: no limit, 0: off)
     log_level: str = "warning"  # uvicorn's
 
 
@@ -51,7 +52,8 @@ def build_service(engine: Engine, options: ServeOptions):
     info = {"target": str(cfg.target), "draft": None if options.plain or cfg.draft is None else str(cfg.draft),
             "speculative": engine.speculative, "spec_type": engine.plan.spec_type, "n_max": engine.n_max,
             "parallel": engine.parallel, "n_ctx_slot": engine.capacity, "n_vocab": engine.target_model.n_vocab,
-            "prompt_cache": engine.prompt_cache, "chat_template": template.source}
+            "prompt_cache": engine.prompt_cache, "cache_ram_mib": options.cache_ram_mib if engine.store is not None else 0,
+            "chat_template": template.source}
     return Service(scheduler, template, options.model_id, cfg.sampling, metrics, info)
 
 
@@ -62,7 +64,8 @@ def serve(cfg: PairConfig, options: ServeOptions, log: Callable[[str], None] = p
 
     # the first token comes from the prefill, as llama-server's: a request's first chunk does not
     # wait for a whole draft-and-verify step
-    with Engine.open(cfg, plain=options.plain, prompt_cache=options.prompt_cache,
+    cache_ram = None if options.cache_ram_mib < 0 else options.cache_ram_mib * 2**20
+    with Engine.open(cfg, plain=options.plain, prompt_cache=options.prompt_cache, cache_ram=cache_ram,
                      first_token_from_prefill=True) as engine:
         for w in engine.warnings:
             log(f"warning: {w}")

@@ -31,6 +31,7 @@ from ggspec.runtime import Batch, Context
 from ggspec.speculative.dflash import make_dflash_proposer
 from ggspec.speculative.models import DraftPlan, Models, PairConfig, resolve_n_max
 from ggspec.speculative.planes import AutoLead, default_lead
+from ggspec.speculative.prompt_store import PromptStore, Saved, common_prefix
 from ggspec.speculative.proposer import Draft, Proposer, Span
 from ggspec.speculative.sampling import DEFAULT_SEED, SamplerSettings
 from ggspec.speculative.sequence import Sequence
@@ -102,12 +103,16 @@ class Engine:
     and closes them with the engine."""
 
     def __init__(self, models: Models, cfg: PairConfig, *, verifier: Verifier | None = None,
-                 plain: bool = False, prompt_cache: bool = False, first_token_from_prefill: bool = False) -> None:
+                 plain: bool = False, prompt_cache: bool = False, cache_ram: int | None = 0,
+                 first_token_from_prefill: bool = False) -> None:
         """`plain`: no drafting at all (a baseline over the same weights, with no draft context
         and no rollback planes). `prompt_cache`: a slot keeps the cells of its last sequence, and
         a new prompt goes to the free slot whose cells hold the longest prefix of it: only the
         rest is decoded (llama-server's cache_prompt; not for recurrent targets, whose state
-        cannot be cut back to a prefix). `first_token_from_prefill`: the prefill decodes the whole
+        cannot be cut back to a prefix). `cache_ram`: with the prompt cache, bytes of host memory for
+        copies of cells a new prompt overwrites, which a later prompt starting the same way gets
+        back (llama-server's --cache-ram; 0: none, None: no limit; see prompt_store.py).
+        `first_token_from_prefill`: the prefill decodes the whole
         prompt and chooses the first token from its last row, as llama-server does, a step earlier
         than llama.cpp's own loop, whose draft positions `ggspec run` and the benchmarks mirror
         (see _prefill)."""
@@ -144,6 +149,7 @@ class Engine:
         self.prompt_cache = prompt_cache and not models.target.is_recurrent
         self.first_token_from_prefill = first_token_from_prefill
         self._cached: dict[int, np.ndarray] = {}  # free slot -> the tokens its cells still hold (positions 0..)
+        self.store = PromptStore(cache_ram) if self.prompt_cache and cache_ram != 0 else None
         self.active: list[Sequence] = []
         self.stats = EngineStats()
         self._is_eog = models.target.is_eog
@@ -257,6 +263,8 @@ class Engine:
         if not self.can_add(prompt, n_predict):
             raise CapacityError(f"no room for another sequence now: all {self.parallel} slots are busy", field="parallel")
         slot, cached = self._pick_slot(prompt)
+        if self.store is not None:
+            cached = self._swap_in(slot, prompt, cached)
         self._free_ids.remove(slot)
         seq = Sequence(slot, prompt, n_predict, ignore_eos=ignore_eos, tag=tag,
                        speculate=speculate and self.proposer is not None, record_margins=record_margins,
@@ -284,15 +292,36 @@ class Engine:
             cached = self._cached.get(sid)
             if cached is None:
                 continue
-            n = min(len(cached), len(body))
-            differ = np.flatnonzero(cached[:n] != body[:n])
-            common = int(differ[0]) if len(differ) else n
+            common = common_prefix(cached, body)
             if common > best:
                 slot, best = sid, common
         if best == 0:  # no prefix to reuse: a slot holding nothing, else the one that waited longest
             empty = [sid for sid in self._free_ids if sid not in self._cached]
             slot = empty[0] if empty else next(sid for sid in self._cached if sid in self._free_ids)
         return slot, best
+
+    def _swap_in(self, slot: int, prompt: np.ndarray, cached: int) -> int:
+        """The host-memory prompt cache, when a prompt takes `slot` reusing `cached` of its cells:
+        the slot's cells go to the store if the prompt overwrites some of them, and saved cells
+        that share a longer beginning with the prompt are loaded into the slot instead. Returns
+        how many of the prompt's first tokens the slot's cells now hold."""
+        held = self._cached.get(slot)
+        found = self.store.find(prompt[:-1], better_than=cached)
+        if held is not None and (found is not None or len(held) > cached) and not self.store.covers(held):
+            self.store.put(Saved(held, tuple(ctx.save_sequence(slot) for ctx in self._cell_contexts())))
+        if found is None:
+            return cached
+        saved, n = found
+        self._cached.pop(slot, None)
+        for ctx, state in zip(self._cell_contexts(), saved.states):
+            ctx.drop_sequence(slot)
+            ctx.load_sequence(state, slot)
+        self._cached[slot] = saved.tokens
+        return n
+
+    def _cell_contexts(self) -> list[Context]:
+        """The contexts whose cells hold a sequence's positions: the target's and a draft model's."""
+        return [self.target] if self.draft_ctx is None else [self.target, self.draft_ctx]
 
     @staticmethod
     def _seed(seed: int) -> int:
@@ -324,6 +353,8 @@ class Engine:
         for seq in list(self.active):
             self.cancel(seq)
         self._cached.clear()
+        if self.store is not None:
+            self.store.clear()
         self.target.clear()
         if self.proposer is not None and hasattr(self.proposer, "reset"):
             self.proposer.reset()
