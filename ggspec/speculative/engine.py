@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ggspec.errors import ClosedError, InputError
+from ggspec.errors import ClosedError, InputError, LlamaError
 from ggspec.runtime import Batch, Context
 from ggspec.speculative.dflash import make_dflash_proposer
 from ggspec.speculative.models import DraftPlan, Models, PairConfig, resolve_n_max
@@ -313,9 +313,14 @@ class Engine:
             return cached
         saved, n = found
         self._cached.pop(slot, None)
-        for ctx, state in zip(self._cell_contexts(), saved.states):
-            ctx.drop_sequence(slot)
-            ctx.load_sequence(state, slot)
+        try:
+            for ctx, state in zip(self._cell_contexts(), saved.states):
+                ctx.drop_sequence(slot)
+                ctx.load_sequence(state, slot)
+        except LlamaError:  # (not seen) the slot starts empty instead: the prompt is decoded whole
+            for ctx in self._cell_contexts():
+                ctx.drop_sequence(slot)
+            return 0
         self._cached[slot] = saved.tokens
         return n
 
