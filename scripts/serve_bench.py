@@ -11,9 +11,10 @@ concurrency `--requests-per-client` x concurrency streamed greedy completions of
 bench prompts, `--max-tokens` each (ignore_eos: every request makes exactly that many). Reported
 per row (the median of the repetitions): aggregate generated tokens/s, its ratio to llama-server's
 speculative throughput, the median (and range) of the paired ratios (each repetition's run over
-llama-server's speculative run of the same repetition), TTFT and time per output token (TPOT) p50/p99, the draft acceptance rate
-(ggspec's from /metrics, llama-server's from its log), and whether every output equals the same
-prompt's output from ggspec's plain server alone (the lossless check).
+llama-server's speculative run of the same repetition), TTFT and time per output token (TPOT)
+p50/p99, the draft acceptance rate (ggspec's from /metrics, llama-server's from its log), and
+whether every output equals the same prompt's output from ggspec's plain server alone (the
+lossless check).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import math
 import os
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -112,9 +114,8 @@ def paired(tps_runs: list[float], ref_runs: list | None) -> dict | None:
     ratios = sorted(t / ref.throughput for t, ref in zip(tps_runs, ref_runs) if ref.throughput > 0)
     if not ratios:
         return None
-    mid = len(ratios) // 2
-    median = ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
-    return {"median": median, "min": ratios[0], "max": ratios[-1], "ratios": [round(x, 3) for x in ratios]}
+    return {"median": statistics.median(ratios), "min": ratios[0], "max": ratios[-1],
+            "ratios": [round(x, 3) for x in ratios]}
 
 
 def _rate(runs: list[tuple[float, float]]) -> float | None:
@@ -205,8 +206,8 @@ def main() -> int:
         r["paired"] = paired(r["tps_runs"], loads.get(("llama-server spec", r["concurrency"])))
     table = Table(title=f"{args.pair}: -np {args.parallel}, -c {args.ctx}, -t {args.threads}, n_max {args.n_max}, "
                         f"{args.max_tokens} tokens per request, greedy")
-    for col in ("server", "conc.", "t/s", "× llama-server spec", "paired × (min-max)", "TTFT p50/p99 ms", "TPOT p50/p99 ms", "accept",
-                "errors", "= solo"):
+    for col in ("server", "conc.", "t/s", "× llama-server spec", "paired × (min-max)", "TTFT p50/p99 ms",
+                "TPOT p50/p99 ms", "accept", "errors", "= solo"):
         table.add_column(col, justify="left" if col == "server" else "right")
     for r in sorted(rows, key=lambda r: (r["concurrency"], r["server"])):
         x = r["tps"] / ref[r["concurrency"]] if ref.get(r["concurrency"]) else float("nan")

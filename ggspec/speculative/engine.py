@@ -109,13 +109,12 @@ class Engine:
         and no rollback planes). `prompt_cache`: a slot keeps the cells of its last sequence, and
         a new prompt goes to the free slot whose cells hold the longest prefix of it: only the
         rest is decoded (llama-server's cache_prompt; not for recurrent targets, whose state
-        cannot be cut back to a prefix). `cache_ram`: with the prompt cache, bytes of host memory for
-        copies of cells a new prompt overwrites, which a later prompt starting the same way gets
-        back (llama-server's --cache-ram; 0: none, None: no limit; see prompt_store.py).
-        `first_token_from_prefill`: the prefill decodes the whole
-        prompt and chooses the first token from its last row, as llama-server does, a step earlier
-        than llama.cpp's own loop, whose draft positions `ggspec run` and the benchmarks mirror
-        (see _prefill)."""
+        cannot be cut back to a prefix). `cache_ram`: with the prompt cache, bytes of host memory
+        for copies of cells a new prompt overwrites, which a later prompt starting the same way
+        gets back (llama-server's --cache-ram; 0: none, None: no limit; see prompt_store.py).
+        `first_token_from_prefill`: the prefill decodes the whole prompt and chooses the first
+        token from its last row, as llama-server does, a step earlier than llama.cpp's own loop,
+        whose draft positions `ggspec run` and the benchmarks mirror (see _prefill)."""
         cfg.validate()
         self.models = models
         self.cfg = cfg
