@@ -46,7 +46,7 @@ def build(
     vulkan: Annotated[bool, typer.Option("--vulkan", help="Build the Vulkan backend (GGML_VULKAN=ON).")] = False,
     tools: Annotated[bool, typer.Option(
         "--tools",
-        help="Also build llama-server, llama-cli, llama-completion and llama-speculative-simple "
+        help="Also build llama-server, llama-cli, llama-completion, llama-speculative-simple and llama-quantize "
              "(ggml-rpc-server is always built).")] = False,
     cuda_arch: Annotated[str, typer.Option(
         "--cuda-arch", help="CUDA architectures (CMAKE_CUDA_ARCHITECTURES), e.g. 90 or \"86;89\"; default: the "
@@ -153,6 +153,9 @@ def run(
     inject: opts.INJECT.one = None,
     rs_planes: opts.PLANES.one = None,
     rs_lead: opts.LEAD.one = None,
+    check: Annotated[bool, typer.Option(
+        "--check", help="Then decode each prompt plain greedy and say whether the outputs are identical; a "
+                        "difference is a benign near-tie (target top-2 margin below 0.2 nat) or a REAL divergence.")] = False,
 ) -> None:
     """Generate from a prompt (or a file of prompts, -np at a time), speculatively or plain greedy with --no-spec."""
     from ggspec.files import check_text, read_text
@@ -169,6 +172,8 @@ def run(
         prompts = [check_text(DEFAULT_PROMPT if prompt is None else prompt, "-p")]
     if stdout_closed():
         fail("standard output is closed: nowhere to write the text")
+    if check and (no_spec or (temp or 0) > 0):
+        fail("--check compares speculative greedy output with plain greedy: it needs speculation and temperature 0")
     shared = opts.Shared(model=model, draft=draft, pair=pair, models_dir=models_dir, dflash=dflash, spec_type=spec_type,
                          p_min=p_min, ngram_size_n=ngram_size_n, ngram_size_m=ngram_size_m, threads=threads,
                          n_gpu_layers=n_gpu_layers, rpc=rpc, split_mode=split_mode, tensor_split=tensor_split,
@@ -178,7 +183,7 @@ def run(
                        parallel=parallel if parallel is not None else opts.DEFAULTS["parallel"], n_ctx=n_ctx,
                        n_batch=n_batch, n_ubatch=n_ubatch, type_k=type_k, type_v=type_v, flash_attn=flash_attn,
                        inject=inject, rs_planes=rs_planes, rs_lead=rs_lead)
-    _run(cfg, prompts, n_predict, ignore_eos, prompt_file)
+    _run(cfg, prompts, n_predict, ignore_eos, prompt_file, check)
 
 
 def _pair_config(shared: opts.Shared, *, plain: bool, n_gpu_layers_draft: int | None, n_max: int | None,
@@ -205,7 +210,8 @@ def _pair_config(shared: opts.Shared, *, plain: bool, n_gpu_layers_draft: int | 
     )
 
 
-def _run(cfg, prompts: list[str], n_predict: int, ignore_eos: bool, prompt_file: Path | None = None) -> None:
+def _run(cfg, prompts: list[str], n_predict: int, ignore_eos: bool, prompt_file: Path | None = None,
+         check: bool = False) -> None:
     """Decode every prompt, -np at a time (continuous batching: a prompt joins as soon as a slot
     and enough cache cells are free); outputs are printed in the prompts' order, the first one
     streamed as it is committed, each followed by its stats line."""
@@ -261,6 +267,34 @@ def _run(cfg, prompts: list[str], n_predict: int, ignore_eos: bool, prompt_file:
             head = f", output head {mirror}" if cfg.placement.split_mode == "tensor" else ""
             err.print(f"devices (-sm {cfg.placement.split_mode}{head}): " + "; ".join(memory_report(cfg.placement)),
                       soft_wrap=True)
+        if check:
+            _check_lossless(sp, tokens, {seq.tag: seq.tokens for seq in seqs}, n_predict, ignore_eos)
+
+
+def _check_lossless(sp, prompts: list[list[int]], outputs: dict[int, list[int]], n_predict: int,
+                    ignore_eos: bool) -> None:
+    """--check: each prompt decoded plain greedy on the same engine, compared token for token with
+    the speculative output; one line per prompt saying which kind any difference is."""
+    from ggspec.speculative.loop import generate_greedy
+    from ggspec.testing.oracle import compare
+
+    counts = {"identical": 0, "near-tie": 0, "REAL": 0}
+    for i, prompt in enumerate(prompts):
+        steps = list(generate_greedy(sp, prompt, n_predict, record_margins=True, ignore_eos=ignore_eos))
+        plain = [t for st in steps for t in st.tokens]
+        div = compare(plain, [m for st in steps for m in st.margins], outputs[i])
+        which = f"prompt {i + 1}: " if len(prompts) > 1 else ""
+        if div is None:
+            counts["identical"] += 1
+            err.print(f"check: {which}identical to plain greedy ({len(plain)} tokens)", soft_wrap=True)
+        else:
+            counts["near-tie" if div.benign else "REAL"] += 1
+            err.print(f"check: {which}{div.describe()}", soft_wrap=True)
+    if len(prompts) > 1:
+        err.print(f"check: {counts['identical']}/{len(prompts)} identical, {counts['near-tie']} benign near-ties, "
+                  f"{counts['REAL']} REAL divergences", soft_wrap=True)
+    if counts["REAL"]:
+        raise typer.Exit(2)
 
 
 class _OrderedPrinter:
@@ -737,7 +771,7 @@ def _bench(session, output: str, plot: bool) -> None:
 # --- models ---------------------------------------------------------------------------------------
 
 
-models_app = typer.Typer(help="The named pairs of models.toml: list them, pull registry models.",
+models_app = typer.Typer(help="The named pairs of models.toml: list them, pull registry models, make dummy ones.",
                          no_args_is_help=False, add_completion=False)
 app.add_typer(models_app, name="models")
 
@@ -756,18 +790,78 @@ def models(
     from ggspec.pairs import check_files, load_catalog
 
     table = Table(title="models.toml pairs")
-    for col in ("name", "kind", "files", "n_max", "cache", "description"):
+    for col in ("name", "kind", "files", "size", "n_max", "cache", "description"):
         table.add_column(col)
     for entry in load_catalog().values():
         st = entry.settings
         status = check_files(entry, models_dir)
         if status == "not pulled":
             status += f" (ggspec models pull {entry.name})"
-        color = "green" if status in ("ok", "generated") else "yellow"
+        elif status == "not made":
+            status += f" (ggspec models make {entry.name})"
+        color = "green" if status in ("ok", "generated", "made") else "yellow"
         cache = f"{st.get('ctk', 'f16')}/{st.get('ctv', 'f16')}"
-        table.add_row(entry.name, entry.kind, f"[{color}]{status}[/]", str(st.get("n_max", "")), cache,
-                      entry.description)
+        table.add_row(entry.name, entry.kind, f"[{color}]{status}[/]", _entry_size(entry, models_dir),
+                      str(st.get("n_max", "")), cache, entry.description)
     Console().print(table)
+
+
+def _entry_size(entry, models_dir: Optional[Path]) -> str:
+    """A dummy pair's file size in its type (made or not); other pairs' files when present."""
+    from ggspec.pairs import dummy_size, resolve
+
+    if entry.kind == "dummy":
+        return f"{dummy_size(entry)[1] / 2**30:.2f} GiB {entry.quant}"
+    if entry.kind == "generated":
+        return ""
+    try:
+        files = resolve(entry, models_dir)
+    except GGSpecError:
+        return ""
+    total = sum(p.stat().st_size for p in (files.target, files.draft) if p is not None)
+    return f"{total / 2**20:.0f} MiB"
+
+
+@models_app.command("make")
+def models_make(
+    name: Annotated[str, typer.Argument(help="A dummy pair of models.toml, e.g. dummy-qwen3-0.6b (NAME@f16, "
+                                             "NAME@q8_0 for another file type).")],
+    threads: Annotated[int, typer.Option("-t", "--threads", min=1, help="llama-quantize's threads.")] = 2,
+) -> None:
+    """Write a dummy pair: random weights at a real model's shape (F16, then llama-quantize)."""
+    from rich.progress import BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from ggspec.fixtures.scale import Progress as Steps
+    from ggspec.pairs import get_entry, make
+
+    entry = get_entry(name)
+
+    class Bars(Steps):
+        """One rich bar per step: bytes while writing, tensors while quantizing."""
+
+        def __init__(self) -> None:
+            self.bar: Progress | None = None
+
+        def start(self, what: str, total: int) -> None:
+            counted = DownloadColumn() if what.startswith("write") else MofNCompleteColumn()
+            self.bar = Progress(TextColumn(what), BarColumn(), counted, TimeRemainingColumn(), console=err,
+                                transient=True)
+            self.bar.start()
+            self.task = self.bar.add_task(what, total=total)
+
+        def advance(self, n: int) -> None:
+            if self.bar is not None:
+                self.bar.advance(self.task, n)
+
+        def stop(self) -> None:
+            if self.bar is not None:
+                self.bar.stop()
+                self.bar = None
+
+    files = make(entry, threads=threads, progress=Bars())
+    for path in (files.target, files.draft):
+        if path is not None:
+            err.print(f"[green]made[/] {path} ({path.stat().st_size / 2**20:.0f} MiB)", soft_wrap=True)
 
 
 @models_app.command("pull")

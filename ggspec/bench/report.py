@@ -44,7 +44,7 @@ ROW_FIELDS = (
     # hybrid targets and memory
     "replay_share", "plane_layout", "plane_bytes", "rss_mib", "peak_rss_mib",
     # lossless check and provenance
-    "identical", "build", "patches", "target_sha256", "draft_sha256", "machine", "devices",
+    "identical", "near_ties", "real_divergences", "build", "patches", "target_sha256", "draft_sha256", "machine", "devices",
 )
 
 
@@ -144,7 +144,7 @@ def _row(cfg: BenchConfig, category: str, runs: list[Run], by_config: dict, sett
     if cfg.kind == "baseline":
         row.update(speedup_mean=1.0, speedup_sd=0.0, baseline_tps_mean=row["decode_tps_mean"])
         if cfg.parallel > 1 and not cfg.sampled:  # batched plain decoding, checked against each prompt's solo output
-            row["identical"] = f"{sum(bool(r.identical) for r in runs)}/{len(runs)}"
+            row.update(_lossless(runs))
         return row
 
     # speedup: ratios of paired runs (same repetition, same prompts, run back to back)
@@ -157,7 +157,7 @@ def _row(cfg: BenchConfig, category: str, runs: list[Run], by_config: dict, sett
     base_tps = _pooled_tps([base_of[rep] for rep in reps])
     row.update(speedup_mean=_r(s_mean), speedup_sd=_r(s_sd), baseline_tps_mean=_r(base_tps, 2),
                acceptance_rate=_r(total.acceptance_rate) if cfg.speculative else None,
-               identical=None if cfg.sampled else f"{sum(bool(r.identical) for r in runs)}/{len(runs)}")
+               **({} if cfg.sampled else _lossless(runs)))
     # τ three ways (all in use in the field); pooled is the headline. llama.cpp's loop has them too
     # (from its draft dump), but no time split
     taus = [(r.stats.tau, r.stats.n_decoded) for r in runs if r.stats.spec_steps]
@@ -180,6 +180,25 @@ def _row(cfg: BenchConfig, category: str, runs: list[Run], by_config: dict, sett
                plane_layout=runs[-1].plane_layout or None, plane_bytes=runs[-1].plane_bytes or None,
                **{f"share_{k}": _r(v) for k, v in shares.items()})
     return row
+
+
+def _lossless(runs: list[Run]) -> dict:
+    """identical = outputs equal to plain greedy, out of all; the others split by the target's own
+    top-2 margin at their first difference: near-ties (below the 0.2-nat gate: a rounding flip,
+    benign) and real divergences."""
+    return {"identical": f"{sum(bool(r.identical) for r in runs)}/{len(runs)}",
+            "near_ties": sum(r.divergence == "near-tie" for r in runs),
+            "real_divergences": sum(r.divergence == "real" for r in runs)}
+
+
+def identical_cell(r: dict) -> str:
+    """The table's identical column: n/m, then what the differences were."""
+    if not r["identical"]:
+        return ""
+    parts = [f"{r['near_ties']} near-tie" + ("s" if r["near_ties"] != 1 else "")] if r.get("near_ties") else []
+    if r.get("real_divergences"):
+        parts.append(f"{r['real_divergences']} REAL")
+    return r["identical"] + (f" ({', '.join(parts)})" if parts else "")
 
 
 # --- the saved document ----------------------------------------------------------------------------
@@ -256,6 +275,8 @@ _CONFIG_TYPES = {"kind": (str,), "ctk": (str,), "ctv": (str,), "n_ctx": is_int, 
                  "temp": lambda v: _is_num(v) and v >= 0}
 _RUN_TYPES = {"config": (str,), "rep": is_int, "prompt": is_int, "category": (str,), "stats": (dict,),
               "identical": lambda v: v is None or isinstance(v, bool), "paired_with": (str,),
+              "divergence": lambda v: v in (None, "near-tie", "real"), "margin": lambda v: v is None or _is_num(v),
+              "diverged_at": lambda v: v is None or is_int(v),
               "rss_mib": _is_num, "peak_rss_mib": _is_num, "plane_bytes": is_int, "plane_layout": (str,),
               **{f: lambda v: _is_num(v) and v >= 0 for f in ("engine_t", "engine_calls", "engine_steps")}}
 _SETTINGS_TYPES = {"target": (str,), "draft": (str,), "n_predict": is_int, "reps": is_int, "threads": is_int,
@@ -456,7 +477,7 @@ def to_markdown(rows: list[dict], settings: Settings) -> str:
             "" if r["acceptance_rate"] is None else f"{100 * r['acceptance_rate']:.0f}%",
             _fmt(r["s_max"], ".2f"),
             "" if r["replay_share"] is None or r["planes"] is None else f"{100 * r['replay_share']:.0f}%",
-            shares, r["identical"] or "",
+            shares, identical_cell(r),
         ])
     keep = [i for i in range(len(head)) if i <= head.index("speedup") or any(cells[i] for cells in table)]
     out = ["| " + " | ".join(head[i] for i in keep) + " |", "|" + "---|" * len(keep)]
@@ -467,6 +488,9 @@ def to_markdown(rows: list[dict], settings: Settings) -> str:
             + (" and parallel level; decode t/s (aggregate) = tokens of all sequences / the engine's transaction "
                "time, per-seq t/s = one sequence's tokens / the time of the steps it was in; identical = every "
                "output equals the prompt's solo plain greedy output" if par else ""))
+    if any(r.get("near_ties") or r.get("real_divergences") for r in rows):
+        note += ("; a near-tie is an output that first differs where the target's own top-2 margin is below the "
+                 "0.2-nat gate (batched rounding flipped a tie: benign), REAL one that differs anywhere else")
     if any(r["tau_pooled"] is not None for r in rows):
         note += ("; τ pooled = committed tokens / speculative steps (bonus token included); "
                  "S_max = τ·T_target(1) / (T_draft + T_verify)")

@@ -36,6 +36,7 @@ from ggspec.speculative.planes import PlaneOptions
 from ggspec.speculative.sampling import SamplerSettings
 from ggspec.speculative.stats import RunStats, Step
 from ggspec.testing.forced import ForcedAcceptance, profile_lengths
+from ggspec.testing.oracle import Divergence, compare
 
 WARMUP_TOKENS = 16
 
@@ -104,6 +105,11 @@ class Run:
     # output, for baseline runs too); None: a parallel-1 baseline run itself, or a sampled run
     # (temperature > 0: outputs differ by design; the distribution is what is equal)
     identical: bool | None = None
+    # where not identical: "near-tie" (the target's own top-2 margin at the first difference is below
+    # the losslessness gate: batched rounding flipped a tie, benign) or "real" (a bug), and that margin
+    divergence: str | None = None
+    margin: float | None = None
+    diverged_at: int | None = None  # the index of the first differing generated token
     paired_with: str = ""  # for baseline runs: the configuration they were paired with
     rss_mib: float = 0.0
     peak_rss_mib: float = 0.0
@@ -144,6 +150,7 @@ class Runner:
         self.tokens = [self.models.target.tokenize(p.text) for p in settings.prompts]
         self._baselines: dict[str, Engine] = {}
         self._references: dict[tuple[str, int], np.ndarray] = {}
+        self._margins: dict[tuple[str, int], list[float]] = {}  # top-2 margins of the references' tokens
         self._tools: dict[str, Path] = {}
         self._tmp = tempfile.TemporaryDirectory(prefix="ggspec-bench-")
 
@@ -193,9 +200,24 @@ class Runner:
         if key not in self._references or len(self._references[key]) < need:
             n = self.s.n_predict + n_max + 1
             solo = self._baseline(cfg.solo())
-            out = [t for st in generate_greedy(solo, self.tokens[i], n, ignore_eos=True) for t in st.tokens]
+            steps = list(generate_greedy(solo, self.tokens[i], n, ignore_eos=True, record_margins=True))
+            out = [t for st in steps for t in st.tokens]
             self._references[key] = np.concatenate([self.tokens[i], np.asarray(out, dtype=np.int32)])
+            self._margins[key] = [m for st in steps for m in st.margins]
         return self._references[key]
+
+    def _divergence(self, cfg: BenchConfig, i: int, want: list[int], got: list[int]) -> Divergence | None:
+        """The first difference of `got` from plain greedy `want`, with the target's top-2 margin
+        there (from the prompt's solo reference run): a benign near-tie or a real divergence."""
+        self._reference(cfg, i, 0)
+        return compare(want, self._margins[(cfg.solo().key, i)], got)
+
+    def _mark(self, run: Run, cfg: BenchConfig, i: int, want: list[int], got: list[int]) -> None:
+        """Set run.identical / divergence / margin from its tokens against plain greedy `want`."""
+        div = self._divergence(cfg, i, want, got)
+        run.identical = div is None
+        if div is not None:
+            run.divergence, run.margin, run.diverged_at = ("near-tie" if div.benign else "real"), div.margin, div.index
 
     def _solo_tokens(self, cfg: BenchConfig, i: int) -> list[int]:
         """The prompt's plain greedy output decoded alone (what every parallel sequence must equal)."""
@@ -321,7 +343,9 @@ class Runner:
                             stats, text = self._native(cfg, i, self.s.n_predict)
                             runs["config"] = Run(cfg.key, rep, i, prompt.category, stats, text=text)
                     c, b = runs["config"], runs["base"]
-                    c.identical = None if cfg.sampled else self._same(c, b, prompt.text, base_sp)
+                    if not cfg.sampled:
+                        self._mark(c, cfg, i, b.tokens, self._native_tokens(c, b, prompt.text, base_sp)
+                                   if c.text else c.tokens)
                     for r in (c, b):
                         r.rss_mib, r.peak_rss_mib = rss_mib()
                     yield c
@@ -348,20 +372,31 @@ class Runner:
                 c = self._run(cfg, rep, i, decoded["config"][i], sp)
                 b = self._run(base, rep, i, decoded["base"][i], paired_with=cfg.key)
                 for r in (c, b):
-                    r.identical = None if cfg.sampled else r.tokens == solo
+                    if solo is not None:
+                        self._mark(r, cfg, i, solo, r.tokens)
                     r.rss_mib, r.peak_rss_mib = rss_mib()
                 yield c
                 yield b
 
     @staticmethod
-    def _same(c: Run, b: Run, prompt: str, base_sp: Engine) -> bool:
-        if c.text:  # llama.cpp's tools: compared as text (the speculative one may run a few tokens on)
-            model = base_sp.target_model
-            # with --ignore-eos llama.cpp never samples an end-of-generation token, where ggspec's plain
-            # greedy takes it and goes on: the texts part there by design
-            cut = next((k for k, t in enumerate(b.tokens) if model.is_eog(t)), len(b.tokens))
-            want = prompt + model.detokenize(b.tokens[:cut])
-            got = c.text
-            n = min(len(want), len(got))
-            return len(got) > len(prompt) and got[:n] == want[:n]
-        return c.tokens == b.tokens
+    def _native_tokens(c: Run, b: Run, prompt: str, base_sp: Engine) -> list[int]:
+        """llama.cpp's tool prints text, not tokens: the plain run's tokens as far as the text agrees
+        with theirs, then one other token at the first difference (its index is what the margin
+        check needs). The speculative tool may run a few tokens on: only the common length counts."""
+        model = base_sp.target_model
+        # with --ignore-eos llama.cpp never samples an end-of-generation token, where ggspec's plain
+        # greedy takes it and goes on: the texts part there by design
+        cut = next((k for k, t in enumerate(b.tokens) if model.is_eog(t)), len(b.tokens))
+        got = c.text[len(prompt):] if c.text.startswith(prompt) else ""
+        if not got:
+            return []  # nothing generated (or not even the prompt came back): differs at the first token
+        ends, text = [], ""
+        for k in range(cut):
+            text = model.detokenize(b.tokens[:k + 1])
+            ends.append(len(text))
+        n = min(len(text), len(got))
+        first = next((j for j in range(n) if text[j] != got[j]), None)
+        if first is None:  # agrees as far as both go (llama.cpp's may stop at an end of generation)
+            return list(b.tokens)
+        k = next(k for k, e in enumerate(ends) if e > first)
+        return list(b.tokens[:k]) + [-1]

@@ -97,7 +97,7 @@ class BuildOptions:
 
 
 LIBRARY_TARGETS = ("llama", "ggml-rpc-server")
-TOOL_TARGETS = ("llama-server", "llama-cli", "llama-speculative-simple", "llama-completion")
+TOOL_TARGETS = ("llama-server", "llama-cli", "llama-speculative-simple", "llama-completion", "llama-quantize")
 
 
 @dataclass

@@ -134,6 +134,7 @@ class Engine:
         self.auto_lead: AutoLead | None = None
         self._owns_models = False
         self._closed = False
+        self._state_bytes: int | None = None  # one recurrent state's bytes, measured at the first prefill
         self.target = Context(models.target, self._target_params(), what="target")
         self.draft_ctx: Context | None = None
         self.proposer: Proposer | None = None
@@ -447,6 +448,9 @@ class Engine:
         step.t_total = time.perf_counter() - t0
         step.t_inject, step.t_verify = t_inject, step.t_total - t_inject
         seq.stats.add(step)
+        if self._state_bytes is None and self.models.target.is_recurrent:
+            # measured while the sequence holds a state: a freed sequence's is only a header
+            self._state_bytes = self.target.recurrent_state_bytes(seq.seq_id)
         return step
 
     def _plan_drafts(self, live: list[Sequence]) -> tuple[int, list[Sequence]]:
@@ -613,7 +617,8 @@ class Engine:
         """Recurrent state memory per sequence: planes x bytes per plane (0 for dense targets)."""
         if not self.models.target.is_recurrent:
             return 0
-        return (1 + self.target.n_rs_seq) * self.target.recurrent_state_bytes()
+        per_plane = self._state_bytes if self._state_bytes is not None else self.target.recurrent_state_bytes()
+        return (1 + self.target.n_rs_seq) * per_plane
 
     # --- lifetime --------------------------------------------------------------------------------
 
