@@ -304,8 +304,13 @@ class Runner:
         # the per-step figures come from the draft dump: τ, the histogram and per-position
         # acceptance of llama.cpp's loop, as ggspec's rows have them
         stats = RunStats(n_decoded=res.n_decoded, n_generated=res.n_decoded, t_decode=res.seconds)
-        for drafted, accepted in draft_steps(res.drafts, res.accepted):
-            if drafted:
+        # both loops draft first from the last prompt token (position n_prompt - 1), so a step at
+        # position p has generated p - n_prompt + 1 tokens before it. With one token of the -n budget
+        # left, ggspec decodes it plainly, where llama.cpp's loop drafts and verifies once more (and
+        # generates past -n): that step is left out, so per-step counts line up with ggspec's
+        end = len(self.tokens[i]) + n - 2
+        for (pos, _), (drafted, accepted) in zip(res.drafts, draft_steps(res.drafts, res.accepted)):
+            if drafted and pos < end:
                 stats.add(Step([], "spec", drafted=drafted, accepted=accepted))
         return stats, res.text
 
