@@ -10,19 +10,24 @@
 #   1. the `gpu`-marked tests (CUDA gated delta-net op == CPU op for every plane count and lead;
 #      greedy speculative == plain greedy with the target on the GPU, dense and hybrid; the lead
 #      layout's delta-net placed on the GPU),
-#   2. `ggspec bench`: planes x lead on the hybrid pair with the seed-000 acceptance profile, on
-#      the GPU (-ngl -1) and, as time allows, on the CPU (-ngl 0),
+#   2. seed 000's table at scale (issue 26): a real-shape dummy hybrid target (Qwen3.5-4B's shape,
+#      F16, written by ggspec on this machine while the library compiles) with its DFlash draft,
+#      planes x lead under the seed-000 acceptance profile, on the GPU, ggspec next to llama.cpp's
+#      own loop of the same build (--native, -ngl all for both),
+#   3. `ggspec bench`: planes x lead on the tiny hybrid pair with the same profile, on the GPU
+#      (-ngl -1) and, as time allows, on the CPU (-ngl 0),
 # logging each stage and its wall time into RESULTS_DIR (summary.txt first). Every stage has a
 # timeout: the script ends within DEVICE_BUDGET_S seconds (default 450) whatever happens.
 #
-# The build leaves out the flash-attention kernels (`--no-cuda-fa`: GGML_CUDA_FA=OFF, part of the
+# The build has llama.cpp's tools (DEVICE_TOOLS=0: library only, no --native rows) and leaves out the flash-attention kernels (`--no-cuda-fa`: GGML_CUDA_FA=OFF, part of the
 # build key; ~a third of a full CUDA build's ~6,200 core-seconds); DEVICE_FA=on builds them. Other knobs: DEVICE_ARCH
-# (default 90), DEVICE_BENCH_N (tokens per bench run, 64), DEVICE_GIT_SHIM=1 (use the git stand-in
+# (default 90), DEVICE_BENCH_N (tokens per bench run, 64), DEVICE_SCALE_PAIR (dummy-qwen3.5-4b@f16;
+# "" skips stage 2), DEVICE_GIT_SHIM=1 (use the git stand-in
 # even where git exists), DEVICE_BUILD_ARGS="" (a CPU build: try the script on a machine without GPU).
 set -uo pipefail
 
 T0=$(date +%s)
-BUDGET=${DEVICE_BUDGET_S:-450}
+BUDGET=${DEVICE_BUDGET_S:-480}
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT" || exit 1
 RESULTS=${1:-${OUT:-$ROOT/.device/out}}
@@ -127,11 +132,27 @@ machine_info() {
 # --- the stages ------------------------------------------------------------------------------------
 
 build_cuda() {
-    local fa=--no-cuda-fa
+    local fa=--no-cuda-fa tools=--tools
     [ "${DEVICE_FA:-off}" = on ] && fa=--cuda-fa
+    [ "${DEVICE_TOOLS:-1}" = 0 ] && tools=
     # DEVICE_BUILD_ARGS="" builds the CPU library: the rest of the script can be tried without a GPU
     # shellcheck disable=SC2086
-    python3 -m ggspec build ${DEVICE_BUILD_ARGS---cuda --cuda-arch ${DEVICE_ARCH:-90} $fa}
+    python3 -m ggspec build $tools ${DEVICE_BUILD_ARGS---cuda --cuda-arch ${DEVICE_ARCH:-90} $fa}
+}
+
+# the dummy model needs no build (F16 is written by numpy): it is made while the library compiles
+export SCALE_PAIR=${DEVICE_SCALE_PAIR-dummy-qwen3.5-4b@f16}
+make_scale() {
+    python3 -m ggspec models make "$SCALE_PAIR"
+}
+
+# seed 000's table at scale, on the GPU, with llama.cpp's loop of the same build beside ggspec's
+bench_scale() {
+    local native=--native
+    [ "${DEVICE_TOOLS:-1}" = 0 ] && native=
+    python3 -m ggspec bench --pair "$SCALE_PAIR" --prompts "$PROMPTS_FILE" -n "${DEVICE_BENCH_N:-64}" -r 1 \
+        --matrix --spec-draft-n-max 7 --spec-draft-rs-planes 3,4,5,uncapped --spec-draft-rs-planes-lead 0,default \
+        --acceptance-profile dflash -ngl "${1:--1}" -t 4 $native --save "$RESULTS/bench-scale.json" --no-plot
 }
 
 export PROMPTS_FILE=$RESULTS/bench-prompts.jsonl RESULTS
@@ -165,6 +186,14 @@ main() {
     setup > "$RESULTS/setup.log" 2>&1 || { say "set-up FAILED: $(tail -1 "$RESULTS/setup.log")"; return 1; }
     say "set-up ok ($(since "$T0.0")s since start)"
 
+    local make_pid=
+    if [ -n "$SCALE_PAIR" ]; then  # numpy on a few cores while nvcc has the rest
+        ( start=$(now); timeout -k 10 "$(( $(left) - 120 ))" bash -c "$(declare -f make_scale)"'; make_scale' \
+              > "$RESULTS/make-scale.log" 2>&1; rc=$?
+          echo "$(printf '%-16s rc=%-3s %7ss (in the background, during the build)' make-scale "$rc" "$(since "$start")")" \
+              >> "$SUMMARY" ) &
+        make_pid=$!
+    fi
     RESERVE=60  # the build may take everything but a minute: nothing else runs without it
     stage build-cuda 400 build_cuda
     local build_rc=$?
@@ -175,10 +204,14 @@ main() {
         return 1
     fi
 
-    stage pytest-gpu 200 python3 -m pytest -m gpu -v -rA -p no:cacheprovider --continue-on-collection-errors \
+    stage pytest-gpu 150 python3 -m pytest -m gpu -v -rA -p no:cacheprovider --continue-on-collection-errors \
         --junitxml="$RESULTS/pytest-gpu.xml" tests
     say "  $(tail -1 "$RESULTS/pytest-gpu.log")"
     write_prompts
+    if [ -n "$make_pid" ]; then
+        wait "$make_pid"
+        grep -q "^make-scale *rc=0 " "$SUMMARY" && stage bench-scale 150 bench_scale -1
+    fi
     stage bench-gpu 90 bench_matrix -1 gpu
     stage bench-cpu 60 bench_matrix 0 cpu
     say "done in $(since "$T0.0")s"

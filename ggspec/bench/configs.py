@@ -249,7 +249,7 @@ def _why_invalid(cfg: BenchConfig, recurrent: bool, planes: str, lead: str, prof
                     "tokens")
     if profile_len is not None and cfg.sampled:
         return "an acceptance profile replays the greedy output: temperature 0 only"
-    if profile_len is not None and profile_len != cfg.n_max + 1:
+    if profile_len and profile_len != cfg.n_max + 1:  # 0: a built-in profile, fitted to every n_max
         return (f"the acceptance profile has {profile_len} entries; --spec-draft-n-max {cfg.n_max} "
                 f"needs {cfg.n_max + 1}")
     return ""

@@ -144,11 +144,18 @@ def draft_steps(drafts: list[tuple[int, list[int]]], accepted: int) -> list[tupl
     return steps
 
 
+def gpu_layer_args(n_gpu_layers: int, draft: bool = False) -> list[str]:
+    """ggspec's -ngl for llama.cpp's tools, whose default is "auto" (offload what fits): -1 -> all,
+    0 stays on the CPU, so both loops of one row run on the same devices."""
+    value = "all" if n_gpu_layers < 0 else str(n_gpu_layers)
+    return ["-ngl", value] + (["-ngld", value] if draft else [])
+
+
 def run_cpp(tool: Path, target: Path, draft: Path | None, prompt: str, n: int, n_max: int, *, defer: bool,
             n_ctx: int = 2048, ctk: str = "f16", ctv: str = "f16", flash_attn: str = "off", threads: int = 1,
             forced: Path | None = None, timeout: float = 600, spec_type: str = "draft-dflash",
             p_min: float | None = None, ngram_size_n: int | None = None,
-            dump_drafts: bool = False, sampling: SamplerSettings | None = None) -> CppResult:
+            dump_drafts: bool = False, sampling: SamplerSettings | None = None, n_gpu_layers: int = 0) -> CppResult:
     """One run of llama.cpp's speculative loop (greedy unless `sampling` has a temperature) with `spec_type` (one of SPEC_TYPES; the
     draft-* types need `draft`, ngram-simple takes none and drafts m-grams of `n_max` tokens after
     an `ngram_size_n`-token match). `forced`: a GGSPEC_BENCH_FORCED file. `p_min`:
@@ -178,7 +185,7 @@ def run_cpp(tool: Path, target: Path, draft: Path | None, prompt: str, n: int, n
         cmd += ["--spec-draft-p-min", str(p_min)]
     cmd += ["-p", prompt, "-n", str(n), *sampler_args(sampling),
             "-t", str(threads), "-td", str(threads), "-c", str(n_ctx), "-ctk", ctk, "-ctv", ctv,
-            "--ignore-eos", "-fa", flash_attn]
+            "--ignore-eos", "-fa", flash_attn, *gpu_layer_args(n_gpu_layers, draft=draft is not None)]
     with tempfile.TemporaryDirectory(prefix="ggspec-drafts-") as tmp:
         dump = Path(tmp) / "drafts.txt"
         if dump_drafts:
@@ -199,13 +206,13 @@ def run_cpp(tool: Path, target: Path, draft: Path | None, prompt: str, n: int, n
 
 def run_plain(tool: Path, target: Path, prompt: str, n: int, *, n_ctx: int = 2048, ctk: str = "f16",
               ctv: str = "f16", flash_attn: str = "off", threads: int = 1, timeout: float = 600,
-              sampling: SamplerSettings | None = None) -> CppResult:
+              sampling: SamplerSettings | None = None, n_gpu_layers: int = 0) -> CppResult:
     """One plain run of llama.cpp's llama-completion (greedy unless `sampling` has a temperature):
     exactly n tokens (EOG never sampled), raw prompt (no chat template), decode timed by patch 0007."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_ARG_")}
     cmd = [str(tool), "-m", str(target), "-p", prompt, "-n", str(n), *sampler_args(sampling), "-no-cnv",
            "-t", str(threads), "-tb", str(threads), "-c", str(n_ctx), "-ctk", ctk, "-ctv", ctv,
-           "--ignore-eos", "-fa", flash_attn]
+           "--ignore-eos", "-fa", flash_attn, *gpu_layer_args(n_gpu_layers)]
     proc = _run(tool, cmd, env, timeout)
     n_decoded, seconds = _decoded(tool, proc, "0007")
     return CppResult(_text(proc.stdout, prompt), n_decoded, seconds)

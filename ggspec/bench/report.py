@@ -23,6 +23,7 @@ from ggspec.errors import InputError
 from ggspec.files import atomic_write, describe_bad_text, read_text
 from ggspec.runtime.devices import Placement, parse_endpoint
 from ggspec.speculative.stats import RunStats, merge
+from ggspec.testing.forced import PROFILES
 from ggspec.values import is_int, is_number
 
 SCHEMA = "ggspec-bench/1"
@@ -336,7 +337,8 @@ def _check_document(doc: dict, what: str) -> None:
         _need(not (cfg.speculative and not settings.draft and settings.spec_type != "ngram-simple"),
               f"{where} is speculative, the benchmark has no draft")
         _need(not (cfg.sampled and settings.profile_weights), f"{where}.temp: an acceptance profile is greedy only")
-        _need(not (cfg.speculative and settings.profile_weights and len(settings.profile_weights) != cfg.n_max + 1),
+        _need(not (cfg.speculative and settings.profile_weights and settings.profile not in PROFILES
+                   and len(settings.profile_weights) != cfg.n_max + 1),
               f"{where}.n_max {cfg.n_max} does not fit the acceptance profile's {len(settings.profile_weights or ())} "
               "entries")
         configs.append(cfg)

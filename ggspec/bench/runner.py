@@ -35,7 +35,7 @@ from ggspec.speculative.models import Models, PairConfig
 from ggspec.speculative.planes import PlaneOptions
 from ggspec.speculative.sampling import SamplerSettings
 from ggspec.speculative.stats import RunStats, Step
-from ggspec.testing.forced import ForcedAcceptance, profile_lengths
+from ggspec.testing.forced import PROFILES, ForcedAcceptance, fit_profile, profile_lengths
 from ggspec.testing.oracle import Divergence, compare
 
 WARMUP_TOKENS = 16
@@ -227,7 +227,10 @@ class Runner:
     # --- single runs -------------------------------------------------------------------------------
 
     def _lengths(self, seed: int, n_max: int):
-        return profile_lengths(self.s.profile_weights, n_max, seed=seed)
+        weights = self.s.profile_weights
+        if self.s.profile in PROFILES:  # a built-in profile fits every draft length
+            weights = fit_profile(PROFILES[self.s.profile], n_max)
+        return profile_lengths(weights, n_max, seed=seed)
 
     def _decode(self, sp: Engine, cfg: BenchConfig, prompts: list[int], n: int, seed: int) -> dict[int, Decoded]:
         """Decode `prompts` (indices) through `sp`, as many at a time as it has slots and cells
@@ -283,12 +286,12 @@ class Runner:
         return self._tools[name]
 
     def _native(self, cfg: BenchConfig, i: int, n: int) -> tuple[RunStats, str]:
-        flash_attn = resolve_flash_attn("auto", 0, cfg.ctv)
+        flash_attn = resolve_flash_attn("auto", self.s.n_gpu_layers, cfg.ctv)
         sampling = replace(self.s.sampling(cfg.temp), seed=self.s.prompt_seed(i))
         if cfg.kind == "native-baseline":
             res = run_plain(self._tool(PLAIN_TOOL), Path(self.s.target), self.s.prompts[i].text, n, n_ctx=cfg.n_ctx,
                             ctk=cfg.ctk, ctv=cfg.ctv, flash_attn=flash_attn, threads=self.s.threads,
-                            sampling=sampling)
+                            sampling=sampling, n_gpu_layers=self.s.n_gpu_layers)
             return RunStats(n_decoded=res.n_decoded, n_generated=res.n_decoded, t_decode=res.seconds), res.text
         forced = None
         if self.s.profile_weights is not None:
@@ -300,7 +303,7 @@ class Runner:
                       defer=cfg.inject == "deferred", n_ctx=cfg.n_ctx, ctk=cfg.ctk, ctv=cfg.ctv,
                       flash_attn=flash_attn, threads=self.s.threads, forced=forced,
                       spec_type=self.models.plan.spec_type or "draft-dflash", p_min=self.s.p_min or None,
-                      sampling=sampling, dump_drafts=True)
+                      sampling=sampling, dump_drafts=True, n_gpu_layers=self.s.n_gpu_layers)
         # the per-step figures come from the draft dump: τ, the histogram and per-position
         # acceptance of llama.cpp's loop, as ggspec's rows have them
         stats = RunStats(n_decoded=res.n_decoded, n_generated=res.n_decoded, t_decode=res.seconds)

@@ -75,7 +75,9 @@ class BenchSession:
             else:
                 draft = Path(self.settings.draft) if self.settings.draft else None
                 self.meta = collect(Path(self.settings.target), draft, self.settings.threads)
-                profile_len = len(self.settings.profile_weights) if self.settings.profile_weights else None
+                # a built-in profile is fitted to every n_max (0); a file of weights is one n_max's
+                profile_len = None if not self.settings.profile_weights else (
+                    0 if self.settings.profile in PROFILES else len(self.settings.profile_weights))
                 drafting = self.runner.models.plan
                 limit = drafting.max_draft
                 self.configs, self.skipped = expand(self._fit_n_max(plan, limit), self.runner.recurrent,

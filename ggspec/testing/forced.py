@@ -66,9 +66,33 @@ PROFILES: dict[str, tuple[float, ...]] = {
 }
 
 
+def fit_profile(weights: tuple[float, ...], n_max: int) -> tuple[float, ...]:
+    """A histogram of accepted counts 0..len-1 carried to another draft length by its per-position
+    continuation rates (the chance that draft k is accepted when all before it were): a shorter
+    draft accepts all of itself wherever the original accepted at least that many, a longer one
+    keeps accepting at the last measured rate (seed 000's draft-length-7 histogram at n_max 3 or 15)."""
+    n0 = len(weights) - 1
+    if n_max == n0:
+        return tuple(weights)
+    w = np.asarray(weights, dtype=np.float64) / float(np.sum(weights))
+    if n_max < n0:
+        return tuple(float(x) for x in (*w[:n_max], w[n_max:].sum()))
+    reach = np.cumsum(w[::-1])[::-1]  # reach[k] = P(at least k accepted)
+    last = reach[n0] / reach[n0 - 1] if reach[n0 - 1] > 0 else 0.0  # P(accept draft n0 | reached it)
+    out = list(w[:n0])
+    tail = reach[n0]  # the mass that accepted every draft of the original length
+    for _ in range(n0, n_max):
+        out.append(tail * (1 - last))
+        tail *= last
+    out.append(tail)
+    return tuple(float(x) for x in out)
+
+
 def profile_lengths(profile: str | tuple[float, ...], n_max: int, seed: int = 0) -> Iterator[int]:
-    """Accepted counts drawn i.i.d. from a profile (a name of PROFILES or n_max + 1 weights)."""
-    weights = np.asarray(PROFILES[profile] if isinstance(profile, str) else profile, dtype=np.float64)
+    """Accepted counts drawn i.i.d. from a profile: a name of PROFILES (fitted to n_max by
+    fit_profile) or exactly n_max + 1 weights."""
+    weights = np.asarray(fit_profile(PROFILES[profile], n_max) if isinstance(profile, str) else profile,
+                         dtype=np.float64)
     if len(weights) != n_max + 1:
         raise ValueError(f"acceptance profile has {len(weights)} entries, n_max {n_max} needs {n_max + 1}")
     rng = np.random.default_rng(seed)

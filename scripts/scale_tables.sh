@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The speed tables of docs/scale.md, measured on real-shape dummy models (issue 26): every figure
+# there comes from one of the commands below, saved as JSON (and PNG plots) under docs/scale/.
+# Forced acceptance throughout (`--acceptance-profile`): it measures the system, not a draft.
+#
+#   scripts/scale_tables.sh [TABLE...]      TABLE: make verify pays seed000 cache (default: all)
+#
+# Knobs: THREADS (2: these models are memory-bound; on 2 cores both threads pay), N (64 tokens per
+# prompt), REPS (1), SIZES ("0.6b 1.7b 4b"), HYBRID ("0.8b 4b": seed 000's table; the long prompt
+# runs on the first only -- a 4.3k-token prefill per configuration at 4B is minutes here).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=docs/scale
+THREADS=${THREADS:-2}
+N=${N:-64}
+REPS=${REPS:-1}
+SIZES=${SIZES:-"0.6b 1.7b 4b"}
+HYBRID=${HYBRID:-"0.8b 4b"}
+TABLES=${*:-make verify pays seed000 cache}
+mkdir -p "$OUT"
+head -n 1 "$OUT/prompts.jsonl" > "$OUT/prompts-code.jsonl"
+sed -n 3p "$OUT/prompts.jsonl" >> "$OUT/prompts-code.jsonl"  # one code, one prose prompt
+
+bench() {  # bench NAME ARGS...: one saved benchmark, its markdown next to it
+    local name=$1; shift
+    echo "== $name: ggspec bench $*" >&2
+    ggspec bench "$@" -t "$THREADS" -n "$N" -r "$REPS" --save "$OUT/$name.json" > "$OUT/$name.md"
+    cat "$OUT/$name.md"
+}
+
+for table in $TABLES; do
+    case $table in
+    make)
+        for s in $SIZES; do ggspec models make "dummy-qwen3-$s"; done
+        for s in $HYBRID; do ggspec models make "dummy-qwen3.5-$s"; done ;;
+    verify)  # what a verify of n rows costs against one decode
+        args=()
+        for s in $SIZES; do args+=(--pair "dummy-qwen3-$s"); done
+        for s in $HYBRID; do args+=(--pair "dummy-qwen3.5-$s"); done
+        python scripts/verify_cost.py "${args[@]}" -t "$THREADS" -o "$OUT/verify-cost.json" | tee "$OUT/verify-cost.md" ;;
+    pays)  # when speculation pays: ggspec and llama.cpp's loop at n_max 3 / 7 / 15 per profile and size
+        for s in $SIZES; do
+            case $s in 0.6b) profiles="dflash mtp uniform" ;; 1.7b) profiles="dflash mtp" ;; *) profiles=dflash ;; esac
+            for p in $profiles; do
+                bench "pays-qwen3-$s-$p" --pair "dummy-qwen3-$s" --native --matrix --spec-draft-n-max 3,7,15 \
+                    --acceptance-profile "$p" --prompts "$OUT/prompts-code.jsonl"
+            done
+        done ;;
+    seed000)  # seed 000's table: planes x layout on the hybrid target, DFlash profile, n_max 7
+        first=1
+        for s in $HYBRID; do
+            bench "seed000-qwen3.5-$s" --pair "dummy-qwen3.5-$s" --matrix --spec-draft-n-max 7 \
+                --spec-draft-rs-planes uncapped,5,4,3 --spec-draft-rs-planes-lead 0,default,auto \
+                --acceptance-profile dflash --prompts "$OUT/prompts-code.jsonl"
+            if (( first )); then
+                bench "seed000-qwen3.5-$s-long" --pair "dummy-qwen3.5-$s" --matrix --spec-draft-n-max 7 \
+                    --spec-draft-rs-planes uncapped,5,4,3 --spec-draft-rs-planes-lead 0,default,auto \
+                    --acceptance-profile dflash --prompts "$OUT/long-prompt.jsonl" -c 8192
+                first=0
+            fi
+        done ;;
+    cache)  # cache types x parallel slots at one size
+        s=${CACHE_SIZE:-1.7b}
+        for t in f16 q8_0 q4_0; do
+            bench "cache-qwen3-$s-$t" --pair "dummy-qwen3-$s" --matrix -ctk "$t" -ctv "$t" --parallel 1,2,4 \
+                --spec-draft-n-max 7 --acceptance-profile dflash --prompts "$OUT/prompts.jsonl"
+        done ;;
+    *) echo "unknown table $table (make verify pays seed000 cache)" >&2; exit 2 ;;
+    esac
+done
