@@ -807,11 +807,13 @@ def models(
 
 
 def _entry_size(entry, models_dir: Optional[Path]) -> str:
-    """A dummy pair's file size in its type (made or not); other pairs' files when present."""
-    from ggspec.pairs import dummy_size, resolve
+    """The size of a pair's files when present; a dummy pair not made yet: about what it will be,
+    and what making it writes (its F16 sources included)."""
+    from ggspec.pairs import check_files, dummy_size, resolve
 
-    if entry.kind == "dummy":
-        return f"{dummy_size(entry)[1] / 2**30:.2f} GiB {entry.quant}"
+    if entry.kind == "dummy" and check_files(entry, None) != "made":
+        disk, memory = dummy_size(entry)
+        return f"~{memory / 2**30:.1f} GiB {entry.quant} (writes ~{disk / 2**30:.1f})"
     if entry.kind == "generated":
         return ""
     try:

@@ -5,9 +5,10 @@
 #
 #   scripts/scale_tables.sh [TABLE...]      TABLE: make verify pays seed000 cache (default: all)
 #
-# Knobs: THREADS (2: these models are memory-bound; on 2 cores both threads pay), N (64 tokens per
-# prompt), REPS (1), SIZES ("0.6b 1.7b 4b"), HYBRID ("0.8b 4b": seed 000's table; the long prompt
-# runs on the first only -- a 4.3k-token prefill per configuration at 4B is minutes here).
+# Knobs: THREADS (2: both cores pay at these sizes), N (64 tokens per prompt), REPS (1), SIZES
+# ("0.6b 1.7b 4b"), VERIFY_HYBRID ("0.8b 4b": hybrid shapes in the verify-cost table), HYBRID
+# ("0.8b": seed 000's table, short prompts and the 4.3k-token one on the first size only; the 4B
+# hybrid's ten configurations take ~25 minutes here), CACHE_SIZE (1.7b), PARALLEL (1,4).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=docs/scale
@@ -15,7 +16,9 @@ THREADS=${THREADS:-2}
 N=${N:-64}
 REPS=${REPS:-1}
 SIZES=${SIZES:-"0.6b 1.7b 4b"}
-HYBRID=${HYBRID:-"0.8b 4b"}
+HYBRID=${HYBRID:-"0.8b"}
+VERIFY_HYBRID=${VERIFY_HYBRID:-"0.8b 4b"}
+PARALLEL=${PARALLEL:-1,4}
 TABLES=${*:-make verify pays seed000 cache}
 mkdir -p "$OUT"
 head -n 1 "$OUT/prompts.jsonl" > "$OUT/prompts-code.jsonl"
@@ -32,11 +35,11 @@ for table in $TABLES; do
     case $table in
     make)
         for s in $SIZES; do ggspec models make "dummy-qwen3-$s"; done
-        for s in $HYBRID; do ggspec models make "dummy-qwen3.5-$s"; done ;;
+        for s in $VERIFY_HYBRID; do ggspec models make "dummy-qwen3.5-$s"; done ;;
     verify)  # what a verify of n rows costs against one decode
         args=()
         for s in $SIZES; do args+=(--pair "dummy-qwen3-$s"); done
-        for s in $HYBRID; do args+=(--pair "dummy-qwen3.5-$s"); done
+        for s in $VERIFY_HYBRID; do args+=(--pair "dummy-qwen3.5-$s"); done
         python scripts/verify_cost.py "${args[@]}" -t "$THREADS" -o "$OUT/verify-cost.json" | tee "$OUT/verify-cost.md" ;;
     pays)  # when speculation pays: ggspec and llama.cpp's loop at n_max 3 / 7 / 15 per profile and size
         for s in $SIZES; do
@@ -62,7 +65,7 @@ for table in $TABLES; do
     cache)  # cache types x parallel slots at one size
         s=${CACHE_SIZE:-1.7b}
         for t in f16 q8_0 q4_0; do
-            bench "cache-qwen3-$s-$t" --pair "dummy-qwen3-$s" --matrix -ctk "$t" -ctv "$t" --parallel 1,2,4 \
+            bench "cache-qwen3-$s-$t" --pair "dummy-qwen3-$s" --matrix -ctk "$t" -ctv "$t" --parallel "$PARALLEL" \
                 --spec-draft-n-max 7 --acceptance-profile dflash --prompts "$OUT/prompts.jsonl"
         done ;;
     *) echo "unknown table $table (make verify pays seed000 cache)" >&2; exit 2 ;;

@@ -5,7 +5,8 @@ whether speculation can pay on a machine (break-even τ >= this ratio at n = n_m
 For each model: a 64-token context is decoded once, then, interleaved over repetitions (this
 machine drifts 20-50 % from minute to minute), one-token decodes and n-row batches with logits on
 every row (what a verify asks for), each removed again with seq_rm so every call sees the same
-context. Reports the median time of each and the ratio to n = 1, as a markdown table and JSON.
+context (a hybrid target's recurrent state is saved after the prefix and loaded back, untimed).
+Reports the median time of each and the ratio to n = 1, as a markdown table and JSON.
 
     python scripts/verify_cost.py --pair dummy-qwen3-0.6b --pair dummy-qwen3-1.7b -t 2 -o docs/scale/verify-cost.json
 """
@@ -39,6 +40,8 @@ def measure(path: Path, threads: int, reps: int) -> dict[int, float]:
     rng = np.random.default_rng(0)
     prefix = [int(t) for t in rng.integers(0, 256, CONTEXT)]  # byte tokens: in every vocabulary here
     ctx.decode(batch.clear().add_tokens(prefix, 0))
+    # restored after every timed call (untimed): a recurrent state cannot simply be cut back
+    saved = ctx.save_sequence(0) if model.is_recurrent else None
     times: dict[int, list[float]] = {n: [] for n in ROWS}
     for rep in range(reps + 1):
         for n in (ROWS if rep % 2 == 0 else reversed(ROWS)):
@@ -48,7 +51,11 @@ def measure(path: Path, threads: int, reps: int) -> dict[int, float]:
             ctx.decode(batch)
             ctx.logits()  # the rows a verify reads
             dt = time.perf_counter() - t0
-            ctx.remove(CONTEXT)
+            if saved is None:
+                ctx.remove(CONTEXT)
+            else:
+                ctx.drop_sequence(0)
+                ctx.load_sequence(saved, 0)
             if rep:  # the first round warms the graphs up
                 times[n].append(dt)
     batch.close()

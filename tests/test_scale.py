@@ -54,8 +54,16 @@ def test_every_draft_fits_its_target_and_follows_z_labs_layer_rule():
 
 def test_a_bad_shape_is_one_line(tmp_path):
     bad = tmp_path / "models.toml"
-    bad.write_text('[shapes.x]\narch = "qwen3"\nhidden_size = 0\n')
-    with pytest.raises(InputError, match="shape 'x': an qwen3 shape needs vocab_size|hidden_size must be"):
+    good = (Path(__file__).resolve().parents[1] / "models.toml").read_text()
+    body = good[good.index('[shapes."qwen3-0.6b"]'):].split("\n\n")[0].replace('[shapes."qwen3-0.6b"]', "[shapes.x]")
+    bad.write_text(body.replace("vocab_size = 151936\n", ""))
+    with pytest.raises(InputError, match="shape 'x': qwen3 shapes need vocab_size"):
+        load_shapes(bad)
+    bad.write_text(body.replace("hidden_size = 1024", "hidden_size = 0"))
+    with pytest.raises(InputError, match="shape 'x': hidden_size must be a whole number of at least 1, not 0"):
+        load_shapes(bad)
+    bad.write_text('[shapes.x]\narch = "qwen3"\n')
+    with pytest.raises(InputError, match="shape 'x': qwen3 shapes need hidden_size"):
         load_shapes(bad)
     bad.write_text('[shapes.d]\narch = "dflash"\ntarget = "nope"\nblock_size = 16\ntarget_layer_ids = [1]\n'
                    'hidden_size = 8\nintermediate_size = 8\nnum_hidden_layers = 1\nnum_attention_heads = 1\n'
