@@ -48,7 +48,7 @@ def pays(folder: Path) -> str:
 def seed000(folder: Path) -> str:
     out = ["| model | prompt | planes | lead | decode t/s | speedup vs plain | replay | recurrent state | "
            "peak RSS MiB | τ | identical |", "|" + "---|" * 11]
-    for path in sorted(folder.glob("seed000-*.json")):
+    for path in sorted(folder.glob("seed000-*.json"), key=lambda p: (p.stem.endswith("-long"), p.stem)):
         long = path.stem.endswith("-long")
         model = path.stem.split("-")[1] + "-" + path.stem.split("-")[2]
         rs = sorted((r for r in rows(path) if r["kind"] == "spec"),
