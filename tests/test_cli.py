@@ -152,3 +152,18 @@ def test_dspark_on_a_plain_dflash_draft_is_refused(dense_pair):
     errors = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 1 and len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert errors[0].startswith("error: --spec-type: draft-dspark needs a DSpark draft"), errors[0]
+
+
+def test_run_check_says_which_kind_any_difference_is(build_info, tmp_path):
+    """--check decodes each prompt plain afterwards: identical, a benign near-tie or a REAL
+    divergence, one line per prompt and a summary; it needs speculation at temperature 0."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("def fibonacci(n):\nclass Stack:\n")
+    proc = run_cli("run", "--pair", "tiny-coder", "-f", str(prompts), "-n", "24", "--check")
+    assert proc.returncode == 0, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("check:")]
+    assert len(lines) == 3 and lines[-1].startswith("check: ") and "REAL divergences" in lines[-1]
+    assert all("identical to plain greedy" in ln or "benign near-tie" in ln for ln in lines[:2]), lines
+    proc = run_cli("run", "--pair", "tiny-coder", "--no-spec", "--check", "-n", "4")
+    assert proc.returncode == 1 and "--check compares speculative greedy output" in proc.stderr
+    assert "Traceback" not in proc.stderr
