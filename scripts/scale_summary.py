@@ -20,6 +20,11 @@ def rows(path: Path) -> list[dict]:
     return [r for r in json.loads(path.read_text())["rows"] if r["category"] == "all"]
 
 
+def _model(path: Path) -> str:
+    """pays-qwen3-1.7b-dflash.json -> qwen3-1.7b"""
+    return "-".join(path.stem.split("-")[1:3])
+
+
 def _f(x, spec: str = ".2f") -> str:
     return "" if x is None else format(x, spec)
 
@@ -31,7 +36,7 @@ def pays(folder: Path) -> str:
         rs = rows(path)
         base = next(r for r in rs if r["kind"] == "baseline")
         nbase = next((r for r in rs if r["kind"] == "native-baseline"), None)
-        model = path.stem.split("-")[1] + "-" + path.stem.split("-")[2]
+        model = _model(path)
         for r in sorted((r for r in rs if r["kind"] == "spec"), key=lambda r: r["n_max"]):
             nat = {x["inject"]: x for x in rs if x["kind"] == "native" and x["n_max"] == r["n_max"]}
             best = max((x for x in nat.values()), key=lambda x: x["speedup_mean"] or 0, default=None)
@@ -50,7 +55,7 @@ def seed000(folder: Path) -> str:
            "peak RSS MiB | τ | identical |", "|" + "---|" * 11]
     for path in sorted(folder.glob("seed000-*.json"), key=lambda p: (p.stem.endswith("-long"), p.stem)):
         long = path.stem.endswith("-long")
-        model = path.stem.split("-")[1] + "-" + path.stem.split("-")[2]
+        model = _model(path)
         rs = sorted((r for r in rows(path) if r["kind"] == "spec"),
                     key=lambda r: (r["planes"] != "uncapped", -int(r["planes"]) if r["planes"].isdigit() else 0, r["lead"]))
         for r in rs:
@@ -69,7 +74,7 @@ def cache(folder: Path) -> str:
         spec = sorted((r for r in rs if r["kind"] == "spec"), key=lambda r: r["parallel"])
         base = {r["parallel"]: r for r in rs if r["kind"] == "baseline"}
         one = next((r["decode_tps_mean"] for r in spec if r["parallel"] == 1), None)
-        model = path.stem.split("-")[1] + "-" + path.stem.split("-")[2]
+        model = _model(path)
         for r in spec:
             b = base.get(r["parallel"])
             out.append(f"| {model} | {r['ctk']}/{r['ctv']} | {r['parallel']} | {r['decode_tps_mean']:.1f} | "

@@ -35,7 +35,7 @@ from ggspec.speculative.models import Models, PairConfig
 from ggspec.speculative.planes import PlaneOptions
 from ggspec.speculative.sampling import SamplerSettings
 from ggspec.speculative.stats import RunStats, Step
-from ggspec.testing.forced import PROFILES, ForcedAcceptance, fit_profile, profile_lengths
+from ggspec.testing.forced import PROFILES, ForcedAcceptance, profile_lengths
 from ggspec.testing.oracle import Divergence, compare
 
 WARMUP_TOKENS = 16
@@ -227,10 +227,9 @@ class Runner:
     # --- single runs -------------------------------------------------------------------------------
 
     def _lengths(self, seed: int, n_max: int):
-        weights = self.s.profile_weights
-        if self.s.profile in PROFILES:  # a built-in profile fits every draft length
-            weights = fit_profile(PROFILES[self.s.profile], n_max)
-        return profile_lengths(weights, n_max, seed=seed)
+        # a built-in profile by name (profile_lengths fits it to every draft length), a file's weights as they are
+        profile = self.s.profile if self.s.profile in PROFILES else self.s.profile_weights
+        return profile_lengths(profile, n_max, seed=seed)
 
     def _decode(self, sp: Engine, cfg: BenchConfig, prompts: list[int], n: int, seed: int) -> dict[int, Decoded]:
         """Decode `prompts` (indices) through `sp`, as many at a time as it has slots and cells
