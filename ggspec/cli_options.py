@@ -17,7 +17,7 @@ from typing import Annotated, Optional
 import typer
 
 from ggspec.errors import InputError
-from ggspec.speculative.models import DEFAULT_N_MAX, SPEC_TYPES, PairConfig
+from ggspec.speculative.models import DEFAULT_N_MAX, NO_DRAFT_MODEL, SPEC_TYPES, PairConfig
 from ggspec.speculative.sampling import DEFAULT_SEED, SamplerSettings
 
 # the defaults when neither a flag nor a named pair's recommendation (models.toml) gives one
@@ -122,7 +122,8 @@ DFlash = Annotated[Optional[bool], typer.Option(
                                  "--no-dflash leaves the draft model unused.")]
 SpecType = Annotated[Optional[str], typer.Option(
     "--spec-type", help=f"Speculative type: {', '.join(SPEC_TYPES)} (ngram-simple drafts from the text itself, "
-                        "no -md) \\[default: detected from the draft].")]
+                        "draft-mtp with the target's own MTP block; neither takes -md) \\[default: detected from "
+                        "the draft, or draft-mtp for a target with an MTP block and no -md].")]
 PMin = Annotated[float, typer.Option(
     "--spec-draft-p-min", "--draft-p-min",
     help="Stop a draft where the draft's confidence falls below this, 0..1 (0: never; drafts with a "
@@ -170,6 +171,15 @@ TEMP, TOP_K, TOP_P, MIN_P, SEED = 0.0, SamplerSettings.top_k, SamplerSettings.to
 P_MIN, NGRAM_SIZE_N, NGRAM_SIZE_M = PairConfig.p_min, PairConfig.ngram_size_n, PairConfig.ngram_size_m
 
 
+def _has_mtp_head(target: Path) -> bool:
+    """Whether the target file carries an MTP block it can draft with (draft-mtp, detected)."""
+    from ggspec.runtime.gguf_meta import read_meta
+    from ggspec.speculative.mtp import MTP_ARCHS, has_mtp_head
+
+    meta = read_meta(target, "target")
+    return meta.arch in MTP_ARCHS and has_mtp_head(meta)
+
+
 def concrete_seed(seed: int) -> int:
     """llama.cpp's default seed means a random one: drawn here, once, so it can be reported and reused."""
     import secrets
@@ -213,8 +223,8 @@ class Shared:
 
     @property
     def needs_draft(self) -> bool:
-        """Whether the draft model is wanted (not with ngram-simple or --no-dflash)."""
-        return self.spec_type != "ngram-simple" and self.dflash is not False
+        """Whether the draft model is wanted (not with ngram-simple, draft-mtp or --no-dflash)."""
+        return self.spec_type not in NO_DRAFT_MODEL and self.dflash is not False
 
     def resolve_models(self, plain: bool = False) -> tuple[Path, Path | None, dict]:
         """Target, draft (None when it is not used) and the recommended settings (empty unless a
@@ -229,9 +239,9 @@ class Shared:
             return files.target, files.draft if self.needs_draft else None, entry.settings
         if self.model is None:
             raise InputError("no target model: give -m FILE (or --pair NAME)")
-        if self.draft is None and self.needs_draft and not plain:
+        if self.draft is None and self.needs_draft and not plain and not _has_mtp_head(self.model):
             raise InputError("no draft model: give -md FILE, --spec-type ngram-simple (drafts from the text itself), "
-                             "or --no-spec for plain decoding")
+                             "or --no-spec for plain decoding (a target with an MTP block drafts with it)")
         return self.model, self.draft if self.needs_draft else None, {}
 
     def placement(self):

@@ -83,9 +83,12 @@ class Context(OwnedHandle):
     """A llama.cpp context. Logits and feature rows returned by its methods are copies."""
 
     def __init__(self, model: Model, params: ContextParams, ctx_other: "Context | None" = None,
-                 what: str = "model") -> None:
+                 what: str = "model", mtp: bool = False) -> None:
+        """`mtp`: a context of type MTP on a target loaded with its MTP blocks: its cache holds
+        only those blocks' layers, and a decode runs the MTP head (token + hidden-state rows)."""
         params.validate()
-        if model.n_gpu_layers == 0 and not model.placement.multi_device:  # all of it in this machine's memory
+        # (an MTP context's cache holds one layer: the target's check covers it)
+        if model.n_gpu_layers == 0 and not model.placement.multi_device and not mtp:
             check_memory([(model.meta, (1 + params.n_rs_seq) * params.n_seq_max)], params.n_ctx, params.type_k, params.type_v,
                          min(params.n_ubatch, params.n_batch))
         self.model = model  # held so the model outlives this context
@@ -108,6 +111,8 @@ class Context(OwnedHandle):
         cp.no_perf = True
         if ctx_other is not None:
             cp.ctx_other = ctx_other.ptr
+        if mtp:
+            cp.ctx_type = self.lc.LLAMA_CONTEXT_TYPE_MTP
         ptr = self.lc.llama_init_from_model(model.ptr, cp)
         if not ptr:
             raise LlamaError(f"llama.cpp could not create the {what} context: {last_log_error()}")
@@ -210,6 +215,13 @@ class Context(OwnedHandle):
         """Extract the graph's nextn rows on every decode: all batch rows (masked False) or only
         the output rows (masked True)."""
         self.lc._lib.ggspec_set_embeddings_nextn(self.ptr, True, masked)
+
+    def nextn_ptr(self) -> int:
+        """The address of the last decode's nextn rows (n_embd floats each), for batch fillers."""
+        ptr = self.lc._lib.ggspec_get_embeddings_nextn(self.ptr)
+        if not ptr:
+            raise LlamaError("the last decode produced no nextn rows (enable_nextn before decoding)")
+        return ctypes.addressof(ptr.contents)
 
     def nextn_view(self, n_rows: int) -> np.ndarray:
         """The last decode's nextn rows, shape (n_rows, n_embd): a view valid until the next decode."""

@@ -35,9 +35,10 @@ class Model(OwnedHandle):
     """A loaded GGUF model. Use as a context manager or call `close()`."""
 
     def __init__(self, path: str | Path, n_gpu_layers: int = 0, what: str = "model",
-                 placement: Placement | None = None) -> None:
+                 placement: Placement | None = None, load_mtp: bool = False) -> None:
         """n_gpu_layers: layers offloaded to the devices (-1: all); placement: split mode, RPC
-        workers, proportions, mirrored head (see ggspec.runtime.devices)."""
+        workers, proportions, mirrored head (see ggspec.runtime.devices); load_mtp: load the
+        multi-token-prediction (nextn) blocks too, which llama.cpp skips by default."""
         self.lc = load_bindings()
         self.meta: GGUFMeta = read_meta(path, what)  # validates the file before llama.cpp reads it
         check_model(self.meta, what)  # ... and every value llama.cpp would abort on
@@ -47,6 +48,8 @@ class Model(OwnedHandle):
         self.placement = placement or Placement()
         params = self.lc.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
+        params.load_mtp = load_mtp
+        self.load_mtp = load_mtp
         self._device_params = DeviceParams(self.lc, self.placement)  # lives as long as the model
         self._device_params.apply(params)
         ptr = self.lc.llama_model_load_from_file(os.fsencode(self.path), params)  # any file name the OS takes

@@ -203,6 +203,13 @@ class Engine:
             self.proposer = NgramProposer(self.cfg.ngram_size_n, self.cfg.ngram_size_m)
             if self.cfg.p_min > 0:
                 self.warnings.append("ngram-simple drafts have no confidence: the confidence cut-off does nothing")
+        elif kind == "mtp":
+            from ggspec.speculative.mtp import MTPProposer  # noqa: PLC0415
+
+            # the head's context on the target's own weights: its cache holds only the MTP layer
+            params = replace(self.cfg.ctx, n_seq_max=self.parallel, n_rs_seq=0)
+            self.draft_ctx = Context(self.models.target, params, what="MTP", mtp=True)
+            self.proposer = MTPProposer(self.target, self.draft_ctx, self.cfg.p_min, self.cfg.n_min)
         elif self.plan.info is not None:
             params = replace(self.cfg.ctx, n_seq_max=self.parallel, n_rs_seq=0)
             # the draft borrows the target's embeddings / output head through ctx_other
@@ -432,7 +439,7 @@ class Engine:
             part = body[off:off + chunk]
             outputs = "last" if first and off + chunk >= len(body) else "none"
             self._batch.clear().add_tokens(part, off, seq.seq_id, outputs=outputs)
-            spans = [Span(seq.seq_id, 0, len(part), off)] if seq.speculate else None
+            spans = [Span(seq.seq_id, 0, len(part), off, part)] if seq.speculate else None
             t_inject += self._decode_target(self._batch, spans)
         seq.id_last, seq.pos = int(seq.prompt[-1]), len(seq.prompt) - 1
         step = Step([], "prefill", n_prompt=len(seq.prompt), n_cached=seq.n_cached)
@@ -499,7 +506,7 @@ class Engine:
             block = _span(seq.id_last, drafts[seq].tokens, width)
             blocks.append(block)
             batch.add_tokens(block, seq.pos, seq.seq_id, outputs="all")
-            spans.append(Span(seq.seq_id, row, len(block), seq.pos))
+            spans.append(Span(seq.seq_id, row, len(block), seq.pos, block))
             row += len(block)
         t_flushed = self._decode_target(batch, [sp for seq, sp in zip(live, spans) if seq.speculate])
         t_inject += t_flushed

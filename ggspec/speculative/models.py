@@ -17,6 +17,7 @@ from ggspec.runtime.devices import Placement
 from ggspec.runtime.gguf_meta import GGUFMeta, read_meta
 from ggspec.runtime.preflight import check_memory, check_model
 from ggspec.speculative.dflash import INJECT_MODES, DFlashInfo, check_compatible, dflash_info, is_dflash
+from ggspec.speculative.mtp import MTP_ARCHS, has_mtp_head
 from ggspec.speculative.planes import PlaneOptions
 from ggspec.speculative.sampling import SamplerSettings
 
@@ -25,7 +26,8 @@ DEFAULT_N_MAX = 15  # draft tokens per step when neither the user nor a named pa
 # llama.cpp's speculative types at the pin (common/speculative.cpp), and those ggspec runs
 LLAMA_SPEC_TYPES = ("draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark",
                     "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
-SPEC_TYPES = ("draft-dflash", "draft-dspark", "ngram-simple")
+SPEC_TYPES = ("draft-dflash", "draft-dspark", "draft-mtp", "ngram-simple")
+NO_DRAFT_MODEL = ("draft-mtp", "ngram-simple")  # types that draft without a separate draft model
 
 
 @dataclass
@@ -40,6 +42,7 @@ class PairConfig:
     # (a value someone asked for is clamped with one)
     n_max: int | None = None
     p_min: float = 0.0  # stop a draft where the draft's confidence falls below this (0: never)
+    n_min: int = 0  # draft-mtp: a draft shorter than this is dropped (llama.cpp's --spec-draft-n-min)
     ngram_size_n: int = 12  # ngram-simple: the pattern length (llama.cpp's default)
     ngram_size_m: int = 48  # ngram-simple: the longest draft (llama.cpp's default)
     parallel: int = 1  # sequences decoded together
@@ -56,6 +59,8 @@ class PairConfig:
         """Option values that are wrong whatever the files are."""
         if self.n_max is not None and self.n_max < 1:
             raise InputError(f"the draft length must be at least 1 (got {self.n_max})", field="n_max")
+        if self.n_min < 0:
+            raise InputError(f"the shortest draft must be at least 0 (got {self.n_min})", field="n_min")
         if not 0.0 <= self.p_min <= 1.0:
             raise InputError(f"the confidence cut-off must be within 0..1 (got {self.p_min})", field="p_min")
         if not 1 <= self.parallel <= 256:
@@ -84,11 +89,13 @@ class DraftPlan:
 
     @property
     def kind(self) -> str:
-        """The proposer: dflash, dflash2, dspark, ngram-simple or none."""
+        """The proposer: dflash, dflash2, dspark, mtp, ngram-simple or none."""
         if self.spec_type is None:
             return "none"
         if self.spec_type == "ngram-simple":
             return "ngram-simple"
+        if self.spec_type == "draft-mtp":
+            return "mtp"
         if self.info is not None and self.info.dspark:
             return "dspark"
         return "dflash2" if self.info is not None and self.info.selector_top_k > 0 else "dflash"
@@ -99,20 +106,28 @@ class DraftPlan:
 
 
 def plan_drafting(cfg: PairConfig, target: GGUFMeta, draft: GGUFMeta | None, warnings: list[str]) -> DraftPlan:
-    """The speculative type from the options and the draft's metadata (llama.cpp's auto-detection:
-    a DFlash draft with a Markov head is draft-dspark, any other DFlash draft draft-dflash)."""
+    """The speculative type from the options and the files (llama.cpp's auto-detection: a DFlash
+    draft with a Markov head is draft-dspark, any other DFlash draft draft-dflash; without a draft
+    model, a target with an MTP block drafts with it: draft-mtp)."""
     wanted = cfg.spec_type
     if cfg.dflash is False:
-        if wanted not in (None, "ngram-simple"):
+        if wanted not in (None, *NO_DRAFT_MODEL):
             raise InputError(f"{wanted} drafts with the draft model, which --no-dflash turns off", field="spec_type")
-        return DraftPlan("ngram-simple" if wanted else None)
-    if wanted == "ngram-simple":
-        if draft is not None:
-            warnings.append("ngram-simple drafts from the text itself: the draft model is not used")
-        return DraftPlan("ngram-simple")
+        if wanted == "draft-mtp":
+            check_mtp(target)
+        return DraftPlan(wanted)
+    if wanted in NO_DRAFT_MODEL:
+        if cfg.draft is not None:
+            what = "from the text itself" if wanted == "ngram-simple" else "with the target's own MTP head"
+            warnings.append(f"{wanted} drafts {what}: the draft model is not used")
+        if wanted == "draft-mtp":
+            check_mtp(target)
+        return DraftPlan(wanted)
     if draft is None:
         if cfg.dflash or wanted:
             raise InputError(f"{wanted or 'draft-dflash'} needs a draft model", field="draft")
+        if target.arch in MTP_ARCHS and has_mtp_head(target) and target.n_nextn == 1:
+            return DraftPlan("draft-mtp")  # the head the target ships with
         return DraftPlan(None)
     if not is_dflash(draft):
         if cfg.dflash or wanted:
@@ -138,6 +153,19 @@ def plan_drafting(cfg: PairConfig, target: GGUFMeta, draft: GGUFMeta | None, war
     return DraftPlan("draft-dspark" if info.dspark else "draft-dflash", info)
 
 
+def check_mtp(target: GGUFMeta) -> None:
+    """Refuse draft-mtp for a target whose file or architecture has no single MTP head."""
+    if target.arch not in MTP_ARCHS:
+        raise InputError(f"the target's architecture '{target.arch}' has no MTP head in this llama.cpp build "
+                         "(draft-mtp runs qwen35, qwen35moe, qwen3next, glm4moe, deepseek2, ...)", field="spec_type")
+    if not has_mtp_head(target):
+        raise InputError(f"the target has no MTP block (no nextn_predict_layers / blk.N.nextn.eh_proj tensors; "
+                         f"convert it with its MTP layers): {target.path}", field="spec_type")
+    if target.n_nextn != 1:
+        raise InputError(f"the target has {target.n_nextn} MTP blocks: ggspec runs single-head MTP only "
+                         "(llama.cpp's chain-head mode is not ported yet)", field="spec_type")
+
+
 def resolve_n_max(requested: int | None, max_draft: int | None, warnings: list[str]) -> int:
     """The draft length per step: the default fitted silently to the draft, a requested value
     clamped to it with a warning."""
@@ -160,13 +188,14 @@ class Models:
         if is_dflash(self.target_meta):
             raise InputError(f"the target is a DFlash draft model, not a target: {cfg.target}", field="target")
         check_model(self.target_meta, "target")
-        uses_draft = cfg.draft is not None and cfg.dflash is not False and cfg.spec_type != "ngram-simple"
+        uses_draft = cfg.draft is not None and cfg.dflash is not False and cfg.spec_type not in NO_DRAFT_MODEL
         self.draft_meta = read_meta(cfg.draft, "draft") if uses_draft else None
         self.plan = plan_drafting(cfg, self.target_meta, self.draft_meta, self.warnings)
         if self.plan.info is None:
             self.draft_meta = None
         self._check_memory(cfg)
-        self.target = Model(cfg.target, cfg.n_gpu_layers, what="target", placement=cfg.placement)
+        self.target = Model(cfg.target, cfg.n_gpu_layers, what="target", placement=cfg.placement,
+                            load_mtp=self.plan.kind == "mtp")
         self.draft: Model | None = None
         try:
             if self.draft_meta is not None:

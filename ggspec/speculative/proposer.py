@@ -44,6 +44,7 @@ class Span:
     row0: int  # first row of the sequence in the decode's batch
     n_rows: int
     pos0: int  # position of that first row
+    tokens: np.ndarray | None = None  # the rows' tokens (an MTP head pairs each with the row before)
 
 
 class Proposer(Protocol):

@@ -1,0 +1,188 @@
+"""draft-mtp: drafts from the target's own multi-token-prediction (nextn) head.
+
+A port of llama.cpp's `common_speculative_impl_draft_mtp` in its single-head mode (the pinned
+common/speculative.cpp:1331-1747; qwen35, qwen35moe, qwen3next, ...). The head runs in a second
+context of type MTP on the target's own weights; its cache holds only the MTP block's layer.
+
+Pairing: the MTP entry at position q is (token q, h at q - 1) and predicts token q + 1, where h is
+the target's hidden state after its final norm (the target exports it for every row of every
+decode: `nextn` rows, unmasked). A sequence's first row pairs with the `pending` h carried from
+its previous rows (zeros for a new sequence, as in llama.cpp's loop on a fresh slot).
+
+Per step, in the engine's five calls:
+  observe   the target decoded these rows (prompt chunks, or a verify span);
+  commit    of a verify span only the committed rows stay (llama.cpp catches up over every row
+            and removes the rejected cells afterwards: the kept cells are the same);
+  flush     the catch-up: one MTP decode over every sequence's committed rows, each paired as
+            above (SP:1497-1560); the last row's h becomes the sequence's pending h (SP:1732-1745);
+  propose   one MTP decode per draft position for all drafting sequences together: the first
+            holds (id_last, pending h) at id_last's position, each next one the drafted token with
+            the head's own output state at the next position (SP:1583-1722); a draft stops where
+            the top-10 softmax probability of its argmax falls below p_min, a draft shorter than
+            n_min is dropped; the draft's cells are removed again afterwards.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ggspec.errors import LlamaError
+from ggspec.runtime import Batch, Context
+from ggspec.speculative.dflash import top_k_confidence
+from ggspec.speculative.proposer import Draft, Span
+from ggspec.speculative.sampling import Candidates, candidates
+from ggspec.speculative.verifier import DRAFT
+
+# The architectures whose graph, in the pinned llama.cpp, has an MTP head (LLM_GRAPH_TYPE_DECODER_MTP);
+# ggspec runs those with one nextn block (llama.cpp's single-head mode)
+MTP_ARCHS = frozenset({"bailingmoe3", "cohere2moe", "deepseek2", "deepseek32", "deepseek4", "glm-dsa", "glm4moe",
+                       "glm5-next", "hy-v3", "nemotron_h_moe", "qwen35", "qwen35moe", "qwen3next"})
+
+
+def has_mtp_head(meta) -> bool:
+    """Whether a target file carries a loadable MTP block (llama.cpp's own test: the last
+    block's nextn.eh_proj, with nextn_predict_layers set)."""
+    return meta.n_nextn > 0 and f"blk.{meta.n_layer - 1}.nextn.eh_proj.weight" in meta.tensors
+
+
+class MTPProposer:
+    """Drafts with the target's MTP head (see the module docstring)."""
+
+    name = "draft-mtp"
+    max_draft: int | None = None
+
+    def __init__(self, target: Context, mtp: Context, p_min: float = 0.0, n_min: int = 0) -> None:
+        self.target = target
+        self.mtp = mtp
+        self.p_min = p_min
+        self.n_min = n_min
+        self.n_embd = target.model.n_embd
+        target.enable_nextn(masked=False)  # h of every target row, output or not
+        mtp.enable_nextn(masked=True)  # the head's own state of its output rows
+        self._batch = Batch(mtp)
+        self._zeros = np.zeros(self.n_embd, dtype=np.float32)
+        self._pending: dict[int, np.ndarray] = {}  # seq_id -> h to pair with its next row
+        # rows the target decoded but the MTP cache has not caught up with, per sequence:
+        # (first batch row, first position, tokens); read from the target's nextn buffer at flush,
+        # so they must be flushed before the target decodes again (the engine does)
+        self._rows: dict[int, tuple[int, int, np.ndarray]] = {}
+
+    # --- catching up with the target --------------------------------------------------------------
+
+    def begin(self, seq, cached: int = 0) -> None:
+        """A new sequence starts from nothing: no carried state (seed 001's leak: a stale pending
+        h paired with the first token of an unrelated prompt) and no cells of the slot's last one."""
+        self.mtp.drop_sequence(seq.seq_id)
+        self._pending[seq.seq_id] = self._zeros.copy()
+        self._rows.pop(seq.seq_id, None)
+
+    def observe(self, spans: list[Span]) -> None:
+        for sp in spans:
+            if sp.seq_id in self._rows:
+                raise LlamaError(f"rows of sequence {sp.seq_id} were never caught up and the target has "
+                                 "decoded again since (flush before every target decode)")
+            if sp.n_rows:
+                self._rows[sp.seq_id] = (sp.row0, sp.pos0, sp.tokens[:sp.n_rows])
+
+    def commit(self, seq, pos0: int, n_committed: int) -> None:
+        if seq.seq_id in self._rows:
+            row0, first, tokens = self._rows[seq.seq_id]
+            self._rows[seq.seq_id] = (row0, first, tokens[:max(0, pos0 + n_committed - first)])
+
+    def flush(self) -> None:
+        """The catch-up decode: every sequence's pending rows in one MTP call (more only past n_batch)."""
+        if not self._rows:
+            return
+        pending = [(seq_id, row0, pos0, tokens) for seq_id, (row0, pos0, tokens) in self._rows.items() if len(tokens)]
+        self._rows.clear()
+        if not pending:
+            return
+        base, row_bytes = self.target.nextn_ptr(), self.n_embd * 4
+        self._batch.clear()
+        for seq_id, row0, pos0, tokens in pending:
+            carried = self._pending[seq_id]
+            for off in range(0, len(tokens), self.mtp.n_batch):
+                part = tokens[off:off + self.mtp.n_batch]
+                if self._batch.n_tokens + len(part) > self.mtp.n_batch:
+                    self._decode()
+                first = carried.ctypes.data if off == 0 else base + (row0 + off - 1) * row_bytes
+                addrs = [first] + [base + (row0 + off + k - 1) * row_bytes for k in range(1, len(part))]
+                self._batch.add_tokens_h(part, addrs, pos0 + off, seq_id, self.n_embd, outputs=False)
+            last = row0 + len(tokens) - 1
+            self._pending[seq_id] = self.target.nextn_view(last + 1)[last].copy()
+        self._decode()
+
+    def _decode(self) -> None:
+        if self._batch.n_tokens:
+            self.mtp.decode(self._batch)
+        self._batch.clear()
+
+    # --- drafting ---------------------------------------------------------------------------------
+
+    def propose(self, seqs, n: int) -> list[Draft]:
+        """Up to n drafts after each sequence's last token: one MTP decode per draft position for
+        all sequences still drafting."""
+        if not seqs:
+            return []
+        tokens: list[list[int]] = [[] for _ in seqs]
+        dists: list[list[Candidates]] = [[] for _ in seqs]
+        live = list(range(len(seqs)))
+        draws = [None if seq.sampling.greedy else seq.rng(DRAFT) for seq in seqs]  # one stream per step
+        self._batch.clear()
+        for seq in seqs:
+            self._batch.add_tokens_h([seq.id_last], [self._pending[seq.seq_id].ctypes.data], seq.pos, seq.seq_id,
+                                     self.n_embd, outputs=True)
+        for i in range(n):
+            self.mtp.decode(self._batch)
+            logits = self.mtp.logits_view()
+            base, row_bytes = self.mtp.nextn_ptr(), self.n_embd * 4
+            conf = top_k_confidence(logits) if self.p_min > 0 else None
+            self._batch.clear()
+            still = []
+            for r, k in enumerate(live):
+                seq = seqs[k]
+                if conf is not None and conf[r] < self.p_min:
+                    continue  # llama.cpp stops on the argmax's confidence, also for sampled drafts
+                if seq.sampling.greedy:
+                    token = int(logits[r].argmax())
+                else:  # drawn from the head's distribution under the sequence's sampler
+                    q = candidates(logits[r:r + 1], seq.sampling)
+                    token = int(q.sample(np.array([draws[k].random()]))[0])
+                    dists[k].append(q)
+                tokens[k].append(token)
+                if i + 1 < n:
+                    self._batch.add_tokens_h([token], [base + r * row_bytes], seq.pos + i + 1, seq.seq_id,
+                                             self.n_embd, outputs=True)
+                    still.append(k)
+            live = still
+            if not live:
+                break
+        self._batch.clear()
+        for seq in seqs:
+            self.mtp.remove(seq.pos, seq.seq_id)  # the draft's cells; the catch-up rewrites them
+        return [self._draft(t, d) for t, d in zip(tokens, dists)]
+
+    def _draft(self, tokens: list[int], dists: list[Candidates]) -> Draft:
+        if len(tokens) < self.n_min:  # llama.cpp drops a draft shorter than n_min
+            return Draft(np.empty(0, dtype=np.int32))
+        probs = Candidates(np.concatenate([q.ids for q in dists]), np.concatenate([q.probs for q in dists])) \
+            if dists else None
+        return Draft(np.asarray(tokens, dtype=np.int32), probs)
+
+    # --- lifetime ---------------------------------------------------------------------------------
+
+    def release(self, seq, keep: int = 0) -> int:
+        """A sequence left. Nothing is kept for a later prompt: the carried h of a shorter prefix
+        is gone (and the targets with MTP heads ggspec runs are recurrent: no prompt cache)."""
+        self._rows.pop(seq.seq_id, None)
+        self._pending.pop(seq.seq_id, None)
+        self.mtp.drop_sequence(seq.seq_id)
+        return 0
+
+    def reset(self) -> None:
+        self._rows.clear()
+        self._pending.clear()
+        self.mtp.clear()
+
+    def close(self) -> None:
+        self._batch.close()
