@@ -195,7 +195,8 @@ def _pair_config(shared: opts.Shared, *, plain: bool, n_gpu_layers_draft: int | 
     from ggspec.speculative.planes import PlaneOptions
 
     target, draft, rec = shared.resolve_models(plain=plain)
-    if draft is None and shared.needs_draft and not plain:  # a target-only pair (its draft is not made yet)
+    if draft is None and shared.needs_draft and not plain and shared.pair is not None \
+            and not opts.target_has_mtp_head(target):  # a target-only pair (its draft is not made yet)
         err.print(f"[yellow]note:[/] pair '{shared.pair}' has no draft model yet: plain decoding", soft_wrap=True)
     return shared.pair_config(
         target, draft, plain=plain, n_gpu_layers_draft=n_gpu_layers_draft,
@@ -347,7 +348,7 @@ def _stats_line(s, sp) -> str:
     if not sp.speculative:
         return line + "  (no speculation)"
     sh = s.time_shares()
-    line += (f"  τ {s.tau:.2f} (pooled: committed/steps, n_max {sp.n_max})  "
+    line += (f"  τ {s.tau:.2f} (pooled: committed/steps, {sp.plan.spec_type} n_max {sp.n_max})  "
              f"accept {100 * s.acceptance_rate:.1f}%  "
              f"time: draft {100 * sh['draft']:.0f}% verify {100 * sh['verify']:.0f}% "
              f"inject {100 * sh['inject']:.0f}% overhead {100 * sh['overhead']:.0f}%")

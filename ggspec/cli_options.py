@@ -171,7 +171,7 @@ TEMP, TOP_K, TOP_P, MIN_P, SEED = 0.0, SamplerSettings.top_k, SamplerSettings.to
 P_MIN, NGRAM_SIZE_N, NGRAM_SIZE_M = PairConfig.p_min, PairConfig.ngram_size_n, PairConfig.ngram_size_m
 
 
-def _has_mtp_head(target: Path) -> bool:
+def target_has_mtp_head(target: Path) -> bool:
     """Whether the target file carries an MTP block it can draft with (draft-mtp, detected)."""
     from ggspec.runtime.gguf_meta import read_meta
     from ggspec.speculative.mtp import MTP_ARCHS, has_mtp_head
@@ -239,7 +239,7 @@ class Shared:
             return files.target, files.draft if self.needs_draft else None, entry.settings
         if self.model is None:
             raise InputError("no target model: give -m FILE (or --pair NAME)")
-        if self.draft is None and self.needs_draft and not plain and not _has_mtp_head(self.model):
+        if self.draft is None and self.needs_draft and not plain and not target_has_mtp_head(self.model):
             raise InputError("no draft model: give -md FILE, --spec-type ngram-simple (drafts from the text itself), "
                              "or --no-spec for plain decoding (a target with an MTP block drafts with it)")
         return self.model, self.draft if self.needs_draft else None, {}

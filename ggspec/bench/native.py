@@ -36,9 +36,9 @@ _DECODED = re.compile(r"ggspec-bench: decoded (\d+) tokens in (\d+) us")  # patc
 _DRAFTED = re.compile(r"n_drafted\s*=\s*(\d+)")
 _ACCEPTED = re.compile(r"n_accept\s*=\s*(\d+)")
 
-# llama.cpp's --spec-type names run_cpp accepts; the draft-* types need a draft file, ngram-simple
+# llama.cpp's --spec-type names run_cpp accepts; the draft-* types but draft-mtp need a draft file, ngram-simple
 # drafts from the context itself (n_max is its m-gram size)
-SPEC_TYPES = ("draft-dflash", "draft-dspark", "ngram-simple")
+SPEC_TYPES = ("draft-dflash", "draft-dspark", "draft-mtp", "ngram-simple")
 DRAFTS_ENV = "GGSPEC_BENCH_DRAFTS"  # patch 0009
 _ENV_DROPPED = ("LLAMA_ARG_SPEC_DFLASH_DEFER", "GGSPEC_BENCH_FORCED", DRAFTS_ENV)
 
@@ -163,7 +163,7 @@ def run_cpp(tool: Path, target: Path, draft: Path | None, prompt: str, n: int, n
     `dump_drafts`, the result carries every draft call's tokens (patch 0009)."""
     if spec_type not in SPEC_TYPES:
         raise InputError(f"--spec-type {spec_type}: expected one of {', '.join(SPEC_TYPES)}")
-    needs_draft = spec_type.startswith("draft-")
+    needs_draft = spec_type.startswith("draft-") and spec_type != "draft-mtp"  # MTP: the target's own head
     if needs_draft and draft is None:
         raise InputError(f"--spec-type {spec_type} needs a draft model")
     if not needs_draft and draft is not None:

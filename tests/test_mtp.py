@@ -1,0 +1,233 @@
+"""draft-mtp: drafting with the target's own MTP block, against llama.cpp's own draft-mtp loop.
+
+On the converter-shaped tiny hybrid target with one MTP block (`hybrid-mtp`: qwen35 with
+`nextn_predict_layers = 1` and the block's tensors under `blk.4.*`): the drafts equal those of
+`llama-speculative-simple --spec-type draft-mtp` (patch 0009's dump) at every common position for
+n_max 1..7, forced acceptance making every accepted count occur on both sides (patch 0005); greedy
+output equals plain greedy output; a request never sees the carried state of the one before it;
+sampled drafts keep the target's distribution. Needs a `ggspec build --tools` build.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import PROMPTS, run_cli
+from ggspec.bench.native import TOOL, find_tool, run_cpp
+from ggspec.errors import InputError
+from ggspec.fixtures.tiny import ensure_tiny_pair
+from ggspec.runtime import ContextParams
+from ggspec.speculative.engine import Engine
+from ggspec.speculative.loop import generate_greedy, generate_spec
+from ggspec.speculative.models import Models, PairConfig
+from ggspec.speculative.planes import PlaneOptions
+from ggspec.speculative.sampling import SamplerSettings
+from ggspec.testing.forced import ForcedAcceptance, cycle_lengths
+from ggspec.testing.oracle import run_prompts
+from ggspec.speculative.stats import merge
+
+PROMPT = "def fibonacci(n):\n    if n < 2:"
+N = 48
+# llama.cpp's defaults: f16 caches (its MTP context's too), no flash attention on the CPU
+CTX = ContextParams(n_ctx=2048, n_threads=1)
+
+
+@pytest.fixture(scope="module")
+def mtp_target(fixture_dir) -> Path:
+    return ensure_tiny_pair(fixture_dir, "hybrid-mtp").target
+
+
+@pytest.fixture(scope="module")
+def tool(build_info) -> Path:
+    return find_tool(TOOL)
+
+
+class Recorder:
+    """Wraps a proposer and keeps every draft it makes: (position of id_last, id_last, tokens)."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.name, self.max_draft = inner, inner.name, inner.max_draft
+        self.log: list[tuple[int, int, list[int]]] = []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def propose(self, seqs, n):
+        drafts = self.inner.propose(seqs, n)
+        self.log += [(seq.pos, seq.id_last, d.tokens.tolist()) for seq, d in zip(seqs, drafts)]
+        return drafts
+
+
+def _ggspec_drafts(eng: Engine, text: str, n_max: int, forced: bool) -> tuple[list, list[int]]:
+    """ggspec's drafts for one prompt, and the reference (prompt + plain greedy) it forced."""
+    prompt = eng.target_model.tokenize(text)
+    plain = [t for st in generate_greedy(eng, prompt, N + n_max + 2, ignore_eos=True) for t in st.tokens]
+    ref = np.concatenate([prompt, plain]).astype(np.int32)
+    rec = Recorder(eng.proposer)
+    proposer = ForcedAcceptance(rec, ref, cycle_lengths(n_max), eng.target_model.n_vocab) if forced else rec
+    spec = [t for st in generate_spec(eng, prompt, N, ignore_eos=True, proposer=proposer) for t in st.tokens]
+    assert spec == plain[:N]
+    return rec.log, ref.tolist()
+
+
+def _compare(mine: list, cpp_drafts: list, cpp_anchors: list) -> int:
+    """Drafts at every position both loops drafted from agree (llama.cpp's may be shorter: it cuts a
+    draft to the -n budget left, ggspec after drafting). Returns the number of common positions."""
+    theirs = {pos: (anchor, d) for (pos, d), anchor in zip(cpp_drafts, cpp_anchors)}
+    common = 0
+    for pos, id_last, tokens in mine:
+        if pos not in theirs:
+            continue
+        anchor, d = theirs[pos]
+        assert anchor == id_last, f"position {pos}: id_last {id_last} vs llama.cpp's {anchor}"
+        assert tokens[:len(d)] == d, f"position {pos}: ggspec drafted {tokens}, llama.cpp {d}"
+        common += 1
+    return common
+
+
+# --- detection and refusals -----------------------------------------------------------------------
+
+
+def test_a_target_with_an_mtp_block_drafts_with_it(mtp_target, hybrid_pair):
+    with Models(PairConfig(target=mtp_target)) as models:
+        assert models.plan.spec_type == "draft-mtp" and models.plan.kind == "mtp" and models.target.load_mtp
+    with Models(PairConfig(target=hybrid_pair.target)) as models:  # no MTP block: plain
+        assert models.plan.spec_type is None and not models.target.load_mtp
+    # a DFlash draft given with -md wins; draft-mtp asked for with one leaves it unused, saying so
+    with Models(PairConfig(target=mtp_target, draft=hybrid_pair.draft)) as models:
+        assert models.plan.spec_type == "draft-dflash"
+    with Models(PairConfig(target=mtp_target, draft=hybrid_pair.draft, spec_type="draft-mtp")) as models:
+        assert models.plan.kind == "mtp" and models.draft is None
+        assert any("MTP head: the draft model is not used" in w for w in models.warnings)
+
+
+def test_draft_mtp_is_refused_in_one_line_where_it_cannot_run(hybrid_pair, dense_pair):
+    with pytest.raises(InputError, match="the target has no MTP block"):
+        Models(PairConfig(target=hybrid_pair.target, spec_type="draft-mtp"))
+    with pytest.raises(InputError, match="architecture 'qwen3' has no MTP head"):
+        Models(PairConfig(target=dense_pair.target, spec_type="draft-mtp"))
+    with pytest.raises(InputError, match="shortest draft"):
+        PairConfig(target=dense_pair.target, n_min=-1).validate()
+
+
+def test_cli_runs_the_head_a_target_ships_with(mtp_target, hybrid_pair):
+    res = run_cli("run", "-m", str(mtp_target), "-p", PROMPT, "-n", "24", "--spec-draft-n-max", "3", "--check")
+    assert res.returncode == 0, res.stderr
+    assert "draft-mtp" in res.stderr and "identical" in res.stderr, res.stderr
+    bad = run_cli("run", "-m", str(hybrid_pair.target), "--spec-type", "draft-mtp", "-p", PROMPT, "-n", "8")
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr
+    assert "--spec-type: the target has no MTP block" in bad.stderr
+
+
+# --- exactness against llama.cpp's draft-mtp loop ---------------------------------------------------
+
+
+@pytest.mark.parametrize("n_max", range(1, 8))
+def test_drafts_equal_llama_cpps_at_every_position(n_max, mtp_target, tool, tmp_path):
+    """Forced acceptance cycling 0..n_max on both sides: the same positions, every accepted count,
+    the head's catch-up over every committed row; its drafts must be llama.cpp's."""
+    with Engine.open(PairConfig(target=mtp_target, n_max=n_max, ctx=CTX)) as eng:
+        mine, ref = _ggspec_drafts(eng, PROMPT, n_max, forced=True)
+    forced = tmp_path / "forced.txt"
+    forced.write_text(" ".join(map(str, ref)) + "\n" + " ".join(map(str, range(n_max + 1))) + "\n")
+    res = run_cpp(tool, mtp_target, None, PROMPT, N, n_max, defer=False, spec_type="draft-mtp", forced=forced,
+                  dump_drafts=True)
+    common = _compare(mine, res.drafts, res.draft_anchors)
+    assert common >= len(mine) - 2, (common, len(mine))  # all but the budget's last steps
+    assert sum(n_max <= len(d) for _, _, d in mine) == len(mine)  # p-min 0: full drafts
+
+
+@pytest.mark.parametrize("p_min", [0.0, 0.9])
+def test_unforced_drafts_and_p_min_cuts_equal_llama_cpps(p_min, mtp_target, tool):
+    """The head's own drafts (random weights: rarely accepted), and llama.cpp's confidence cut
+    (top-10 softmax of the argmax below p_min ends the draft)."""
+    with Engine.open(PairConfig(target=mtp_target, n_max=5, ctx=CTX, p_min=p_min)) as eng:
+        mine, _ = _ggspec_drafts(eng, PROMPT, 5, forced=False)
+    res = run_cpp(tool, mtp_target, None, PROMPT, N, 5, defer=False, spec_type="draft-mtp",
+                  p_min=p_min or None, dump_drafts=True)
+    assert _compare(mine, res.drafts, res.draft_anchors) >= len(mine) - 2
+    lengths = {len(d) for _, _, d in mine}
+    assert lengths == {5} if p_min == 0 else len(lengths) > 2, lengths
+
+
+# --- losslessness ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("planes", [None, 3])
+@pytest.mark.parametrize("n_max", [2, 7])
+def test_greedy_output_is_plain_greedy_output(planes, n_max, mtp_target):
+    cfg = PairConfig(target=mtp_target, n_max=n_max, ctx=CTX, planes=PlaneOptions(planes, "default"))
+    with Engine.open(cfg) as eng:
+        offsets = itertools.count()
+
+        def make(prompt, plain):
+            lengths = itertools.islice(cycle_lengths(n_max), next(offsets), None)
+            return ForcedAcceptance(eng.proposer, np.concatenate([prompt, plain]), lengths, eng.target_model.n_vocab)
+
+        runs = list(run_prompts(eng, PROMPTS[:4], 64, make)) + list(run_prompts(eng, PROMPTS[4:6], 64))
+    failures = [f"prompt {i}: {r.divergence.describe()}" for i, r in enumerate(runs) if r.divergence]
+    assert not failures, "\n".join(failures)
+    stats = merge(r.spec_stats for r in runs)
+    assert stats.drafted > 0 and stats.accepted > 0
+    if planes and planes < n_max + 1:
+        assert stats.replays > 0  # capped planes: the replay path ran, and the MTP cache followed
+
+
+def test_parallel_sequences_draft_in_one_call_per_position(mtp_target):
+    """Three sequences at once: each one's output is its plain greedy output, and a step makes at
+    most 1 catch-up + n_max draft decodes + 1 verify + 1 replay calls, whatever the sequence count."""
+    n_max = 4
+    cfg = PairConfig(target=mtp_target, n_max=n_max, ctx=CTX, parallel=3, planes=PlaneOptions(3, "default"))
+    with Engine.open(cfg) as eng:
+        prompts = [eng.target_model.tokenize(p) for p in PROMPTS[:3]]
+        plain = [[t for st in generate_greedy(eng, p, 40, ignore_eos=True) for t in st.tokens] for p in prompts]
+        eng.reset()
+        seqs = [eng.add(p, 40, ignore_eos=True) for p in prompts]
+        list(eng.run())
+        assert [s.tokens for s in seqs] == plain
+        assert eng.stats.max_calls <= 1 + n_max + 1 + 1, eng.stats
+
+
+@pytest.mark.parametrize("prompt_cache", [False, True])
+def test_a_request_never_sees_the_mtp_state_of_the_one_before(prompt_cache, mtp_target):
+    """B after A runs exactly as B alone: same tokens, same drafts, same accepted counts."""
+    def drafts_of(eng, text):
+        log, _ = _ggspec_drafts(eng, text, 4, forced=True)
+        return log
+
+    cfg = PairConfig(target=mtp_target, n_max=4, ctx=CTX)
+    with Engine.open(cfg, prompt_cache=prompt_cache) as eng:
+        alone = drafts_of(eng, PROMPTS[3])
+    with Engine.open(cfg, prompt_cache=prompt_cache) as eng:
+        drafts_of(eng, PROMPTS[7])
+        after = drafts_of(eng, PROMPTS[3])
+    assert after == alone
+
+
+# --- sampling -------------------------------------------------------------------------------------
+
+
+def test_sampled_mtp_drafts_keep_the_target_distribution(mtp_target):
+    """At temperature 1 the head's distribution travels with its drafts: rejection sampling keeps
+    the target's (chi-square over many seeds, as tests/test_sampling_engine.py)."""
+    from test_sampling_engine import _draws, _p_value
+
+    cfg = PairConfig(target=mtp_target, n_max=3, ctx=replace(CTX, n_ctx=4096), parallel=8,
+                     planes=PlaneOptions(3, "default"), sampling=SamplerSettings(temp=1.0, top_k=0, top_p=1.0, min_p=0))
+    with Models(cfg) as models:
+        prompt = models.target.tokenize(PROMPT)
+        with Engine(models, cfg, plain=True) as eng:
+            plain = _draws(eng, prompt, speculate=False, n=3)
+        with Engine(models, cfg) as eng:
+            spec = _draws(eng, prompt, speculate=True, n=3)
+        with Engine(models, replace(cfg, parallel=1)) as eng:  # sampled drafts do get accepted
+            seq = eng.add(prompt, 64, ignore_eos=True, seed=5)
+            list(eng.run())
+            assert seq.stats.accepted > 0
+    assert len(plain) > 5
+    assert _p_value(plain, spec) > 0.01
