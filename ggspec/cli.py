@@ -131,6 +131,7 @@ def run(
     seed: opts.Seed = opts.SEED,
     n_max: opts.N_MAX.one = None,
     p_min: opts.PMin = opts.P_MIN,
+    n_min: opts.NMin = opts.N_MIN,
     ngram_size_n: opts.NgramSizeN = opts.NGRAM_SIZE_N,
     ngram_size_m: opts.NgramSizeM = opts.NGRAM_SIZE_M,
     parallel: opts.PARALLEL.one = None,
@@ -175,7 +176,7 @@ def run(
     if check and (no_spec or (temp or 0) > 0):
         fail("--check compares speculative greedy output with plain greedy: it needs speculation and temperature 0")
     shared = opts.Shared(model=model, draft=draft, pair=pair, models_dir=models_dir, dflash=dflash, spec_type=spec_type,
-                         p_min=p_min, ngram_size_n=ngram_size_n, ngram_size_m=ngram_size_m, threads=threads,
+                         p_min=p_min, n_min=n_min, ngram_size_n=ngram_size_n, ngram_size_m=ngram_size_m, threads=threads,
                          n_gpu_layers=n_gpu_layers, rpc=rpc, split_mode=split_mode, tensor_split=tensor_split,
                          mirror_output=mirror_output, rpc_timeout=rpc_timeout,
                          sampling=opts.SamplerSettings(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed))
@@ -416,6 +417,7 @@ def serve(
     min_p: opts.MinP = opts.MIN_P,
     n_max: opts.N_MAX.one = None,
     p_min: opts.PMin = opts.P_MIN,
+    n_min: opts.NMin = opts.N_MIN,
     ngram_size_n: opts.NgramSizeN = opts.NGRAM_SIZE_N,
     ngram_size_m: opts.NgramSizeM = opts.NGRAM_SIZE_M,
     parallel: Annotated[int, typer.Option(
@@ -460,7 +462,7 @@ def serve(
                   "authentication; anyone who can reach the port can use it.", soft_wrap=True)
     sampling = opts.SamplerSettings(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p)
     shared = opts.Shared(model=model, draft=draft, pair=pair, models_dir=models_dir, dflash=dflash, spec_type=spec_type,
-                         p_min=p_min, ngram_size_n=ngram_size_n, ngram_size_m=ngram_size_m, threads=threads,
+                         p_min=p_min, n_min=n_min, ngram_size_n=ngram_size_n, ngram_size_m=ngram_size_m, threads=threads,
                          n_gpu_layers=n_gpu_layers, rpc=rpc, split_mode=split_mode, tensor_split=tensor_split,
                          mirror_output=mirror_output, rpc_timeout=rpc_timeout, sampling=sampling)
     cfg = _pair_config(shared, plain=no_spec, n_gpu_layers_draft=n_gpu_layers_draft, n_max=n_max,
@@ -644,7 +646,9 @@ def bench(
         if save is not None:
             check_writable(save, f"--save {save}")  # before anything is measured, not after
         target, draft_path, rec = shared.resolve_models(plain=True)
-        if draft_path is None and shared.spec_type != "ngram-simple":
+        if draft_path is None and shared.spec_type is None and opts.target_has_mtp_head(target):
+            shared.spec_type = "draft-mtp"  # the head the target ships with, as `run` detects it
+        if draft_path is None and shared.spec_type not in opts.NO_DRAFT_MODEL:
             if not native:
                 fail("no draft model: give -md FILE, or --native for a target-only benchmark "
                      "(ggspec's plain greedy against llama.cpp's), or --spec-type ngram-simple")
@@ -654,8 +658,8 @@ def bench(
                          if v is not None]
             if spec_only:
                 fail(f"{', '.join(spec_only)}: speculative settings need a draft model (-md)")
-        if shared.spec_type == "ngram-simple" and inject is not None:
-            fail("--spec-dflash-inject: ngram-simple has no draft model to inject into")
+        if shared.spec_type in opts.NO_DRAFT_MODEL and inject is not None:
+            fail(f"--spec-dflash-inject: {shared.spec_type} has no draft model to inject into")
         base = shared.pair_config(target, draft_path)  # the options' own checks, each naming its flag
         d = opts.DEFAULTS
         axes = Axes(

@@ -27,7 +27,7 @@ DEFAULTS = {"ctk": "f16", "ctv": "f16", "ctx": 4096, "n_max": DEFAULT_N_MAX, "pl
 # PairConfig / ContextParams / request field -> the flag that sets it (errors name the flag)
 FLAGS = {
     "target": "-m", "draft": "-md", "spec_type": "--spec-type", "n_max": "--spec-draft-n-max",
-    "p_min": "--spec-draft-p-min", "parallel": "-np", "inject": "--spec-dflash-inject",
+    "p_min": "--spec-draft-p-min", "n_min": "--spec-draft-n-min", "parallel": "-np", "inject": "--spec-dflash-inject",
     "n_ctx": "-c", "n_batch": "-b", "n_ubatch": "-ub", "type_k": "-ctk", "type_v": "-ctv",
     "flash_attn": "-fa", "n_threads": "-t", "n_gpu_layers": "-ngl", "n_gpu_layers_draft": "-ngld",
     "planes": "--spec-draft-rs-planes", "n_rs_seq": "--spec-draft-rs-planes", "n_seq_max": "-np",
@@ -128,6 +128,8 @@ PMin = Annotated[float, typer.Option(
     "--spec-draft-p-min", "--draft-p-min",
     help="Stop a draft where the draft's confidence falls below this, 0..1 (0: never; drafts with a "
          "confidence head).")]
+NMin = Annotated[int, typer.Option(
+    "--spec-draft-n-min", "--draft-min", help="draft-mtp: drop a draft shorter than this (llama.cpp's meaning).")]
 NgramSizeN = Annotated[int, typer.Option(
     "--spec-ngram-simple-size-n", help="ngram-simple: the length of the n-gram looked up in the text.")]
 NgramSizeM = Annotated[int, typer.Option(
@@ -168,7 +170,7 @@ RpcTimeout = Annotated[float, typer.Option(
 N_PREDICT, THREADS, RPC_TIMEOUT = 128, 1, 120.0
 # sampling: llama.cpp's defaults, but greedy unless a temperature is given
 TEMP, TOP_K, TOP_P, MIN_P, SEED = 0.0, SamplerSettings.top_k, SamplerSettings.top_p, SamplerSettings.min_p, DEFAULT_SEED
-P_MIN, NGRAM_SIZE_N, NGRAM_SIZE_M = PairConfig.p_min, PairConfig.ngram_size_n, PairConfig.ngram_size_m
+P_MIN, N_MIN, NGRAM_SIZE_N, NGRAM_SIZE_M = PairConfig.p_min, PairConfig.n_min, PairConfig.ngram_size_n, PairConfig.ngram_size_m
 
 
 def target_has_mtp_head(target: Path) -> bool:
@@ -210,6 +212,7 @@ class Shared:
     dflash: bool | None = None
     spec_type: str | None = None
     p_min: float = P_MIN
+    n_min: int = N_MIN
     ngram_size_n: int = NGRAM_SIZE_N
     ngram_size_m: int = NGRAM_SIZE_M
     threads: int = THREADS
@@ -262,7 +265,7 @@ class Shared:
         placement, ngl = self.placement()
         settings.setdefault("ctx", ContextParams(n_threads=self.threads))
         cfg = PairConfig(target=target, draft=None if plain else draft, dflash=False if plain else self.dflash,
-                         spec_type=None if plain else self.spec_type, p_min=self.p_min,
+                         spec_type=None if plain else self.spec_type, p_min=self.p_min, n_min=self.n_min,
                          ngram_size_n=self.ngram_size_n, ngram_size_m=self.ngram_size_m, sampling=self.sampling,
                          n_gpu_layers=ngl, n_gpu_layers_draft=ngl if n_gpu_layers_draft is None else n_gpu_layers_draft,
                          placement=placement, **settings)

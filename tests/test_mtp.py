@@ -142,17 +142,20 @@ def test_drafts_equal_llama_cpps_at_every_position(n_max, mtp_target, tool, tmp_
     assert sum(n_max <= len(d) for _, _, d in mine) == len(mine)  # p-min 0: full drafts
 
 
-@pytest.mark.parametrize("p_min", [0.0, 0.9])
-def test_unforced_drafts_and_p_min_cuts_equal_llama_cpps(p_min, mtp_target, tool):
-    """The head's own drafts (random weights: rarely accepted), and llama.cpp's confidence cut
-    (top-10 softmax of the argmax below p_min ends the draft)."""
-    with Engine.open(PairConfig(target=mtp_target, n_max=5, ctx=CTX, p_min=p_min)) as eng:
+@pytest.mark.parametrize("p_min,n_min", [(0.0, 0), (0.9, 0), (0.9, 2)])
+def test_unforced_drafts_and_p_min_cuts_equal_llama_cpps(p_min, n_min, mtp_target, tool):
+    """The head's own drafts (random weights: rarely accepted), llama.cpp's confidence cut (top-10
+    softmax of the argmax below p_min ends the draft) and its shortest draft (n_min)."""
+    with Engine.open(PairConfig(target=mtp_target, n_max=5, ctx=CTX, p_min=p_min, n_min=n_min)) as eng:
         mine, _ = _ggspec_drafts(eng, PROMPT, 5, forced=False)
     res = run_cpp(tool, mtp_target, None, PROMPT, N, 5, defer=False, spec_type="draft-mtp",
-                  p_min=p_min or None, dump_drafts=True)
+                  p_min=p_min or None, n_min=n_min or None, dump_drafts=True)
     assert _compare(mine, res.drafts, res.draft_anchors) >= len(mine) - 2
     lengths = {len(d) for _, _, d in mine}
-    assert lengths == {5} if p_min == 0 else len(lengths) > 2, lengths
+    if p_min == 0:
+        assert lengths == {5}
+    else:  # cut drafts of several lengths; with n_min 2, none of length 1
+        assert len(lengths) > 2 and (1 not in lengths) == (n_min == 2), lengths
 
 
 # --- losslessness ---------------------------------------------------------------------------------
@@ -231,3 +234,46 @@ def test_sampled_mtp_drafts_keep_the_target_distribution(mtp_target):
             assert seq.stats.accepted > 0
     assert len(plain) > 5
     assert _p_value(plain, spec) > 0.01
+
+
+# --- bench and serve --------------------------------------------------------------------------------
+
+
+def test_bench_runs_draft_mtp_beside_llama_cpps_loop(mtp_target, tmp_path):
+    import json
+
+    out = tmp_path / "bench.json"
+    res = run_cli("bench", "-m", str(mtp_target), "--native", "--spec-draft-n-max", "3", "-n", "16", "-r", "1",
+                  "--save", str(out), timeout=300)
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(out.read_text())
+    assert doc["settings"]["spec_type"] == "draft-mtp"
+    kinds = {c["kind"] for c in doc["configs"]}
+    assert {"spec", "native", "native-baseline"} <= kinds  # (ggspec's baseline runs are paired in)
+    spec = [r for r in doc["runs"] if r["config"].startswith("kind=spec|")]
+    assert len(spec) == 12 and all(r["divergence"] is None for r in spec)  # the 12 built-in prompts
+    assert all(r["stats"]["drafted"] > 0 for r in spec)
+
+
+def test_serve_drafts_with_the_mtp_head_for_concurrent_clients(mtp_target):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from test_serve import LiveServer
+
+    with Engine.open(PairConfig(target=mtp_target, ctx=CTX), plain=True) as eng:
+        want = {p: eng.target_model.detokenize([t for st in generate_greedy(eng, eng.target_model.tokenize(p), 24,
+                                                                               ignore_eos=True) for t in st.tokens])
+                for p in PROMPTS[:3]}
+    s = LiveServer("-m", str(mtp_target), "-np", "3", "--spec-draft-n-max", "3")
+    try:
+        def complete(p):
+            r = s.client.completions.create(model=mtp_target.stem, prompt=p, max_tokens=24, temperature=0,
+                                            extra_body={"ignore_eos": True})
+            return r.choices[0].text
+        with ThreadPoolExecutor(3) as pool:
+            got = dict(zip(want, pool.map(complete, want)))
+        assert got == want
+        assert s.metric("ggspec:spec_decode_num_draft_tokens_total") > 0  # it did draft
+    finally:
+        code, err = s.stop()
+    assert code == 0, err

@@ -160,14 +160,17 @@ class Skipped:
 
 def expand(axes: Axes, recurrent: bool, n_tokens: int, native: bool = False,
            profile_len: int | None = None, n_max_limit: int | None = None,
-           speculative: bool = True, dflash: bool = True) -> tuple[list[BenchConfig], list[Skipped]]:
+           speculative: bool = True, dflash: bool = True,
+           native_loop: bool | None = None) -> tuple[list[BenchConfig], list[Skipped]]:
     """Every valid speculative configuration of the matrix (plus llama.cpp's own loop and plain
     greedy where asked), and the invalid combinations with the reason each was skipped. n_tokens:
     the longest prompt plus the tokens to generate (the context must hold them and a draft block).
     `speculative=False` (no draft): only the cache-type and context axes apply, and only the
     native baselines are configurations of their own (ggspec's baseline runs paired with them).
-    `dflash=False` (ngram-simple): no injection axis, and no llama.cpp loop rows. Parallel levels
+    `dflash=False` (draft-mtp, ngram-simple): no injection axis; `native_loop` (default: `dflash`):
+    llama.cpp's own loop rows (DFlash: one per injection mode, draft-mtp: one). Parallel levels
     above 1 run ggspec's engine only (llama.cpp's tools decode one sequence)."""
+    native_loop = dflash if native_loop is None else native_loop
     check_axes(axes)
     injects = axes.inject if dflash else ("",)
     configs: list[BenchConfig] = []
@@ -211,11 +214,11 @@ def expand(axes: Axes, recurrent: bool, n_tokens: int, native: bool = False,
                 skipped.append(Skipped(f"llama.cpp {cfg.label}", "llama.cpp's own loop decodes one sequence: "
                                                                   "--native rows are parallel 1 only"))
                 continue
-            if not dflash:
+            if not native_loop:
                 skipped.append(Skipped(f"llama.cpp {cfg.label}", "llama.cpp's own loop rows are run for DFlash "
-                                                                  "drafts only"))
+                                                                  "and MTP drafts only"))
                 continue
-            for mode in NATIVE_MODES:
+            for mode in NATIVE_MODES if dflash else ("",):
                 nat = replace(cfg, kind="native", planes="", lead="", inject=mode)
                 if nat not in with_native:
                     with_native.append(nat)

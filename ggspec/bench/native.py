@@ -154,12 +154,13 @@ def gpu_layer_args(n_gpu_layers: int, draft: bool = False) -> list[str]:
 def run_cpp(tool: Path, target: Path, draft: Path | None, prompt: str, n: int, n_max: int, *, defer: bool,
             n_ctx: int = 2048, ctk: str = "f16", ctv: str = "f16", flash_attn: str = "off", threads: int = 1,
             forced: Path | None = None, timeout: float = 600, spec_type: str = "draft-dflash",
-            p_min: float | None = None, ngram_size_n: int | None = None,
+            p_min: float | None = None, n_min: int | None = None, ngram_size_n: int | None = None,
             dump_drafts: bool = False, sampling: SamplerSettings | None = None, n_gpu_layers: int = 0) -> CppResult:
     """One run of llama.cpp's speculative loop (greedy unless `sampling` has a temperature) with `spec_type` (one of SPEC_TYPES; the
     draft-* types need `draft`, ngram-simple takes none and drafts m-grams of `n_max` tokens after
     an `ngram_size_n`-token match). `forced`: a GGSPEC_BENCH_FORCED file. `p_min`:
-    --spec-draft-p-min (DSpark: the confidence threshold; llama.cpp's default is 0). With
+    --spec-draft-p-min (DSpark: the confidence threshold; llama.cpp's default is 0), `n_min`:
+    --spec-draft-n-min (draft-mtp drops shorter drafts). With
     `dump_drafts`, the result carries every draft call's tokens (patch 0009)."""
     if spec_type not in SPEC_TYPES:
         raise InputError(f"--spec-type {spec_type}: expected one of {', '.join(SPEC_TYPES)}")
@@ -183,6 +184,8 @@ def run_cpp(tool: Path, target: Path, draft: Path | None, prompt: str, n: int, n
             cmd += ["--spec-ngram-simple-size-n", str(ngram_size_n)]
     if p_min is not None:
         cmd += ["--spec-draft-p-min", str(p_min)]
+    if n_min is not None:
+        cmd += ["--spec-draft-n-min", str(n_min)]
     cmd += ["-p", prompt, "-n", str(n), *sampler_args(sampling),
             "-t", str(threads), "-td", str(threads), "-c", str(n_ctx), "-ctk", ctk, "-ctv", ctv,
             "--ignore-eos", "-fa", flash_attn, *gpu_layer_args(n_gpu_layers, draft=draft is not None)]

@@ -331,10 +331,11 @@ def _check_document(doc: dict, what: str) -> None:
             if cfg.kind == "spec":
                 cfg.plane_options.check(cfg.n_max) if cfg.planes else None
             if cfg.kind == "native":
-                _need(cfg.inject in NATIVE_MODES, f"{where}.inject {cfg.inject!r} is not one of {', '.join(NATIVE_MODES)}")
+                _need(cfg.inject in NATIVE_MODES or (cfg.inject == "" and settings.spec_type == "draft-mtp"),
+                      f"{where}.inject {cfg.inject!r} is not one of {', '.join(NATIVE_MODES)}")
         except InputError as exc:
             raise _Damaged(f"{where}: {exc.field + ': ' if exc.field else ''}{exc}") from None
-        _need(not (cfg.speculative and not settings.draft and settings.spec_type != "ngram-simple"),
+        _need(not (cfg.speculative and not settings.draft and settings.spec_type not in ("ngram-simple", "draft-mtp")),
               f"{where} is speculative, the benchmark has no draft")
         _need(not (cfg.sampled and settings.profile_weights), f"{where}.temp: an acceptance profile is greedy only")
         _need(not (cfg.speculative and settings.profile_weights and settings.profile not in PROFILES

@@ -298,7 +298,8 @@ class Runner:
             ref = self._reference(cfg, i, cfg.n_max)
             counts = itertools.islice(self._lengths(i, cfg.n_max), n + 1)
             forced.write_text(" ".join(map(str, ref)) + "\n" + " ".join(map(str, counts)) + "\n")
-        res = run_cpp(self._tool(TOOL), Path(self.s.target), Path(self.s.draft), self.s.prompts[i].text, n, cfg.n_max,
+        draft = Path(self.s.draft) if self.s.draft else None  # draft-mtp: the target's own head
+        res = run_cpp(self._tool(TOOL), Path(self.s.target), draft, self.s.prompts[i].text, n, cfg.n_max,
                       defer=cfg.inject == "deferred", n_ctx=cfg.n_ctx, ctk=cfg.ctk, ctv=cfg.ctv,
                       flash_attn=flash_attn, threads=self.s.threads, forced=forced,
                       spec_type=self.models.plan.spec_type or "draft-dflash", p_min=self.s.p_min or None,

@@ -84,7 +84,8 @@ class BenchSession:
                                                     self.runner.longest_prompt + self.settings.n_predict,
                                                     native=plan.native, profile_len=profile_len,
                                                     n_max_limit=limit, speculative=drafting.spec_type is not None,
-                                                    dflash=drafting.spec_type != "ngram-simple")
+                                                    dflash=drafting.info is not None,
+                                                    native_loop=drafting.kind != "ngram-simple")
                 self.done_runs = []
             if not self.configs:
                 raise InputError("no configuration left to run: " + "; ".join(

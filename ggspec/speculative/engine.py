@@ -197,6 +197,8 @@ class Engine:
 
     def _make_proposer(self) -> None:
         kind = self.plan.kind
+        if self.cfg.n_min and kind not in ("mtp", "none"):
+            self.warnings.append(f"a shortest draft length applies to draft-mtp: it does nothing with {self.plan.spec_type}")
         if kind == "ngram-simple":
             from ggspec.speculative.ngram import NgramProposer  # noqa: PLC0415
 
