@@ -20,6 +20,7 @@ import pytest
 from conftest import PROMPTS, run_cli
 from ggspec.bench.native import TOOL, find_tool, run_cpp
 from ggspec.errors import InputError
+from ggspec.fixtures.mtp_head import ensure_fitted
 from ggspec.fixtures.tiny import ensure_tiny_pair
 from ggspec.runtime import ContextParams
 from ggspec.speculative.engine import Engine
@@ -40,6 +41,13 @@ CTX = ContextParams(n_ctx=2048, n_threads=1)
 @pytest.fixture(scope="module")
 def mtp_target(fixture_dir) -> Path:
     return ensure_tiny_pair(fixture_dir, "hybrid-mtp").target
+
+
+@pytest.fixture(scope="module")
+def fitted_target(fixture_dir, mtp_target, build_info) -> Path:
+    """The same target with its MTP head fitted to its own greedy text (ggspec.fixtures.mtp_head):
+    drafts are accepted often enough for natural acceptance and sampling to be tested."""
+    return ensure_fitted(fixture_dir, mtp_target)
 
 
 @pytest.fixture(scope="module")
@@ -142,20 +150,25 @@ def test_drafts_equal_llama_cpps_at_every_position(n_max, mtp_target, tool, tmp_
     assert sum(n_max <= len(d) for _, _, d in mine) == len(mine)  # p-min 0: full drafts
 
 
+@pytest.mark.parametrize("head", ["random", "fitted"])
 @pytest.mark.parametrize("p_min,n_min", [(0.0, 0), (0.9, 0), (0.9, 2)])
-def test_unforced_drafts_and_p_min_cuts_equal_llama_cpps(p_min, n_min, mtp_target, tool):
-    """The head's own drafts (random weights: rarely accepted), llama.cpp's confidence cut (top-10
-    softmax of the argmax below p_min ends the draft) and its shortest draft (n_min)."""
-    with Engine.open(PairConfig(target=mtp_target, n_max=5, ctx=CTX, p_min=p_min, n_min=n_min)) as eng:
+def test_unforced_drafts_and_p_min_cuts_equal_llama_cpps(p_min, n_min, head, mtp_target, fitted_target, tool):
+    """The head's own drafts, accepted as the target decides (the fitted head: often), llama.cpp's
+    confidence cut (top-10 softmax of the argmax below p_min ends the draft) and its shortest
+    draft (n_min)."""
+    target = fitted_target if head == "fitted" else mtp_target
+    with Engine.open(PairConfig(target=target, n_max=5, ctx=CTX, p_min=p_min, n_min=n_min)) as eng:
         mine, _ = _ggspec_drafts(eng, PROMPT, 5, forced=False)
-    res = run_cpp(tool, mtp_target, None, PROMPT, N, 5, defer=False, spec_type="draft-mtp",
+    res = run_cpp(tool, target, None, PROMPT, N, 5, defer=False, spec_type="draft-mtp",
                   p_min=p_min or None, n_min=n_min or None, dump_drafts=True)
     assert _compare(mine, res.drafts, res.draft_anchors) >= len(mine) - 2
     lengths = {len(d) for _, _, d in mine}
     if p_min == 0:
         assert lengths == {5}
     else:  # cut drafts of several lengths; with n_min 2, none of length 1
-        assert len(lengths) > 2 and (1 not in lengths) == (n_min == 2), lengths
+        assert len(lengths) > 1 and (1 not in lengths) == (n_min == 2), lengths
+    if head == "fitted" and p_min == 0:
+        assert res.accepted > 0 and len(mine) < N - 4  # real acceptance moved the positions
 
 
 # --- losslessness ---------------------------------------------------------------------------------
@@ -163,7 +176,8 @@ def test_unforced_drafts_and_p_min_cuts_equal_llama_cpps(p_min, n_min, mtp_targe
 
 @pytest.mark.parametrize("planes", [None, 3])
 @pytest.mark.parametrize("n_max", [2, 7])
-def test_greedy_output_is_plain_greedy_output(planes, n_max, mtp_target):
+def test_greedy_output_is_plain_greedy_output(planes, n_max, mtp_target, fitted_target):
+    fitted = fitted_target
     cfg = PairConfig(target=mtp_target, n_max=n_max, ctx=CTX, planes=PlaneOptions(planes, "default"))
     with Engine.open(cfg) as eng:
         offsets = itertools.count()
@@ -173,6 +187,8 @@ def test_greedy_output_is_plain_greedy_output(planes, n_max, mtp_target):
             return ForcedAcceptance(eng.proposer, np.concatenate([prompt, plain]), lengths, eng.target_model.n_vocab)
 
         runs = list(run_prompts(eng, PROMPTS[:4], 64, make)) + list(run_prompts(eng, PROMPTS[4:6], 64))
+    with Engine.open(replace(cfg, target=fitted)) as eng:  # the fitted head: natural acceptance
+        runs += list(run_prompts(eng, PROMPTS[6:10], 64))
     failures = [f"prompt {i}: {r.divergence.describe()}" for i, r in enumerate(runs) if r.divergence]
     assert not failures, "\n".join(failures)
     stats = merge(r.spec_stats for r in runs)
@@ -215,12 +231,12 @@ def test_a_request_never_sees_the_mtp_state_of_the_one_before(prompt_cache, mtp_
 # --- sampling -------------------------------------------------------------------------------------
 
 
-def test_sampled_mtp_drafts_keep_the_target_distribution(mtp_target):
+def test_sampled_mtp_drafts_keep_the_target_distribution(fitted_target):
     """At temperature 1 the head's distribution travels with its drafts: rejection sampling keeps
     the target's (chi-square over many seeds, as tests/test_sampling_engine.py)."""
     from test_sampling_engine import _draws, _p_value
 
-    cfg = PairConfig(target=mtp_target, n_max=3, ctx=replace(CTX, n_ctx=4096), parallel=8,
+    cfg = PairConfig(target=fitted_target, n_max=3, ctx=replace(CTX, n_ctx=4096), parallel=8,
                      planes=PlaneOptions(3, "default"), sampling=SamplerSettings(temp=1.0, top_k=0, top_p=1.0, min_p=0))
     with Models(cfg) as models:
         prompt = models.target.tokenize(PROMPT)
