@@ -132,6 +132,8 @@ def run(
     n_max: opts.N_MAX.one = None,
     p_min: opts.PMin = opts.P_MIN,
     n_min: opts.NMin = opts.N_MIN,
+    draft_chain: opts.DraftChain = False,
+    chain_vocab: opts.DraftVocab = 0,
     ngram_size_n: opts.NgramSizeN = opts.NGRAM_SIZE_N,
     ngram_size_m: opts.NgramSizeM = opts.NGRAM_SIZE_M,
     parallel: opts.PARALLEL.one = None,
@@ -176,7 +178,8 @@ def run(
     if check and (no_spec or (temp or 0) > 0):
         fail("--check compares speculative greedy output with plain greedy: it needs speculation and temperature 0")
     shared = opts.Shared(model=model, draft=draft, pair=pair, models_dir=models_dir, dflash=dflash, spec_type=spec_type,
-                         p_min=p_min, n_min=n_min, ngram_size_n=ngram_size_n, ngram_size_m=ngram_size_m, threads=threads,
+                         p_min=p_min, n_min=n_min, draft_chain=draft_chain, chain_vocab=chain_vocab,
+                         ngram_size_n=ngram_size_n, ngram_size_m=ngram_size_m, threads=threads,
                          n_gpu_layers=n_gpu_layers, rpc=rpc, split_mode=split_mode, tensor_split=tensor_split,
                          mirror_output=mirror_output, rpc_timeout=rpc_timeout,
                          sampling=opts.SamplerSettings(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed))
@@ -418,6 +421,8 @@ def serve(
     n_max: opts.N_MAX.one = None,
     p_min: opts.PMin = opts.P_MIN,
     n_min: opts.NMin = opts.N_MIN,
+    draft_chain: opts.DraftChain = False,
+    chain_vocab: opts.DraftVocab = 0,
     ngram_size_n: opts.NgramSizeN = opts.NGRAM_SIZE_N,
     ngram_size_m: opts.NgramSizeM = opts.NGRAM_SIZE_M,
     parallel: Annotated[int, typer.Option(
@@ -462,7 +467,8 @@ def serve(
                   "authentication; anyone who can reach the port can use it.", soft_wrap=True)
     sampling = opts.SamplerSettings(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p)
     shared = opts.Shared(model=model, draft=draft, pair=pair, models_dir=models_dir, dflash=dflash, spec_type=spec_type,
-                         p_min=p_min, n_min=n_min, ngram_size_n=ngram_size_n, ngram_size_m=ngram_size_m, threads=threads,
+                         p_min=p_min, n_min=n_min, draft_chain=draft_chain, chain_vocab=chain_vocab,
+                         ngram_size_n=ngram_size_n, ngram_size_m=ngram_size_m, threads=threads,
                          n_gpu_layers=n_gpu_layers, rpc=rpc, split_mode=split_mode, tensor_split=tensor_split,
                          mirror_output=mirror_output, rpc_timeout=rpc_timeout, sampling=sampling)
     cfg = _pair_config(shared, plain=no_spec, n_gpu_layers_draft=n_gpu_layers_draft, n_max=n_max,
@@ -563,6 +569,8 @@ def bench(
     matrix: Annotated[bool, typer.Option("--matrix", help="Run every combination of the comma-list axes.")] = False,
     n_max: opts.N_MAX.axis = None,
     p_min: opts.PMin = opts.P_MIN,
+    draft_chain: opts.DraftChain = False,
+    chain_vocab: opts.DraftVocab = 0,
     ngram_size_n: opts.NgramSizeN = opts.NGRAM_SIZE_N,
     ngram_size_m: opts.NgramSizeM = opts.NGRAM_SIZE_M,
     parallel: opts.PARALLEL.axis = None,
@@ -611,7 +619,8 @@ def bench(
     if stdout_closed() and save is None and resume is None:
         fail("standard output is closed: nowhere to write the results (or give --save FILE)")
     shared = opts.Shared(model=model, draft=draft, pair=pair, models_dir=models_dir, dflash=dflash, spec_type=spec_type,
-                         p_min=p_min, ngram_size_n=ngram_size_n, ngram_size_m=ngram_size_m, threads=threads,
+                         p_min=p_min, draft_chain=draft_chain, chain_vocab=chain_vocab,
+                         ngram_size_n=ngram_size_n, ngram_size_m=ngram_size_m, threads=threads,
                          n_gpu_layers=n_gpu_layers, rpc=rpc, split_mode=split_mode, tensor_split=tensor_split,
                          mirror_output=mirror_output, rpc_timeout=rpc_timeout,
                          sampling=opts.SamplerSettings(temp=0.0, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed))
@@ -619,6 +628,8 @@ def bench(
         given = [flag for flag, v in (("-m", model), ("-md", draft), ("--pair", pair), ("--prompts", prompts),
                                       ("--spec-type", spec_type), ("--spec-draft-n-max", n_max),
                                       ("--spec-draft-p-min", p_min or None), ("-np", parallel),
+                                      ("--spec-draft-chain", draft_chain or None),
+                                      ("--spec-draft-vocab", chain_vocab or None),
                                       ("--spec-ngram-simple-size-n", ngram_size_n != opts.NGRAM_SIZE_N or None),
                                       ("--spec-ngram-simple-size-m", ngram_size_m != opts.NGRAM_SIZE_M or None),
                                       ("-ctk", type_k), ("-ctv", type_v), ("-c", n_ctx),
@@ -682,6 +693,7 @@ def bench(
                             threads=threads, warmup=warmup, profile=name, profile_weights=weights,
                             prompts=tuple(load_prompts(prompts)), placement=base.placement,
                             n_gpu_layers=base.n_gpu_layers, spec_type=base.spec_type, p_min=base.p_min,
+                            draft_chain=base.draft_chain, chain_vocab=base.chain_vocab,
                             ngram_size_n=base.ngram_size_n, ngram_size_m=base.ngram_size_m,
                             top_k=top_k, top_p=top_p, min_p=min_p, seed=opts.concrete_seed(seed))
         n_max_source = "flag" if n_max is not None else "pair" if "n_max" in rec else "default"

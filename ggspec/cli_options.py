@@ -27,7 +27,8 @@ DEFAULTS = {"ctk": "f16", "ctv": "f16", "ctx": 4096, "n_max": DEFAULT_N_MAX, "pl
 # PairConfig / ContextParams / request field -> the flag that sets it (errors name the flag)
 FLAGS = {
     "target": "-m", "draft": "-md", "spec_type": "--spec-type", "n_max": "--spec-draft-n-max",
-    "p_min": "--spec-draft-p-min", "n_min": "--spec-draft-n-min", "parallel": "-np", "inject": "--spec-dflash-inject",
+    "p_min": "--spec-draft-p-min", "n_min": "--spec-draft-n-min", "draft_chain": "--spec-draft-chain",
+    "chain_vocab": "--spec-draft-vocab", "parallel": "-np", "inject": "--spec-dflash-inject",
     "n_ctx": "-c", "n_batch": "-b", "n_ubatch": "-ub", "type_k": "-ctk", "type_v": "-ctv",
     "flash_attn": "-fa", "n_threads": "-t", "n_gpu_layers": "-ngl", "n_gpu_layers_draft": "-ngld",
     "planes": "--spec-draft-rs-planes", "n_rs_seq": "--spec-draft-rs-planes", "n_seq_max": "-np",
@@ -130,6 +131,11 @@ PMin = Annotated[float, typer.Option(
          "confidence head).")]
 NMin = Annotated[int, typer.Option(
     "--spec-draft-n-min", "--draft-min", help="draft-mtp: drop a draft shorter than this (llama.cpp's meaning).")]
+DraftChain = Annotated[bool, typer.Option(
+    "--spec-draft-chain", help="draft-mtp: run all draft steps in one graph (argmax on the device; patch 0011).")]
+DraftVocab = Annotated[int, typer.Option(
+    "--spec-draft-vocab", help="draft-mtp with --spec-draft-chain: the head scores only the N most common "
+                               "tokens (the N lowest ids, plus end-of-generation tokens); 0: all.")]
 NgramSizeN = Annotated[int, typer.Option(
     "--spec-ngram-simple-size-n", help="ngram-simple: the length of the n-gram looked up in the text.")]
 NgramSizeM = Annotated[int, typer.Option(
@@ -213,6 +219,8 @@ class Shared:
     spec_type: str | None = None
     p_min: float = P_MIN
     n_min: int = N_MIN
+    draft_chain: bool = False
+    chain_vocab: int = 0
     ngram_size_n: int = NGRAM_SIZE_N
     ngram_size_m: int = NGRAM_SIZE_M
     threads: int = THREADS
@@ -266,6 +274,7 @@ class Shared:
         settings.setdefault("ctx", ContextParams(n_threads=self.threads))
         cfg = PairConfig(target=target, draft=None if plain else draft, dflash=False if plain else self.dflash,
                          spec_type=None if plain else self.spec_type, p_min=self.p_min, n_min=self.n_min,
+                         draft_chain=self.draft_chain, chain_vocab=self.chain_vocab,
                          ngram_size_n=self.ngram_size_n, ngram_size_m=self.ngram_size_m, sampling=self.sampling,
                          n_gpu_layers=ngl, n_gpu_layers_draft=ngl if n_gpu_layers_draft is None else n_gpu_layers_draft,
                          placement=placement, **settings)

@@ -293,3 +293,91 @@ def test_serve_drafts_with_the_mtp_head_for_concurrent_clients(mtp_target):
     finally:
         code, err = s.stop()
     assert code == 0, err
+
+
+# --- chained drafting and a reduced draft vocabulary (patch 0011) --------------------------------------
+
+
+def _chained_and_not(target: Path, n_max: int, forced: bool = True, **kw) -> list[list]:
+    logs = []
+    for chain in (False, True):
+        with Engine.open(PairConfig(target=target, n_max=n_max, ctx=CTX, draft_chain=chain, **kw)) as eng:
+            logs.append(_ggspec_drafts(eng, PROMPT, n_max, forced=forced)[0])
+    return logs
+
+
+@pytest.mark.parametrize("head", ["random", "fitted"])
+@pytest.mark.parametrize("n_max", range(1, 8))
+def test_chained_drafts_are_the_unchained_drafts(n_max, head, mtp_target, fitted_target):
+    """All n_max steps in one graph (argmax, next embedding and next h on the device, each step's
+    K/V in its own cell) draft exactly what one decode per step drafts, at every position."""
+    unchained, chained = _chained_and_not(fitted_target if head == "fitted" else mtp_target, n_max)
+    assert chained == unchained
+
+
+def test_chained_confidence_cuts_like_the_unchained_loop(mtp_target):
+    unchained, chained = _chained_and_not(mtp_target, 5, forced=False, p_min=0.9, n_min=2)
+    assert chained == unchained
+    assert len({len(d) for _, _, d in chained}) > 2  # the cut did bite
+
+
+def test_chained_steps_make_three_calls_whatever_the_draft_length(fitted_target):
+    """Three sequences with capped planes: each output is its plain greedy output, and a step
+    makes catch-up + draft + verify calls, plus a replay where a plane lacks the state (the
+    verify rows are caught up before that replay instead of at the next step: at most 5 in one
+    step, 4 on average); unchained it makes n_max draft calls."""
+    n_max = 6
+    calls = {}
+    for chain in (False, True):
+        cfg = PairConfig(target=fitted_target, n_max=n_max, ctx=CTX, parallel=3, planes=PlaneOptions(3, "default"),
+                         draft_chain=chain)
+        with Engine.open(cfg) as eng:
+            prompts = [eng.target_model.tokenize(p) for p in PROMPTS[:3]]
+            plain = [[t for st in generate_greedy(eng, p, 48, ignore_eos=True) for t in st.tokens] for p in prompts]
+            eng.reset()
+            seqs = [eng.add(p, 48, ignore_eos=True) for p in prompts]
+            list(eng.run())
+            assert [s.tokens for s in seqs] == plain
+            assert sum(s.stats.accepted for s in seqs) > 0
+            calls[chain] = (eng.stats.max_calls, eng.stats.calls / eng.stats.steps)
+    assert calls[True][0] <= 5 and calls[True][1] <= 4 and calls[False][0] >= n_max + 2, calls
+
+
+def test_a_reduced_vocabulary_changes_acceptance_never_the_output(fitted_target):
+    n_vocab_draft = 200  # of the fixture's 512 tokens
+    cfg = PairConfig(target=fitted_target, n_max=4, ctx=CTX, draft_chain=True, chain_vocab=n_vocab_draft)
+    with Engine.open(cfg) as eng:
+        rec = Recorder(eng.proposer)
+        runs = []
+        for text in PROMPTS[:6]:
+            prompt = eng.target_model.tokenize(text)
+            plain = [t for st in generate_greedy(eng, prompt, 48, ignore_eos=True) for t in st.tokens]
+            spec = [t for st in generate_spec(eng, prompt, 48, ignore_eos=True, proposer=rec) for t in st.tokens]
+            runs.append(plain == spec)
+        allowed = set(range(n_vocab_draft)) | {t for t in range(eng.target_model.n_vocab) if eng.target_model.is_eog(t)}
+    assert all(runs)
+    assert all(set(d) <= allowed for _, _, d in rec.log)
+    assert any(d for _, _, d in rec.log)
+
+
+def test_chain_options_are_refused_in_one_line_where_they_cannot_apply(hybrid_pair, mtp_target):
+    from ggspec.speculative.mtp import check_chain
+
+    with pytest.raises(InputError, match="add --spec-draft-chain"):
+        PairConfig(target=mtp_target, chain_vocab=100).validate()
+    with pytest.raises(InputError, match="apply to draft-mtp, not to draft-dflash"):
+        Engine.open(PairConfig(target=hybrid_pair.target, draft=hybrid_pair.draft, draft_chain=True))
+    with pytest.raises(InputError, match="architecture is 'glm4moe'"):
+        check_chain("glm4moe", 4, 1, 512)
+    with pytest.raises(InputError, match="needs 64 rows in one physical batch, more than 32"):
+        check_chain("qwen35", 8, 8, 32)
+    res = run_cli("run", "-m", str(mtp_target), "--spec-draft-vocab", "100", "-p", PROMPT, "-n", "8")
+    assert res.returncode != 0 and "Traceback" not in res.stderr
+    assert "--spec-draft-vocab: a reduced draft vocabulary is scored by chained drafts" in res.stderr
+
+
+def test_cli_runs_chained_drafts_with_a_reduced_vocabulary(fitted_target):
+    res = run_cli("run", "-m", str(fitted_target), "-p", PROMPT, "-n", "32", "--spec-draft-n-max", "5",
+                  "--spec-draft-chain", "--spec-draft-vocab", "300", "--check")
+    assert res.returncode == 0, res.stderr
+    assert "draft-mtp n_max 5" in res.stderr and "check: identical to plain greedy" in res.stderr

@@ -57,6 +57,8 @@ class Settings:
     n_gpu_layers: int = 0
     spec_type: str | None = None  # --spec-type (None: detected from the draft)
     p_min: float = PairConfig.p_min
+    draft_chain: bool = False  # draft-mtp: all draft steps in one decode
+    chain_vocab: int = 0  # ... scoring this many tokens (0: all)
     ngram_size_n: int = PairConfig.ngram_size_n
     ngram_size_m: int = PairConfig.ngram_size_m
     # sampler settings of the rows with a temperature (BenchConfig.temp); prompt i draws with seed + i
@@ -175,6 +177,7 @@ class Runner:
         s = self.s
         return PairConfig(target=Path(s.target), draft=Path(s.draft) if speculative and s.draft else None,
                           spec_type=s.spec_type if speculative else None, p_min=s.p_min,
+                          draft_chain=s.draft_chain and speculative, chain_vocab=s.chain_vocab if speculative else 0,
                           ngram_size_n=s.ngram_size_n, ngram_size_m=s.ngram_size_m,
                           n_max=cfg.n_max if cfg else n_max, ctx=ctx, parallel=cfg.parallel if cfg else 1,
                           sampling=s.sampling(cfg.temp if cfg else 0.0),

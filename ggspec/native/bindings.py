@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ggspec.native import build, paths
 
-SHIM_ABI_VERSION = 5
+SHIM_ABI_VERSION = 6
 GGML_LOG_LEVEL_ERROR = 4
 
 # llama.cpp logs a great deal to stderr. We keep its recent lines (errors explain NULL returns)
@@ -157,6 +157,12 @@ def _declare_shim(lib: ctypes.CDLL) -> None:
              [c_void_p, c_int32, c_void_p, c_int32, c_int64, c_int32], c_int32)
     _declare(lib, "ggspec_batch_add_layer_inputs",
              [c_void_p, c_int32, c_void_p, i32p, c_int32, c_int64, c_int32, c_int32, c_int32], c_int32)
+    # patch 0011: chained MTP drafting, a reduced draft vocabulary, token + hidden-state rows
+    _declare(lib, "ggspec_set_mtp_chain", [c_void_p, c_int32, c_bool, c_bool], c_int32)
+    _declare(lib, "ggspec_mtp_chain_result", [c_void_p, c_void_p, c_void_p, c_int32], c_int32)
+    _declare(lib, "ggspec_model_set_draft_vocab", [c_void_p, c_void_p, c_int32], c_int32)
+    _declare(lib, "ggspec_batch_add_tokens_h",
+             [c_void_p, c_int32, c_void_p, c_int32, c_int32, c_void_p, c_void_p, c_int64, c_bool], c_int32)
     # patch 0004: mirrored output head under a tensor split
     _declare(lib, "ggspec_model_meta_mirror_output", [c_void_p], c_bool)
     # patch 0002: recurrent-state plane layout (capped planes, leading snapshots)
@@ -186,7 +192,7 @@ def load() -> types.ModuleType:
 # keep the GIL, so the engine hands it over only during its decodes, which is when the HTTP side
 # can use it for free. The functions are the same; only the GIL handling differs.
 _HELD_GIL = ("llama_batch_ext_clear", "ggspec_batch_add_tokens", "ggspec_batch_add_layer_inputs",
-             "ggspec_batch_add_embd_rows", "llama_memory_seq_rm", "llama_memory_seq_pos_max", "ggspec_rs_can_rollback",
+             "ggspec_batch_add_embd_rows", "ggspec_batch_add_tokens_h", "llama_memory_seq_rm", "llama_memory_seq_pos_max", "ggspec_rs_can_rollback",
              "llama_get_logits")
 
 

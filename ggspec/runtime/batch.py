@@ -93,26 +93,18 @@ class Batch(OwnedHandle):
         self._added(rc, n_rows, 0)
         return self
 
-    def add_tokens_h(self, tokens, h_addrs, pos0: int, seq_id: int, n_embd: int, outputs: bool) -> "Batch":
+    def add_tokens_h(self, tokens, h_first: int, h_rest: int, pos0: int, seq_id: int, n_embd: int,
+                     outputs: bool) -> "Batch":
         """Append tokens at positions pos0, pos0+1, ..., each carrying a hidden-state row (an MTP
-        head's input: the token's embedding comes from its id, the row goes in as its "h").
-        `h_addrs[i]` is the address of token i's n_embd floats (the batch copies them);
-        `outputs`: every row an output, or none."""
+        head's input: the token's embedding comes from its id, the row goes in as its "h"): token 0
+        takes the n_embd floats at address h_first, token k >= 1 those at h_rest + (k-1) rows (the
+        batch copies them). `outputs`: every row an output, or none (patch 0011's filler)."""
         n = len(tokens)
         self._check_room(n)
-        lib, ptr = self.lc._lib, self.ptr
-        pos = (ctypes.c_int32 * 4)()
-        for i in range(n):
-            idx = lib.llama_batch_ext_add_token(ptr, seq_id, int(tokens[i]))
-            if idx < 0:
-                self._added(idx, n, 0)
-            pos[0] = pos[1] = pos[2] = pos0 + i  # M-RoPE sections; a token row reads pos[0] only
-            row = self.lc.llama_embd(ctypes.cast(h_addrs[i], ctypes.POINTER(ctypes.c_float)), 1, n_embd)
-            if not (lib.llama_batch_ext_set_pos(ptr, idx, pos) and lib.llama_batch_ext_set_embd_token(ptr, idx, row)):
-                self._added(-2, n, 0)
-            if outputs:
-                lib.llama_batch_ext_set_output_logits(ptr, idx, True)
-        self._added(n, n, n if outputs else 0)
+        self._ids[:n] = tokens
+        rc = self.quick.ggspec_batch_add_tokens_h(self.ptr, seq_id, self._ids_addr, n, pos0, h_first, h_rest,
+                                                   n_embd, outputs)
+        self._added(rc, n, n if outputs else 0)
         return self
 
     def _check_room(self, n: int) -> None:

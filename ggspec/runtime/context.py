@@ -140,6 +140,7 @@ class Context(OwnedHandle):
         self._logits = np.empty((0, model.n_vocab), dtype=np.float32)
         self._layer_inputs_on: frozenset[int] = frozenset()  # layers whose inputs decodes extract
         self._extracted: frozenset[int] = frozenset()  # ... and which the last decode did extract
+        self.mtp_chain = 0  # draft steps one decode of this MTP context runs (patch 0011; 0: one)
 
     # --- decoding --------------------------------------------------------------------------------
 
@@ -231,6 +232,30 @@ class Context(OwnedHandle):
         if not ptr:
             raise LlamaError("the last decode produced no nextn rows (enable_nextn before decoding)")
         return np.ctypeslib.as_array(ptr, shape=(n_rows, self.model.n_embd))
+
+    # --- chained MTP drafting (patch 0011) ---------------------------------------------------------
+
+    def set_mtp_chain(self, n_steps: int, confidence: bool = False, draft_vocab: bool = False) -> None:
+        """Run n_steps draft steps per decode of this MTP context (0: one step per decode, as
+        llama.cpp's loop): a decode then takes n_steps rows per sequence, step-major."""
+        rc = self.lc._lib.ggspec_set_mtp_chain(self.ptr, n_steps, confidence, draft_vocab)
+        if rc != 0:
+            why = {-1: "not an MTP context", -2: f"the '{self.model.arch}' MTP graph has no chained mode "
+                   "in this build (qwen35 has)", -3: "no reduced draft vocabulary is set on the model",
+                   -4: f"{n_steps} chained steps is out of range (0..64)"}
+            raise InputError(f"cannot chain the MTP head's draft steps: {why.get(rc, f'error {rc}')}",
+                             field="draft_chain")
+        self.mtp_chain = n_steps
+
+    def chain_result(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """The last chained decode's n results, step-major: token ids and each argmax's top-10
+        softmax probability (1.0 where confidence was not asked for)."""
+        ids = np.empty(n, dtype=np.int32)
+        norm = np.empty(n, dtype=np.float32)
+        have = self.lc._lib.ggspec_mtp_chain_result(self.ptr, ids.ctypes.data, norm.ctypes.data, n)
+        if have < n:
+            raise LlamaError(f"the last MTP decode returned {have} chained results, {n} expected")
+        return ids, 1.0 / norm
 
     def set_causal_attn(self, causal: bool) -> None:
         self.lc.llama_set_causal_attn(self.ptr, causal)

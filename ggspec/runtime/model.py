@@ -67,6 +67,7 @@ class Model(OwnedHandle):
         )
         self._pieces: dict[int, bytes] = {}  # token_bytes, looked up once per token id
         self._eog: dict[int, bool] = {}  # is_eog, likewise
+        self.draft_vocab: np.ndarray | None = None  # token ids of a reduced draft vocabulary (set_draft_vocab)
 
     @property
     def mirrored_output(self) -> bool:
@@ -125,6 +126,19 @@ class Model(OwnedHandle):
         if eog is None:
             eog = self._eog[token] = bool(self.lc.llama_vocab_is_eog(self.vocab, token))
         return eog
+
+    def set_draft_vocab(self, ids: np.ndarray | None) -> None:
+        """Give an MTP head a reduced draft vocabulary: a compacted copy of these token ids' rows of
+        the output head (built once, on the head's device), which a chained draft then scores
+        instead of every row (patch 0011). None drops it."""
+        ids = np.ascontiguousarray(ids if ids is not None else [], dtype=np.int32)
+        rc = self.lc._lib.ggspec_model_set_draft_vocab(self.ptr, ids.ctypes.data, len(ids))
+        if rc != 0:
+            why = {-1: "the model has no output head", -2: f"a token id is outside 0..{self.n_vocab - 1}",
+                   -3: "its output head cannot be copied (repacked CPU weights or a split head)"}
+            raise InputError(f"cannot build the reduced draft vocabulary: {why.get(rc, f'error {rc}')}",
+                             field="chain_vocab")
+        self.draft_vocab = ids if len(ids) else None
 
     # --- lifetime --------------------------------------------------------------------------------
 

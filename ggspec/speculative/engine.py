@@ -197,6 +197,9 @@ class Engine:
 
     def _make_proposer(self) -> None:
         kind = self.plan.kind
+        if (self.cfg.draft_chain or self.cfg.chain_vocab) and kind != "mtp":
+            raise InputError(f"chained drafting and a reduced draft vocabulary apply to draft-mtp, not to "
+                             f"{self.plan.spec_type or 'plain decoding'}", field="draft_chain")
         if self.cfg.n_min and kind not in ("mtp", "none"):
             self.warnings.append(f"a shortest draft length applies to draft-mtp: it does nothing with {self.plan.spec_type}")
         if kind == "ngram-simple":
@@ -206,12 +209,22 @@ class Engine:
             if self.cfg.p_min > 0:
                 self.warnings.append("ngram-simple drafts have no confidence: the confidence cut-off does nothing")
         elif kind == "mtp":
-            from ggspec.speculative.mtp import MTPProposer  # noqa: PLC0415
+            from ggspec.speculative.mtp import MTPProposer, check_chain, draft_vocab_ids  # noqa: PLC0415
 
-            # the head's context on the target's own weights: its cache holds only the MTP layer
-            params = replace(self.cfg.ctx, n_seq_max=self.parallel, n_rs_seq=0)
+            if self.cfg.draft_chain:
+                check_chain(self.models.target.arch, self.n_max, self.parallel, self.cfg.ctx.n_ubatch)
+
+            # the head's context on the target's own weights: its cache holds only the MTP layer, in
+            # one stream for all sequences (a chained draft's rows are step-major, one ubatch)
+            params = replace(self.cfg.ctx, n_seq_max=self.parallel, n_rs_seq=0, kv_unified=True)
             self.draft_ctx = Context(self.models.target, params, what="MTP", mtp=True)
-            self.proposer = MTPProposer(self.target, self.draft_ctx, self.cfg.p_min, self.cfg.n_min)
+            vocab = self.models.target.draft_vocab
+            if self.cfg.chain_vocab and (vocab is None or len(vocab) < self.cfg.chain_vocab
+                                         or vocab[self.cfg.chain_vocab - 1] != self.cfg.chain_vocab - 1):
+                self.models.target.set_draft_vocab(draft_vocab_ids(self.models.target, self.cfg.chain_vocab))
+            self.proposer = MTPProposer(self.target, self.draft_ctx, self.cfg.p_min, self.cfg.n_min,
+                                        chain=self.cfg.draft_chain, draft_vocab=self.cfg.chain_vocab > 0)
+
         elif self.plan.info is not None:
             params = replace(self.cfg.ctx, n_seq_max=self.parallel, n_rs_seq=0)
             # the draft borrows the target's embeddings / output head through ctx_other

@@ -43,6 +43,8 @@ class PairConfig:
     n_max: int | None = None
     p_min: float = 0.0  # stop a draft where the draft's confidence falls below this (0: never)
     n_min: int = 0  # draft-mtp: a draft shorter than this is dropped (llama.cpp's --spec-draft-n-min)
+    draft_chain: bool = False  # draft-mtp: all draft steps in one decode (patch 0011)
+    chain_vocab: int = 0  # draft-mtp, chained: the head scores only this many tokens (0: all)
     ngram_size_n: int = 12  # ngram-simple: the pattern length (llama.cpp's default)
     ngram_size_m: int = 48  # ngram-simple: the longest draft (llama.cpp's default)
     parallel: int = 1  # sequences decoded together
@@ -59,6 +61,12 @@ class PairConfig:
         """Option values that are wrong whatever the files are."""
         if self.n_max is not None and self.n_max < 1:
             raise InputError(f"the draft length must be at least 1 (got {self.n_max})", field="n_max")
+        if self.chain_vocab < 0:
+            raise InputError(f"the draft vocabulary must be at least 0 tokens (got {self.chain_vocab})",
+                             field="chain_vocab")
+        if self.chain_vocab and not self.draft_chain:
+            raise InputError("a reduced draft vocabulary is scored by chained drafts: add --spec-draft-chain",
+                             field="chain_vocab")
         if self.n_min < 0:
             raise InputError(f"the shortest draft must be at least 0 (got {self.n_min})", field="n_min")
         if not 0.0 <= self.p_min <= 1.0:

@@ -20,13 +20,21 @@ Per step, in the engine's five calls:
             the head's own output state at the next position (SP:1583-1722); a draft stops where
             the top-10 softmax probability of its argmax falls below p_min, a draft shorter than
             n_min is dropped; the draft's cells are removed again afterwards.
+
+Chained (`chain`, seed 001, patch 0011): one decode runs all n draft steps of every sequence inside
+one graph (argmax, the next token's embedding and the next h on the device, each step's K/V in its
+own cell), and only (token, confidence) per step comes back: one llama.cpp call per draft however
+long. Same drafts as the unchained loop with the full vocabulary. With a reduced draft vocabulary
+(`Model.set_draft_vocab`) the chained head scores only those rows of the output matrix; the target
+still verifies against all of them, so the output is unchanged, only acceptance may drop. Sequences
+that sample (temperature > 0) draft unchained: the chain takes argmaxes only.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ggspec.errors import LlamaError
+from ggspec.errors import InputError, LlamaError
 from ggspec.runtime import Batch, Context
 from ggspec.speculative.dflash import top_k_confidence
 from ggspec.speculative.proposer import Draft, Span
@@ -37,6 +45,34 @@ from ggspec.speculative.verifier import DRAFT
 # ggspec runs those with one nextn block (llama.cpp's single-head mode)
 MTP_ARCHS = frozenset({"bailingmoe3", "cohere2moe", "deepseek2", "deepseek32", "deepseek4", "glm-dsa", "glm4moe",
                        "glm5-next", "hy-v3", "nemotron_h_moe", "qwen35", "qwen35moe", "qwen3next"})
+
+
+# the architectures whose MTP graph has patch 0011's chained mode
+CHAIN_ARCHS = frozenset({"qwen35"})
+
+
+def check_chain(arch: str, n_max: int, parallel: int, n_ubatch: int) -> None:
+    """Refuse chained drafting where the patched graph cannot run it, before llama.cpp sees it."""
+    if arch not in CHAIN_ARCHS:
+        raise InputError(f"chained drafting runs the MTP heads of {', '.join(sorted(CHAIN_ARCHS))}; this "
+                         f"target's architecture is '{arch}'", field="draft_chain")
+    if n_max * parallel > min(n_ubatch, 512 * 64):
+        raise InputError(f"a chained draft of {n_max} steps for {parallel} sequences needs {n_max * parallel} rows in "
+                         f"one physical batch, more than {n_ubatch}: raise it or lower the draft length",
+                         field="n_ubatch")
+    if n_max > 64:
+        raise InputError(f"a chained draft runs at most 64 steps (draft length {n_max})", field="n_max")
+
+
+def draft_vocab_ids(model, n: int) -> np.ndarray:
+    """The reduced draft vocabulary of n tokens: the n lowest token ids, which in a BPE vocabulary
+    are its earliest merges, i.e. its most frequent pieces in the tokenizer's training text (the
+    base bytes first), plus every end-of-generation token beyond them so a draft can still end a
+    sequence. Deterministic from the vocabulary alone, so any run can reproduce it."""
+    if n >= model.n_vocab:
+        return np.arange(model.n_vocab, dtype=np.int32)
+    eog = [t for t in range(n, model.n_vocab) if model.is_eog(t)]
+    return np.concatenate([np.arange(n, dtype=np.int32), np.asarray(eog, dtype=np.int32)])
 
 
 def has_mtp_head(meta) -> bool:
@@ -51,11 +87,14 @@ class MTPProposer:
     name = "draft-mtp"
     max_draft: int | None = None
 
-    def __init__(self, target: Context, mtp: Context, p_min: float = 0.0, n_min: int = 0) -> None:
+    def __init__(self, target: Context, mtp: Context, p_min: float = 0.0, n_min: int = 0,
+                 chain: bool = False, draft_vocab: bool = False) -> None:
         self.target = target
         self.mtp = mtp
         self.p_min = p_min
         self.n_min = n_min
+        self.chain = chain
+        self.draft_vocab = draft_vocab  # chained drafts score the model's reduced vocabulary
         self.n_embd = target.model.n_embd
         target.enable_nextn(masked=False)  # h of every target row, output or not
         mtp.enable_nextn(masked=True)  # the head's own state of its output rows
@@ -106,8 +145,8 @@ class MTPProposer:
                 if self._batch.n_tokens + len(part) > self.mtp.n_batch:
                     self._decode()
                 first = carried.ctypes.data if off == 0 else base + (row0 + off - 1) * row_bytes
-                addrs = [first] + [base + (row0 + off + k - 1) * row_bytes for k in range(1, len(part))]
-                self._batch.add_tokens_h(part, addrs, pos0 + off, seq_id, self.n_embd, outputs=False)
+                self._batch.add_tokens_h(part, first, base + (row0 + off) * row_bytes, pos0 + off, seq_id,
+                                         self.n_embd, outputs=False)
             last = row0 + len(tokens) - 1
             self._pending[seq_id] = self.target.nextn_view(last + 1)[last].copy()
         self._decode()
@@ -124,14 +163,16 @@ class MTPProposer:
         all sequences still drafting."""
         if not seqs:
             return []
+        if self.chain and all(seq.sampling.greedy for seq in seqs):
+            return self._propose_chained(seqs, n)
         tokens: list[list[int]] = [[] for _ in seqs]
         dists: list[list[Candidates]] = [[] for _ in seqs]
         live = list(range(len(seqs)))
         draws = [None if seq.sampling.greedy else seq.rng(DRAFT) for seq in seqs]  # one stream per step
         self._batch.clear()
         for seq in seqs:
-            self._batch.add_tokens_h([seq.id_last], [self._pending[seq.seq_id].ctypes.data], seq.pos, seq.seq_id,
-                                     self.n_embd, outputs=True)
+            h = self._pending[seq.seq_id].ctypes.data
+            self._batch.add_tokens_h([seq.id_last], h, h, seq.pos, seq.seq_id, self.n_embd, outputs=True)
         for i in range(n):
             self.mtp.decode(self._batch)
             logits = self.mtp.logits_view()
@@ -151,8 +192,8 @@ class MTPProposer:
                     dists[k].append(q)
                 tokens[k].append(token)
                 if i + 1 < n:
-                    self._batch.add_tokens_h([token], [base + r * row_bytes], seq.pos + i + 1, seq.seq_id,
-                                             self.n_embd, outputs=True)
+                    h = base + r * row_bytes
+                    self._batch.add_tokens_h([token], h, h, seq.pos + i + 1, seq.seq_id, self.n_embd, outputs=True)
                     still.append(k)
             live = still
             if not live:
@@ -161,6 +202,38 @@ class MTPProposer:
         for seq in seqs:
             self.mtp.remove(seq.pos, seq.seq_id)  # the draft's cells; the catch-up rewrites them
         return [self._draft(t, d) for t, d in zip(tokens, dists)]
+
+    def _propose_chained(self, seqs, n: int) -> list[Draft]:
+        """All n steps of every sequence in one decode: n rows per sequence, step-major (row
+        i * len(seqs) + s: sequence s at its position + i); row 0 of each carries (id_last, pending
+        h), the later rows are placeholders the graph replaces with its own tokens and states."""
+        if len(self._zeros) < self.n_embd * n:
+            self._zeros = np.zeros(self.n_embd * n, dtype=np.float32)
+        zeros = self._zeros.ctypes.data
+        self._batch.clear()
+        for i in range(n):
+            for seq in seqs:
+                h = self._pending[seq.seq_id].ctypes.data if i == 0 else zeros
+                # outputs (never read): the context keeps its last graph per "has outputs", so the
+                # chained graph and the catch-up's (no outputs) are both reused from step to step
+                self._batch.add_tokens_h([seq.id_last], h, h, seq.pos + i, seq.seq_id, self.n_embd, outputs=True)
+        self.mtp.set_mtp_chain(n, confidence=self.p_min > 0, draft_vocab=self.draft_vocab)
+        try:
+            self.mtp.decode(self._batch)
+        finally:
+            self.mtp.set_mtp_chain(0)  # every other decode of this context runs one step
+        self._batch.clear()
+        ids, conf = self.mtp.chain_result(n * len(seqs))
+        ids, conf = ids.reshape(n, len(seqs)), conf.reshape(n, len(seqs))
+        drafts = []
+        for s, seq in enumerate(seqs):
+            tokens = ids[:, s]
+            if self.p_min > 0:  # the unchained loop stops at the first low-confidence step
+                low = np.flatnonzero(conf[:, s] < self.p_min)
+                tokens = tokens[:low[0]] if len(low) else tokens
+            drafts.append(self._draft(tokens.tolist(), []))
+            self.mtp.remove(seq.pos, seq.seq_id)
+        return drafts
 
     def _draft(self, tokens: list[int], dists: list[Candidates]) -> Draft:
         if len(tokens) < self.n_min:  # llama.cpp drops a draft shorter than n_min
