@@ -5,7 +5,8 @@ elsewhere they skip, saying why.
 - the gated delta-net op with snapshot maps on the GPU equals the CPU op (a ggml-level C test);
 - greedy speculative output equals plain greedy output with the target on the GPU, dense and
   hybrid (capped planes with a lead: the snapshot map runs in the CUDA kernel);
-- with a lead layout the scheduler really puts the gated delta-net on the GPU (GGML_SCHED_DEBUG).
+- with a lead layout the scheduler really puts the gated delta-net on the GPU (GGML_SCHED_DEBUG);
+- patch 0011: chained MTP drafts on the GPU equal one decode per step.
 
 The C test's harness also runs here without a GPU (CPU against CPU), so a broken harness shows.
 """
@@ -161,3 +162,22 @@ def test_lead_layout_runs_the_delta_net_on_the_gpu(gpu_build, hybrid_pair):
     assert default and lead, "no gated delta-net node in the scheduler's output (GGML_SCHED_DEBUG)"
     assert not [b for b in default + lead if b.startswith("CPU")], (default, lead)
     assert lead_splits <= default_splits
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n_max", [1, 3, 7])
+def test_chained_mtp_drafts_equal_unchained_on_gpu(n_max, gpu_build, fixture_dir):
+    """Patch 0011's chained MTP graph on the GPU (argmax, get_rows, top-k on the device): the
+    same drafts as one decode per step, and greedy output equal to plain greedy output."""
+    from test_mtp import PROMPT, _ggspec_drafts
+
+    from ggspec.fixtures.mtp_head import ensure_fitted
+    from ggspec.fixtures.tiny import ensure_tiny_pair
+
+    target = ensure_fitted(fixture_dir, ensure_tiny_pair(fixture_dir, "hybrid-mtp").target)
+    logs = []
+    for chain in (False, True):
+        cfg = PairConfig(target=target, n_max=n_max, ctx=EXACT, n_gpu_layers=-1, draft_chain=chain, p_min=0.01)
+        with Engine.open(cfg) as eng:
+            logs.append(_ggspec_drafts(eng, PROMPT, n_max, forced=True)[0])
+    assert logs[0] == logs[1]

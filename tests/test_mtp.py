@@ -23,6 +23,7 @@ from ggspec.errors import InputError
 from ggspec.fixtures.mtp_head import ensure_fitted
 from ggspec.fixtures.tiny import ensure_tiny_pair
 from ggspec.runtime import ContextParams
+from ggspec.speculative.draft_vocab import draft_vocab_ids, frequency_order
 from ggspec.speculative.engine import Engine
 from ggspec.speculative.loop import generate_greedy, generate_spec
 from ggspec.speculative.models import Models, PairConfig
@@ -354,7 +355,8 @@ def test_a_reduced_vocabulary_changes_acceptance_never_the_output(fitted_target)
             plain = [t for st in generate_greedy(eng, prompt, 48, ignore_eos=True) for t in st.tokens]
             spec = [t for st in generate_spec(eng, prompt, 48, ignore_eos=True, proposer=rec) for t in st.tokens]
             runs.append(plain == spec)
-        allowed = set(range(n_vocab_draft)) | {t for t in range(eng.target_model.n_vocab) if eng.target_model.is_eog(t)}
+        allowed = set(draft_vocab_ids(eng.target_model, n_vocab_draft).tolist())
+    assert len(allowed) >= n_vocab_draft
     assert all(runs)
     assert all(set(d) <= allowed for _, _, d in rec.log)
     assert any(d for _, _, d in rec.log)
@@ -381,3 +383,23 @@ def test_cli_runs_chained_drafts_with_a_reduced_vocabulary(fitted_target):
                   "--spec-draft-chain", "--spec-draft-vocab", "300", "--check")
     assert res.returncode == 0, res.stderr
     assert "draft-mtp n_max 5" in res.stderr and "check: identical to plain greedy" in res.stderr
+
+
+def test_the_draft_vocabulary_is_the_most_common_tokens_of_the_reference_text(fitted_target, tmp_path, monkeypatch):
+    """Counted in the standard library's source with the target's tokenizer, cached per file, the
+    end-of-generation tokens always in; deterministic."""
+    from ggspec.runtime import Model
+
+    monkeypatch.setenv("GGSPEC_HOME", str(tmp_path))
+    with Model(fitted_target) as model:
+        order = frequency_order(model)
+        assert sorted(order.tolist()) == list(range(model.n_vocab))
+        assert list((tmp_path / "vocab").glob("*.npy"))  # cached
+        assert np.array_equal(frequency_order(model), order)
+        text = "".join(f.read_text(encoding="utf-8", errors="replace") for f in __import__(
+            "ggspec.speculative.draft_vocab", fromlist=["corpus_files"]).corpus_files()[:3])
+        counts = np.bincount(model.tokenize(text, add_special=False), minlength=model.n_vocab)
+        assert counts[order[0]] > 0 and counts[order[0]] >= np.median(counts)
+        ids = draft_vocab_ids(model, 50)
+        assert np.array_equal(ids[:50], order[:50])
+        assert all(model.is_eog(t) for t in ids[50:]) and any(model.is_eog(t) for t in ids)

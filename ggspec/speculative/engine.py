@@ -209,28 +209,32 @@ class Engine:
             if self.cfg.p_min > 0:
                 self.warnings.append("ngram-simple drafts have no confidence: the confidence cut-off does nothing")
         elif kind == "mtp":
-            from ggspec.speculative.mtp import MTPProposer, check_chain, draft_vocab_ids  # noqa: PLC0415
-
-            if self.cfg.draft_chain:
-                check_chain(self.models.target.arch, self.n_max, self.parallel, self.cfg.ctx.n_ubatch)
-
-            # the head's context on the target's own weights: its cache holds only the MTP layer, in
-            # one stream for all sequences (a chained draft's rows are step-major, one ubatch)
-            params = replace(self.cfg.ctx, n_seq_max=self.parallel, n_rs_seq=0, kv_unified=True)
-            self.draft_ctx = Context(self.models.target, params, what="MTP", mtp=True)
-            vocab = self.models.target.draft_vocab
-            if self.cfg.chain_vocab and (vocab is None or len(vocab) < self.cfg.chain_vocab
-                                         or vocab[self.cfg.chain_vocab - 1] != self.cfg.chain_vocab - 1):
-                self.models.target.set_draft_vocab(draft_vocab_ids(self.models.target, self.cfg.chain_vocab))
-            self.proposer = MTPProposer(self.target, self.draft_ctx, self.cfg.p_min, self.cfg.n_min,
-                                        chain=self.cfg.draft_chain, draft_vocab=self.cfg.chain_vocab > 0)
-
+            self._make_mtp_proposer()
         elif self.plan.info is not None:
             params = replace(self.cfg.ctx, n_seq_max=self.parallel, n_rs_seq=0)
             # the draft borrows the target's embeddings / output head through ctx_other
             self.draft_ctx = Context(self.models.draft, params, ctx_other=self.target, what="draft")
             self.proposer = make_dflash_proposer(self.target, self.draft_ctx, self.plan.info, self.cfg.inject,
                                                  self.cfg.p_min)
+
+    def _make_mtp_proposer(self) -> None:
+        """draft-mtp: the head's context on the target's own weights (its cache holds only the MTP
+        layer, in one stream for all sequences: a chained draft's rows are step-major, one ubatch),
+        and for a reduced draft vocabulary its compacted head, built once per set of weights."""
+        from ggspec.speculative.draft_vocab import draft_vocab_ids  # noqa: PLC0415
+        from ggspec.speculative.mtp import MTPProposer, check_chain  # noqa: PLC0415
+
+        cfg, model = self.cfg, self.models.target
+        if cfg.draft_chain:
+            check_chain(model.arch, self.n_max, self.parallel, min(cfg.ctx.n_ubatch, cfg.ctx.n_batch))
+        params = replace(cfg.ctx, n_seq_max=self.parallel, n_rs_seq=0, kv_unified=True)
+        self.draft_ctx = Context(model, params, what="MTP", mtp=True)
+        if cfg.chain_vocab:
+            ids = draft_vocab_ids(model, cfg.chain_vocab)
+            if model.draft_vocab is None or not np.array_equal(model.draft_vocab, ids):
+                model.set_draft_vocab(ids)
+        self.proposer = MTPProposer(self.target, self.draft_ctx, cfg.p_min, cfg.n_min, chain=cfg.draft_chain,
+                                    draft_vocab=cfg.chain_vocab > 0)
 
     # --- sequences -------------------------------------------------------------------------------
 
