@@ -24,14 +24,7 @@ mkdir -p "$OUT"
 head -n 1 "$OUT/prompts.jsonl" > "$OUT/prompts-code.jsonl"
 sed -n 3p "$OUT/prompts.jsonl" >> "$OUT/prompts-code.jsonl"  # one code, one prose prompt
 
-bench() {  # bench NAME ARGS...: one saved benchmark, its markdown next to it
-    local name=$1; shift
-    echo "== $name: ggspec bench $*" >&2
-    ggspec bench "$@" -t "$THREADS" -n "$N" -r "$REPS" --save "$OUT/$name.json" > "$OUT/$name.md"
-    # committed documents name no folder of this machine: model paths start at $GGSPEC_HOME
-    sed -i "s|${GGSPEC_HOME:-$HOME/.cache/ggspec}|\$GGSPEC_HOME|g" "$OUT/$name.json"
-    cat "$OUT/$name.md"
-}
+source scripts/bench_common.sh  # bench NAME ARGS...
 
 for table in $TABLES; do
     case $table in

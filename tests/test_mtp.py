@@ -198,18 +198,24 @@ def test_greedy_output_is_plain_greedy_output(planes, n_max, mtp_target, fitted_
         assert stats.replays > 0  # capped planes: the replay path ran, and the MTP cache followed
 
 
+def _three_at_once_equal_plain(eng: Engine, n: int) -> list:
+    """Decode PROMPTS[:3] together; each sequence's tokens must be its plain greedy output."""
+    prompts = [eng.target_model.tokenize(p) for p in PROMPTS[:3]]
+    plain = [[t for st in generate_greedy(eng, p, n, ignore_eos=True) for t in st.tokens] for p in prompts]
+    eng.reset()
+    seqs = [eng.add(p, n, ignore_eos=True) for p in prompts]
+    list(eng.run())
+    assert [s.tokens for s in seqs] == plain
+    return seqs
+
+
 def test_parallel_sequences_draft_in_one_call_per_position(mtp_target):
     """Three sequences at once: each one's output is its plain greedy output, and a step makes at
     most 1 catch-up + n_max draft decodes + 1 verify + 1 replay calls, whatever the sequence count."""
     n_max = 4
     cfg = PairConfig(target=mtp_target, n_max=n_max, ctx=CTX, parallel=3, planes=PlaneOptions(3, "default"))
     with Engine.open(cfg) as eng:
-        prompts = [eng.target_model.tokenize(p) for p in PROMPTS[:3]]
-        plain = [[t for st in generate_greedy(eng, p, 40, ignore_eos=True) for t in st.tokens] for p in prompts]
-        eng.reset()
-        seqs = [eng.add(p, 40, ignore_eos=True) for p in prompts]
-        list(eng.run())
-        assert [s.tokens for s in seqs] == plain
+        _three_at_once_equal_plain(eng, 40)
         assert eng.stats.max_calls <= 1 + n_max + 1 + 1, eng.stats
 
 
@@ -333,12 +339,7 @@ def test_chained_steps_make_three_calls_whatever_the_draft_length(fitted_target)
         cfg = PairConfig(target=fitted_target, n_max=n_max, ctx=CTX, parallel=3, planes=PlaneOptions(3, "default"),
                          draft_chain=chain)
         with Engine.open(cfg) as eng:
-            prompts = [eng.target_model.tokenize(p) for p in PROMPTS[:3]]
-            plain = [[t for st in generate_greedy(eng, p, 48, ignore_eos=True) for t in st.tokens] for p in prompts]
-            eng.reset()
-            seqs = [eng.add(p, 48, ignore_eos=True) for p in prompts]
-            list(eng.run())
-            assert [s.tokens for s in seqs] == plain
+            seqs = _three_at_once_equal_plain(eng, 48)
             assert sum(s.stats.accepted for s in seqs) > 0
             calls[chain] = (eng.stats.max_calls, eng.stats.calls / eng.stats.steps)
     assert calls[True][0] <= 5 and calls[True][1] <= 4 and calls[False][0] >= n_max + 2, calls
