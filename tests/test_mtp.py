@@ -1,7 +1,8 @@
 """draft-mtp: drafting with the target's own MTP block, against llama.cpp's own draft-mtp loop.
 
-On the converter-shaped tiny hybrid target with one MTP block (`hybrid-mtp`: qwen35 with
-`nextn_predict_layers = 1` and the block's tensors under `blk.4.*`): the drafts equal those of
+On the converter-shaped tiny hybrid targets with one MTP block (`hybrid-mtp`: qwen35 with
+`nextn_predict_layers = 1` and the block's tensors under `blk.4.*`; `hybrid-moe-mtp`: qwen35moe,
+experts in every block), as written and with a fitted head (ggspec.fixtures.mtp_head): the drafts equal those of
 `llama-speculative-simple --spec-type draft-mtp` (patch 0009's dump) at every common position for
 n_max 1..7, forced acceptance making every accepted count occur on both sides (patch 0005); greedy
 output equals plain greedy output; a request never sees the carried state of the one before it;
@@ -49,6 +50,13 @@ def fitted_target(fixture_dir, mtp_target, build_info) -> Path:
     """The same target with its MTP head fitted to its own greedy text (ggspec.fixtures.mtp_head):
     drafts are accepted often enough for natural acceptance and sampling to be tested."""
     return ensure_fitted(fixture_dir, mtp_target)
+
+
+@pytest.fixture(scope="module")
+def moe_target(fixture_dir, build_info) -> Path:
+    """qwen35moe (routed experts + a shared expert in every block, the MTP block's too), with its
+    MTP head fitted like `fitted_target`'s."""
+    return ensure_fitted(fixture_dir, ensure_tiny_pair(fixture_dir, "hybrid-moe-mtp").target)
 
 
 @pytest.fixture(scope="module")
@@ -136,28 +144,31 @@ def test_cli_runs_the_head_a_target_ships_with(mtp_target, hybrid_pair):
 # --- exactness against llama.cpp's draft-mtp loop ---------------------------------------------------
 
 
+@pytest.mark.parametrize("arch", ["qwen35", "qwen35moe"])
 @pytest.mark.parametrize("n_max", range(1, 8))
-def test_drafts_equal_llama_cpps_at_every_position(n_max, mtp_target, tool, tmp_path):
+def test_drafts_equal_llama_cpps_at_every_position(n_max, arch, mtp_target, moe_target, tool, tmp_path):
     """Forced acceptance cycling 0..n_max on both sides: the same positions, every accepted count,
     the head's catch-up over every committed row; its drafts must be llama.cpp's."""
-    with Engine.open(PairConfig(target=mtp_target, n_max=n_max, ctx=CTX)) as eng:
+    target = moe_target if arch == "qwen35moe" else mtp_target
+    with Engine.open(PairConfig(target=target, n_max=n_max, ctx=CTX)) as eng:
         mine, ref = _ggspec_drafts(eng, PROMPT, n_max, forced=True)
     forced = tmp_path / "forced.txt"
     forced.write_text(" ".join(map(str, ref)) + "\n" + " ".join(map(str, range(n_max + 1))) + "\n")
-    res = run_cpp(tool, mtp_target, None, PROMPT, N, n_max, defer=False, spec_type="draft-mtp", forced=forced,
+    res = run_cpp(tool, target, None, PROMPT, N, n_max, defer=False, spec_type="draft-mtp", forced=forced,
                   dump_drafts=True)
     common = _compare(mine, res.drafts, res.draft_anchors)
     assert common >= len(mine) - 2, (common, len(mine))  # all but the budget's last steps
     assert sum(n_max <= len(d) for _, _, d in mine) == len(mine)  # p-min 0: full drafts
 
 
-@pytest.mark.parametrize("head", ["random", "fitted"])
+@pytest.mark.parametrize("head", ["random", "fitted", "moe"])
 @pytest.mark.parametrize("p_min,n_min", [(0.0, 0), (0.9, 0), (0.9, 2)])
-def test_unforced_drafts_and_p_min_cuts_equal_llama_cpps(p_min, n_min, head, mtp_target, fitted_target, tool):
-    """The head's own drafts, accepted as the target decides (the fitted head: often), llama.cpp's
+def test_unforced_drafts_and_p_min_cuts_equal_llama_cpps(p_min, n_min, head, mtp_target, fitted_target, moe_target,
+                                                          tool):
+    """The head's own drafts, accepted as the target decides (the fitted heads: often), llama.cpp's
     confidence cut (top-10 softmax of the argmax below p_min ends the draft) and its shortest
     draft (n_min)."""
-    target = fitted_target if head == "fitted" else mtp_target
+    target = {"random": mtp_target, "fitted": fitted_target, "moe": moe_target}[head]
     with Engine.open(PairConfig(target=target, n_max=5, ctx=CTX, p_min=p_min, n_min=n_min)) as eng:
         mine, _ = _ggspec_drafts(eng, PROMPT, 5, forced=False)
     res = run_cpp(tool, target, None, PROMPT, N, 5, defer=False, spec_type="draft-mtp",
@@ -168,8 +179,9 @@ def test_unforced_drafts_and_p_min_cuts_equal_llama_cpps(p_min, n_min, head, mtp
         assert lengths == {5}
     else:  # cut drafts of several lengths; with n_min 2, none of length 1
         assert len(lengths) > 1 and (1 not in lengths) == (n_min == 2), lengths
-    if head == "fitted" and p_min == 0:
-        assert res.accepted > 0 and len(mine) < N - 4  # real acceptance moved the positions
+    if head != "random" and p_min == 0:
+        assert res.accepted > 0  # real acceptance moved the positions (the dense fitted head: often)
+        assert head == "moe" or len(mine) < N - 4
 
 
 # --- losslessness ---------------------------------------------------------------------------------
@@ -177,8 +189,8 @@ def test_unforced_drafts_and_p_min_cuts_equal_llama_cpps(p_min, n_min, head, mtp
 
 @pytest.mark.parametrize("planes", [None, 3])
 @pytest.mark.parametrize("n_max", [2, 7])
-def test_greedy_output_is_plain_greedy_output(planes, n_max, mtp_target, fitted_target):
-    fitted = fitted_target
+def test_greedy_output_is_plain_greedy_output(planes, n_max, mtp_target, fitted_target, moe_target):
+    fitted, moe = fitted_target, moe_target
     cfg = PairConfig(target=mtp_target, n_max=n_max, ctx=CTX, planes=PlaneOptions(planes, "default"))
     with Engine.open(cfg) as eng:
         offsets = itertools.count()
@@ -190,6 +202,8 @@ def test_greedy_output_is_plain_greedy_output(planes, n_max, mtp_target, fitted_
         runs = list(run_prompts(eng, PROMPTS[:4], 64, make)) + list(run_prompts(eng, PROMPTS[4:6], 64))
     with Engine.open(replace(cfg, target=fitted)) as eng:  # the fitted head: natural acceptance
         runs += list(run_prompts(eng, PROMPTS[6:10], 64))
+    with Engine.open(replace(cfg, target=moe)) as eng:  # qwen35moe, fitted head
+        runs += list(run_prompts(eng, PROMPTS[10:13], 64))
     failures = [f"prompt {i}: {r.divergence.describe()}" for i, r in enumerate(runs) if r.divergence]
     assert not failures, "\n".join(failures)
     stats = merge(r.spec_stats for r in runs)
