@@ -134,8 +134,8 @@ NMin = Annotated[int, typer.Option(
 DraftChain = Annotated[bool, typer.Option(
     "--spec-draft-chain", help="draft-mtp: run all draft steps in one graph (argmax on the device; patch 0011).")]
 DraftVocab = Annotated[int, typer.Option(
-    "--spec-draft-vocab", help="draft-mtp with --spec-draft-chain: the head scores only the N most common "
-                               "tokens (the N lowest ids, plus end-of-generation tokens); 0: all.")]
+    "--spec-draft-vocab", help="draft-mtp with --spec-draft-chain: the head scores only the N tokens most "
+                               "common in the standard library's source (plus end-of-generation tokens); 0: all.")]
 NgramSizeN = Annotated[int, typer.Option(
     "--spec-ngram-simple-size-n", help="ngram-simple: the length of the n-gram looked up in the text.")]
 NgramSizeM = Annotated[int, typer.Option(
