@@ -140,7 +140,6 @@ class Context(OwnedHandle):
         self._logits = np.empty((0, model.n_vocab), dtype=np.float32)
         self._layer_inputs_on: frozenset[int] = frozenset()  # layers whose inputs decodes extract
         self._extracted: frozenset[int] = frozenset()  # ... and which the last decode did extract
-        self.mtp_chain = 0  # draft steps one decode of this MTP context runs (patch 0011; 0: one)
 
     # --- decoding --------------------------------------------------------------------------------
 
@@ -245,7 +244,6 @@ class Context(OwnedHandle):
                    -4: f"{n_steps} chained steps is out of range (0..64)"}
             raise InputError(f"cannot chain the MTP head's draft steps: {why.get(rc, f'error {rc}')}",
                              field="draft_chain")
-        self.mtp_chain = n_steps
 
     def chain_result(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         """The last chained decode's n results, step-major: token ids and each argmax's top-10

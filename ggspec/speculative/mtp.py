@@ -88,7 +88,6 @@ class MTPProposer:
         target.enable_nextn(masked=False)  # h of every target row, output or not
         mtp.enable_nextn(masked=True)  # the head's own state of its output rows
         self._batch = Batch(mtp)
-        self._zeros = np.zeros(self.n_embd, dtype=np.float32)
         self._pending: dict[int, np.ndarray] = {}  # seq_id -> h to pair with its next row
         # rows the target decoded but the MTP cache has not caught up with, per sequence:
         # (first batch row, first position, tokens); read from the target's nextn buffer at flush,
@@ -101,7 +100,7 @@ class MTPProposer:
         """A new sequence starts from nothing: no carried state (seed 001's leak: a stale pending
         h paired with the first token of an unrelated prompt) and no cells of the slot's last one."""
         self.mtp.drop_sequence(seq.seq_id)
-        self._pending[seq.seq_id] = self._zeros.copy()
+        self._pending[seq.seq_id] = np.zeros(self.n_embd, dtype=np.float32)
         self._rows.pop(seq.seq_id, None)
 
     def observe(self, spans: list[Span]) -> None:
@@ -195,14 +194,12 @@ class MTPProposer:
     def _propose_chained(self, seqs, n: int) -> list[Draft]:
         """All n steps of every sequence in one decode: n rows per sequence, step-major (row
         i * len(seqs) + s: sequence s at its position + i); row 0 of each carries (id_last, pending
-        h), the later rows are placeholders the graph replaces with its own tokens and states."""
-        if len(self._zeros) < self.n_embd * n:
-            self._zeros = np.zeros(self.n_embd * n, dtype=np.float32)
-        zeros = self._zeros.ctypes.data
+        h), the later rows are placeholders (the same inputs) the graph replaces with its own tokens
+        and states."""
         self._batch.clear()
         for i in range(n):
             for seq in seqs:
-                h = self._pending[seq.seq_id].ctypes.data if i == 0 else zeros
+                h = self._pending[seq.seq_id].ctypes.data
                 # outputs (never read): the context keeps its last graph per "has outputs", so the
                 # chained graph and the catch-up's (no outputs) are both reused from step to step
                 self._batch.add_tokens_h([seq.id_last], h, h, seq.pos + i, seq.seq_id, self.n_embd, outputs=True)
