@@ -657,8 +657,9 @@ def bench(
         if save is not None:
             check_writable(save, f"--save {save}")  # before anything is measured, not after
         target, draft_path, rec = shared.resolve_models(plain=True)
-        if draft_path is None and shared.spec_type is None and opts.target_has_mtp_head(target):
-            shared.spec_type = "draft-mtp"  # the head the target ships with, as `run` detects it
+        if shared.spec_type is None and (opts.target_has_mtp_head(target) if draft_path is None
+                                         else opts.is_mtp_drafter_file(draft_path)):
+            shared.spec_type = "draft-mtp"  # the head the target ships with or a Gemma 4 drafter, as `run` detects it
         if draft_path is None and shared.spec_type not in opts.NO_DRAFT_MODEL:
             if not native:
                 fail("no draft model: give -md FILE, or --native for a target-only benchmark "

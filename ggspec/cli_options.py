@@ -188,6 +188,14 @@ def target_has_mtp_head(target: Path) -> bool:
     return meta.arch in MTP_ARCHS and has_mtp_head(meta)
 
 
+def is_mtp_drafter_file(draft: Path) -> bool:
+    """Whether the draft file is a separate MTP drafter (a Gemma 4 assistant: draft-mtp)."""
+    from ggspec.runtime.gguf_meta import read_meta
+    from ggspec.speculative.mtp import is_mtp_drafter
+
+    return is_mtp_drafter(read_meta(draft, "draft"))
+
+
 def concrete_seed(seed: int) -> int:
     """llama.cpp's default seed means a random one: drawn here, once, so it can be reported and reused."""
     import secrets
@@ -234,8 +242,9 @@ class Shared:
 
     @property
     def needs_draft(self) -> bool:
-        """Whether the draft model is wanted (not with ngram-simple, draft-mtp or --no-dflash)."""
-        return self.spec_type not in NO_DRAFT_MODEL and self.dflash is not False
+        """Whether the draft model is wanted (not with ngram-simple or --no-dflash; with draft-mtp
+        it is a Gemma 4 drafter where one is given)."""
+        return self.spec_type != "ngram-simple" and self.dflash is not False
 
     def resolve_models(self, plain: bool = False) -> tuple[Path, Path | None, dict]:
         """Target, draft (None when it is not used) and the recommended settings (empty unless a
@@ -250,7 +259,8 @@ class Shared:
             return files.target, files.draft if self.needs_draft else None, entry.settings
         if self.model is None:
             raise InputError("no target model: give -m FILE (or --pair NAME)")
-        if self.draft is None and self.needs_draft and not plain and not target_has_mtp_head(self.model):
+        if self.draft is None and self.needs_draft and not plain and self.spec_type != "draft-mtp" \
+                and not target_has_mtp_head(self.model):
             raise InputError("no draft model: give -md FILE, --spec-type ngram-simple (drafts from the text itself), "
                              "or --no-spec for plain decoding (a target with an MTP block drafts with it)")
         return self.model, self.draft if self.needs_draft else None, {}

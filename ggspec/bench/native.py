@@ -157,17 +157,18 @@ def run_cpp(tool: Path, target: Path, draft: Path | None, prompt: str, n: int, n
             p_min: float | None = None, n_min: int | None = None, ngram_size_n: int | None = None,
             dump_drafts: bool = False, sampling: SamplerSettings | None = None, n_gpu_layers: int = 0) -> CppResult:
     """One run of llama.cpp's speculative loop (greedy unless `sampling` has a temperature) with `spec_type` (one of SPEC_TYPES; the
-    draft-* types need `draft`, ngram-simple takes none and drafts m-grams of `n_max` tokens after
+    draft-* types need `draft` (draft-mtp only for a Gemma 4 drafter), ngram-simple takes none and drafts m-grams of `n_max` tokens after
     an `ngram_size_n`-token match). `forced`: a GGSPEC_BENCH_FORCED file. `p_min`:
     --spec-draft-p-min (DSpark: the confidence threshold; llama.cpp's default is 0), `n_min`:
     --spec-draft-n-min (draft-mtp drops shorter drafts). With
     `dump_drafts`, the result carries every draft call's tokens (patch 0009)."""
     if spec_type not in SPEC_TYPES:
         raise InputError(f"--spec-type {spec_type}: expected one of {', '.join(SPEC_TYPES)}")
-    needs_draft = spec_type.startswith("draft-") and spec_type != "draft-mtp"  # MTP: the target's own head
+    # draft-mtp: the target's own head, or a Gemma 4 drafter given as the draft
+    needs_draft = spec_type.startswith("draft-") and spec_type != "draft-mtp"
     if needs_draft and draft is None:
         raise InputError(f"--spec-type {spec_type} needs a draft model")
-    if not needs_draft and draft is not None:
+    if spec_type == "ngram-simple" and draft is not None:
         raise InputError(f"--spec-type {spec_type} takes no draft model")
     env = {k: v for k, v in os.environ.items() if k not in _ENV_DROPPED}
     if defer:

@@ -301,7 +301,8 @@ class Runner:
             ref = self._reference(cfg, i, cfg.n_max)
             counts = itertools.islice(self._lengths(i, cfg.n_max), n + 1)
             forced.write_text(" ".join(map(str, ref)) + "\n" + " ".join(map(str, counts)) + "\n")
-        draft = Path(self.s.draft) if self.s.draft else None  # draft-mtp: the target's own head
+        # draft-mtp: the target's own head, unless the draft is a Gemma 4 drafter
+        draft = Path(self.s.draft) if self.s.draft and self.models.draft is not None else None
         res = run_cpp(self._tool(TOOL), Path(self.s.target), draft, self.s.prompts[i].text, n, cfg.n_max,
                       defer=cfg.inject == "deferred", n_ctx=cfg.n_ctx, ctk=cfg.ctk, ctv=cfg.ctv,
                       flash_attn=flash_attn, threads=self.s.threads, forced=forced,

@@ -32,6 +32,9 @@ GGML_MAX_N_THREADS = 512
 # context sizes and batch sizes are uint32 in llama_context_params, token positions int32
 MAX_CTX = 2**31 - 1
 
+# architectures whose every block is an MTP block (separate MTP drafters)
+WHOLE_MTP_ARCHS = frozenset({"gemma4-assistant"})
+
 # Graphs that assert n_embd_head_k == n_embd_head_v (GGML_ASSERT(n_embd_head == hparams.n_embd_head_k())),
 # read from the pinned tree's src/models/*.cpp graph constructors (scripted, see tests/test_hostile_models.py).
 HEAD_KV_EQUAL_ARCHS: frozenset[str] = frozenset({
@@ -147,7 +150,8 @@ def _check_layers(f: _File) -> int:
     if not 1 <= n <= LLAMA_MAX_LAYERS:
         f.fail(key, n, f"is out of range (llama.cpp takes 1..{LLAMA_MAX_LAYERS} layers)")
     key_nextn, nextn = f.uint("nextn_predict_layers", 0)
-    if nextn is not None and nextn >= n:
+    # a Gemma 4 assistant is nothing but MTP layers (nextn_predict_layers = block_count)
+    if nextn is not None and (nextn > n if f.a in WHOLE_MTP_ARCHS else nextn >= n):
         f.fail(key_nextn, nextn, f"leaves no layers to run (block_count is {n})")
     key_e, n_embd = f.uint("embedding_length")
     if n_embd == 0:

@@ -225,8 +225,16 @@ class Engine:
         from ggspec.speculative.mtp import MTPProposer, check_chain  # noqa: PLC0415
 
         cfg, model = self.cfg, self.models.target
+        drafter = self.models.draft if self.plan.drafter else None
         if cfg.draft_chain:
-            check_chain(model.arch, self.n_max, self.parallel, min(cfg.ctx.n_ubatch, cfg.ctx.n_batch))
+            check_chain((drafter or model).arch, self.n_max, self.parallel, min(cfg.ctx.n_ubatch, cfg.ctx.n_batch))
+        if drafter is not None:
+            # a Gemma 4 drafter: its own weights, no cache (its layers read the target's: the same
+            # streams and cells as the target's context, which it takes through ctx_other)
+            params = replace(cfg.ctx, n_seq_max=self.parallel, n_rs_seq=0)
+            self.draft_ctx = Context(drafter, params, ctx_other=self.target, what="MTP drafter", mtp=True)
+            self.proposer = MTPProposer(self.target, self.draft_ctx, cfg.p_min, cfg.n_min, shared_kv=True)
+            return
         params = replace(cfg.ctx, n_seq_max=self.parallel, n_rs_seq=0, kv_unified=True)
         self.draft_ctx = Context(model, params, what="MTP", mtp=True)
         if cfg.chain_vocab:
@@ -352,7 +360,9 @@ class Engine:
 
     def _cell_contexts(self) -> list[Context]:
         """The contexts whose cells hold a sequence's positions: the target's and a draft model's."""
-        return [self.target] if self.draft_ctx is None else [self.target, self.draft_ctx]
+        if self.draft_ctx is None or self.plan.drafter:  # a Gemma 4 drafter's cells are the target's
+            return [self.target]
+        return [self.target, self.draft_ctx]
 
     @staticmethod
     def _seed(seed: int) -> int:

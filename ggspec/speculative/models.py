@@ -17,7 +17,7 @@ from ggspec.runtime.devices import Placement
 from ggspec.runtime.gguf_meta import GGUFMeta, read_meta
 from ggspec.runtime.preflight import check_memory, check_model
 from ggspec.speculative.dflash import INJECT_MODES, DFlashInfo, check_compatible, dflash_info, is_dflash
-from ggspec.speculative.mtp import MTP_ARCHS, has_mtp_head
+from ggspec.speculative.mtp import DRAFTER_ARCHS, MTP_ARCHS, check_drafter, has_mtp_head, is_mtp_drafter
 from ggspec.speculative.planes import PlaneOptions
 from ggspec.speculative.sampling import SamplerSettings
 
@@ -27,7 +27,8 @@ DEFAULT_N_MAX = 15  # draft tokens per step when neither the user nor a named pa
 LLAMA_SPEC_TYPES = ("draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark",
                     "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
 SPEC_TYPES = ("draft-dflash", "draft-dspark", "draft-mtp", "ngram-simple")
-NO_DRAFT_MODEL = ("draft-mtp", "ngram-simple")  # types that draft without a separate draft model
+# types that draft without a separate draft model (draft-mtp: except with a Gemma 4 drafter)
+NO_DRAFT_MODEL = ("draft-mtp", "ngram-simple")
 
 
 @dataclass
@@ -94,6 +95,11 @@ class DraftPlan:
 
     spec_type: str | None  # None: plain decoding
     info: DFlashInfo | None = None
+    drafter: bool = False  # draft-mtp with a separate drafter that reads the target's cache (Gemma 4)
+
+    @property
+    def uses_draft_model(self) -> bool:
+        return self.info is not None or self.drafter
 
     @property
     def kind(self) -> str:
@@ -116,8 +122,15 @@ class DraftPlan:
 def plan_drafting(cfg: PairConfig, target: GGUFMeta, draft: GGUFMeta | None, warnings: list[str]) -> DraftPlan:
     """The speculative type from the options and the files (llama.cpp's auto-detection: a DFlash
     draft with a Markov head is draft-dspark, any other DFlash draft draft-dflash; without a draft
-    model, a target with an MTP block drafts with it: draft-mtp)."""
+    model, a target with an MTP block drafts with it: draft-mtp). A Gemma 4 assistant given as the
+    draft drafts draft-mtp too (llama.cpp needs --spec-type draft-mtp for it)."""
     wanted = cfg.spec_type
+    if draft is not None and is_mtp_drafter(draft) and cfg.dflash is not False and wanted != "ngram-simple":
+        if wanted not in (None, "draft-mtp") or cfg.dflash:
+            raise InputError(f"the draft is a {draft.arch} MTP drafter: its spec type is draft-mtp", field="spec_type")
+        check_model(draft, "draft")
+        check_drafter(target, draft)
+        return DraftPlan("draft-mtp", drafter=True)
     if cfg.dflash is False:
         if wanted not in (None, *NO_DRAFT_MODEL):
             raise InputError(f"{wanted} drafts with the draft model, which --no-dflash turns off", field="spec_type")
@@ -141,7 +154,7 @@ def plan_drafting(cfg: PairConfig, target: GGUFMeta, draft: GGUFMeta | None, war
         if cfg.dflash or wanted:
             raise InputError(f"the draft is not a DFlash model (architecture '{draft.arch}'): {draft.path}", field="draft")
         raise InputError(f"the draft's architecture '{draft.arch}' is not supported (ggspec drafts with DFlash, "
-                         f"DFlash2 and DSpark models, or ngram-simple without a draft)", field="draft")
+                         f"DFlash2 and DSpark models, Gemma 4 MTP drafters, or ngram-simple without a draft)", field="draft")
     check_model(draft, "draft")
     info = dflash_info(draft)
     check_compatible(target, draft, info)
@@ -163,6 +176,9 @@ def plan_drafting(cfg: PairConfig, target: GGUFMeta, draft: GGUFMeta | None, war
 
 def check_mtp(target: GGUFMeta) -> None:
     """Refuse draft-mtp for a target whose file or architecture has no single MTP head."""
+    if target.arch in DRAFTER_ARCHS.values():
+        raise InputError(f"a {target.arch} target has no MTP block of its own: draft-mtp drafts for it with a separate "
+                         f"drafter ({', '.join(DRAFTER_ARCHS)}), given as the draft model", field="spec_type")
     if target.arch not in MTP_ARCHS:
         raise InputError(f"the target's architecture '{target.arch}' has no MTP head in this llama.cpp build "
                          "(draft-mtp runs qwen35, qwen35moe, qwen3next, glm4moe, deepseek2, ...)", field="spec_type")
@@ -196,14 +212,15 @@ class Models:
         if is_dflash(self.target_meta):
             raise InputError(f"the target is a DFlash draft model, not a target: {cfg.target}", field="target")
         check_model(self.target_meta, "target")
-        uses_draft = cfg.draft is not None and cfg.dflash is not False and cfg.spec_type not in NO_DRAFT_MODEL
+        # (read with draft-mtp too: the draft may be a Gemma 4 drafter)
+        uses_draft = cfg.draft is not None and cfg.dflash is not False and cfg.spec_type != "ngram-simple"
         self.draft_meta = read_meta(cfg.draft, "draft") if uses_draft else None
         self.plan = plan_drafting(cfg, self.target_meta, self.draft_meta, self.warnings)
-        if self.plan.info is None:
+        if not self.plan.uses_draft_model:
             self.draft_meta = None
         self._check_memory(cfg)
         self.target = Model(cfg.target, cfg.n_gpu_layers, what="target", placement=cfg.placement,
-                            load_mtp=self.plan.kind == "mtp")
+                            load_mtp=self.plan.kind == "mtp" and not self.plan.drafter)
         self.draft: Model | None = None
         try:
             if self.draft_meta is not None:

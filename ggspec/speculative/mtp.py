@@ -50,12 +50,63 @@ MTP_ARCHS = frozenset({"bailingmoe3", "cohere2moe", "deepseek2", "deepseek32", "
 # the architectures whose MTP graph has patch 0011's chained mode
 CHAIN_ARCHS = frozenset({"qwen35"})
 
+# separate MTP drafters that read the target's KV cache (llama.cpp's shared-memory mode), and
+# the target architecture each drafts for
+DRAFTER_ARCHS = {"gemma4-assistant": "gemma4"}
+
+
+def is_mtp_drafter(meta) -> bool:
+    return meta.arch in DRAFTER_ARCHS
+
+
+def _sliding(meta) -> list[bool] | None:
+    v = meta.arch_key("attention.sliding_window_pattern")
+    return [bool(x) for x in v] if isinstance(v, list) and len(v) == meta.n_layer else None
+
+
+def _per_layer(meta, suffix: str) -> list | None:
+    v = meta.arch_key(suffix)
+    return v if isinstance(v, list) else None if v is None else [v] * meta.n_layer
+
+
+def check_drafter(target, drafter) -> None:
+    """Refuse a Gemma 4 assistant that cannot read this target's cache, before llama.cpp builds a
+    graph over mismatched views (its asserts abort): the drafter's sliding layers attend through
+    the target's layer n_layer - 2, its full layers through n_layer - 1 (llama_model::create_memory),
+    so those must be a sliding and a full layer whose head sizes and KV heads the drafter's match."""
+    want = DRAFTER_ARCHS[drafter.arch]
+    where = f"the drafter {drafter.path}"
+    if target.arch != want:
+        raise InputError(f"a {drafter.arch} drafter drafts for a {want} target; this target's architecture is "
+                         f"'{target.arch}'", field="draft")
+    if drafter.arch_key("embedding_length_out") != target.n_embd:
+        raise InputError(f"{where} reads hidden states {drafter.arch_key('embedding_length_out')} wide "
+                         f"(embedding_length_out); the target's are {target.n_embd}", field="draft")
+    if drafter.n_vocab != target.n_vocab:
+        raise InputError(f"{where} has {drafter.n_vocab} tokens, the target {target.n_vocab}", field="draft")
+    t_swa, d_swa = _sliding(target), _sliding(drafter)
+    if t_swa is None or d_swa is None or target.n_layer < 2 or not t_swa[-2] or t_swa[-1]:
+        raise InputError("a Gemma 4 drafter reads the target's last sliding-window layer (n_layer - 2) and its "
+                         "last full-attention layer (n_layer - 1): this pair's attention.sliding_window_pattern "
+                         "does not have them", field="draft")
+    for suffix in ("attention.key_length", "attention.key_length_swa", "attention.sliding_window"):
+        if drafter.arch_key(suffix) != target.arch_key(suffix):
+            raise InputError(f"{where}: {suffix} = {drafter.arch_key(suffix)}, the target's is "
+                             f"{target.arch_key(suffix)} (its queries attend over the target's keys)", field="draft")
+    t_kv, d_kv = _per_layer(target, "attention.head_count_kv"), _per_layer(drafter, "attention.head_count_kv")
+    if t_kv is None or d_kv is None or len(d_kv) != drafter.n_layer or len(t_kv) != target.n_layer:
+        raise InputError("the pair's attention.head_count_kv is missing or does not fit its layers", field="draft")
+    for il, swa in enumerate(d_swa):
+        if d_kv[il] != t_kv[-2 if swa else -1]:
+            raise InputError(f"{where}: layer {il} has {d_kv[il]} KV heads, the target layer it reads "
+                             f"{t_kv[-2 if swa else -1]}", field="draft")
+
 
 def check_chain(arch: str, n_max: int, parallel: int, n_ubatch: int) -> None:
     """Refuse chained drafting where the patched graph cannot run it, before llama.cpp sees it."""
     if arch not in CHAIN_ARCHS:
         raise InputError(f"chained drafting runs the MTP heads of {', '.join(sorted(CHAIN_ARCHS))}; this "
-                         f"target's architecture is '{arch}'", field="draft_chain")
+                         f"head's architecture is '{arch}'", field="draft_chain")
     if n_max * parallel > n_ubatch:
         raise InputError(f"a chained draft of {n_max} steps for {parallel} sequences needs {n_max * parallel} rows in "
                          f"one physical batch, more than {n_ubatch}: raise it or lower the draft length",
@@ -77,9 +128,11 @@ class MTPProposer:
     max_draft: int | None = None
 
     def __init__(self, target: Context, mtp: Context, p_min: float = 0.0, n_min: int = 0,
-                 chain: bool = False, draft_vocab: bool = False) -> None:
+                 chain: bool = False, draft_vocab: bool = False, shared_kv: bool = False) -> None:
+        """`shared_kv`: `mtp` is a separate drafter's context reading the target's cache (Gemma 4)."""
         self.target = target
         self.mtp = mtp
+        self.shared_kv = shared_kv
         self.p_min = p_min
         self.n_min = n_min
         self.chain = chain
@@ -99,7 +152,8 @@ class MTPProposer:
     def begin(self, seq, cached: int = 0) -> None:
         """A new sequence starts from nothing: no carried state (seed 001's leak: a stale pending
         h paired with the first token of an unrelated prompt) and no cells of the slot's last one."""
-        self.mtp.drop_sequence(seq.seq_id)
+        if not self.shared_kv:
+            self.mtp.drop_sequence(seq.seq_id)
         self._pending[seq.seq_id] = np.zeros(self.n_embd, dtype=np.float32)
         self._rows.pop(seq.seq_id, None)
 
@@ -117,12 +171,19 @@ class MTPProposer:
             self._rows[seq.seq_id] = (row0, first, tokens[:max(0, pos0 + n_committed - first)])
 
     def flush(self) -> None:
-        """The catch-up decode: every sequence's pending rows in one MTP call (more only past n_batch)."""
+        """The catch-up decode: every sequence's pending rows in one MTP call (more only past n_batch).
+        A drafter sharing the target's cache has nothing to catch up: only the h of each
+        sequence's last committed row is kept (SP:1496 skips the decode, SP:1562-1576)."""
         if not self._rows:
             return
         pending = [(seq_id, row0, pos0, tokens) for seq_id, (row0, pos0, tokens) in self._rows.items() if len(tokens)]
         self._rows.clear()
         if not pending:
+            return
+        if self.shared_kv:
+            for seq_id, row0, _, tokens in pending:
+                last = row0 + len(tokens) - 1
+                self._pending[seq_id] = self.target.nextn_view(last + 1)[last].copy()
             return
         base, row_bytes = self.target.nextn_ptr(), self.n_embd * 4
         self._batch.clear()
@@ -148,7 +209,9 @@ class MTPProposer:
 
     def propose(self, seqs, n: int) -> list[Draft]:
         """Up to n drafts after each sequence's last token: one MTP decode per draft position for
-        all sequences still drafting."""
+        all sequences still drafting. A drafter sharing the target's cache decodes every step at
+        id_last's position (SP:1697-1702: it writes no cells, so its queries see the target's
+        cells before that position only)."""
         if not seqs:
             return []
         if self.chain and all(seq.sampling.greedy for seq in seqs):
@@ -161,6 +224,7 @@ class MTPProposer:
         for seq in seqs:
             h = self._pending[seq.seq_id].ctypes.data
             self._batch.add_tokens_h([seq.id_last], h, h, seq.pos, seq.seq_id, self.n_embd, outputs=True)
+        step = 0 if self.shared_kv else 1  # position advance per draft step
         for i in range(n):
             self.mtp.decode(self._batch)
             logits = self.mtp.logits_view()
@@ -181,14 +245,16 @@ class MTPProposer:
                 tokens[k].append(token)
                 if i + 1 < n:
                     h = base + r * row_bytes
-                    self._batch.add_tokens_h([token], h, h, seq.pos + i + 1, seq.seq_id, self.n_embd, outputs=True)
+                    self._batch.add_tokens_h([token], h, h, seq.pos + step * (i + 1), seq.seq_id, self.n_embd,
+                                             outputs=True)
                     still.append(k)
             live = still
             if not live:
                 break
         self._batch.clear()
-        for seq in seqs:
-            self.mtp.remove(seq.pos, seq.seq_id)  # the draft's cells; the catch-up rewrites them
+        if not self.shared_kv:
+            for seq in seqs:
+                self.mtp.remove(seq.pos, seq.seq_id)  # the draft's cells; the catch-up rewrites them
         return [self._draft(t, d) for t, d in zip(tokens, dists)]
 
     def _propose_chained(self, seqs, n: int) -> list[Draft]:
@@ -231,17 +297,22 @@ class MTPProposer:
     # --- lifetime ---------------------------------------------------------------------------------
 
     def release(self, seq, keep: int = 0) -> int:
-        """A sequence left. Nothing is kept for a later prompt: the carried h of a shorter prefix
-        is gone (and the targets with MTP heads ggspec runs are recurrent: no prompt cache)."""
+        """A sequence left. A head with its own cache keeps nothing for a later prompt: the
+        carried h of a shorter prefix is gone (and the targets with MTP heads ggspec runs are
+        recurrent: no prompt cache). A drafter sharing the target's cache holds no positions at
+        all: the prompt's last row, always decoded, gives the next sequence its h."""
         self._rows.pop(seq.seq_id, None)
         self._pending.pop(seq.seq_id, None)
+        if self.shared_kv:
+            return keep
         self.mtp.drop_sequence(seq.seq_id)
         return 0
 
     def reset(self) -> None:
         self._rows.clear()
         self._pending.clear()
-        self.mtp.clear()
+        if not self.shared_kv:  # a shared drafter's cells are the target's
+            self.mtp.clear()
 
     def close(self) -> None:
         self._batch.close()

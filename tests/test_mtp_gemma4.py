@@ -1,0 +1,191 @@
+"""draft-mtp with a Gemma 4 assistant: a separate drafter that reads the target's KV cache.
+
+On the converter-shaped tiny pair of ggspec.fixtures.gemma4 (a gemma4 target in E2B's layout:
+sliding-window groups, wider full-attention heads with proportional RoPE, the last layers sharing
+earlier layers' KV; a gemma4-assistant drafter of four Q-only layers): drafts equal those of
+`llama-speculative-simple -md DRAFTER --spec-type draft-mtp` (patch 0009's dump) at every common
+position for n_max 1..7, forced acceptance making every accepted count occur on both sides
+(patch 0005); greedy output equals plain greedy output, alone, with three sequences and with the
+prompt cache; a request in a reused slot drafts as it would alone; sampled drafts keep the
+target's distribution; pairs the drafter cannot read are refused in one line. Needs a
+`ggspec build --tools` build.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import PROMPTS, run_cli
+from test_mtp import CTX, N, PROMPT, _compare, _ggspec_drafts, _three_at_once_equal_plain
+from ggspec.bench.native import TOOL, find_tool, run_cpp
+from ggspec.errors import InputError
+from ggspec.fixtures.gemma4 import DRAFTER, ensure_gemma4_pair, write_gemma4_drafter
+from ggspec.fixtures.tiny import ensure_tiny_pair
+from ggspec.speculative.engine import Engine
+from ggspec.speculative.models import Models, PairConfig
+from ggspec.speculative.sampling import SamplerSettings
+from ggspec.speculative.stats import merge
+from ggspec.testing.forced import ForcedAcceptance, cycle_lengths
+from ggspec.testing.oracle import run_prompts
+
+
+@pytest.fixture(scope="module")
+def gemma4(fixture_dir):
+    return ensure_gemma4_pair(fixture_dir)
+
+
+@pytest.fixture(scope="module")
+def tool(build_info) -> Path:
+    return find_tool(TOOL)
+
+
+def _cfg(gemma4, **kw) -> PairConfig:
+    return PairConfig(target=gemma4.target, draft=gemma4.drafter, **({"ctx": CTX} | kw))
+
+
+# --- detection and refusals -----------------------------------------------------------------------
+
+
+def test_a_gemma4_assistant_given_as_the_draft_drafts_draft_mtp(gemma4):
+    for spec_type in (None, "draft-mtp"):  # detected from the file; llama.cpp needs the type named
+        with Models(_cfg(gemma4, spec_type=spec_type)) as models:
+            assert models.plan.spec_type == "draft-mtp" and models.plan.drafter
+            assert models.draft is not None and models.draft.arch == "gemma4-assistant"
+            assert not models.target.load_mtp  # the target has no MTP block: nothing more to load
+    with Models(_cfg(gemma4, dflash=False)) as models:  # --no-dflash: plain
+        assert models.plan.spec_type is None and models.draft is None
+
+
+def test_pairs_the_drafter_cannot_read_are_refused_in_one_line(gemma4, fixture_dir, tmp_path):
+    with pytest.raises(InputError, match="no MTP block of its own.*gemma4-assistant"):
+        Models(PairConfig(target=gemma4.target, spec_type="draft-mtp"))
+    with pytest.raises(InputError, match="MTP drafter: its spec type is draft-mtp"):
+        Models(_cfg(gemma4, spec_type="draft-dflash"))
+    other = ensure_tiny_pair(fixture_dir, "hybrid-mtp").target
+    with pytest.raises(InputError, match="drafts for a gemma4 target; this target's architecture is 'qwen35'"):
+        Models(PairConfig(target=other, draft=gemma4.drafter))
+    for what, spec in (("KV heads", replace(DRAFTER, n_head_kv=2, n_head=4)),
+                       ("key_length_swa", replace(DRAFTER, head_dim_swa=16)),
+                       ("embedding_length_out", replace(DRAFTER, n_embd_out=96)),
+                       ("sliding_window", replace(DRAFTER, sliding_window=64))):
+        bad = write_gemma4_drafter(tmp_path / f"bad-{what}.gguf", spec=spec)
+        with pytest.raises(InputError, match=what):
+            Models(PairConfig(target=gemma4.target, draft=bad))
+    with pytest.raises(InputError, match="chained drafting runs the MTP heads of qwen35; this head's architecture "
+                                         "is 'gemma4-assistant'"):
+        Engine.open(_cfg(gemma4, draft_chain=True, n_max=3))
+
+
+def test_cli_runs_the_drafter(gemma4, tmp_path):
+    res = run_cli("run", "-m", str(gemma4.target), "-md", str(gemma4.drafter), "-p", PROMPT, "-n", "24",
+                  "--spec-draft-n-max", "3", "--check")
+    assert res.returncode == 0, res.stderr
+    assert "draft-mtp" in res.stderr and "identical" in res.stderr, res.stderr
+    bad = write_gemma4_drafter(tmp_path / "bad.gguf", spec=replace(DRAFTER, head_dim_full=32))
+    res = run_cli("run", "-m", str(gemma4.target), "-md", str(bad), "-p", PROMPT, "-n", "8")
+    assert res.returncode != 0 and "Traceback" not in res.stderr and "key_length" in res.stderr, res.stderr
+    res = run_cli("run", "-m", str(gemma4.target), "--spec-type", "draft-mtp", "-p", PROMPT, "-n", "8")
+    assert res.returncode != 0 and "Traceback" not in res.stderr and "drafter" in res.stderr, res.stderr
+
+
+# --- exactness against llama.cpp's loop -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("n_max", range(1, 8))
+def test_drafts_equal_llama_cpps_at_every_position(n_max, gemma4, tool, tmp_path):
+    """Every accepted count 0..n_max occurs on both sides (forced), so the carried h after each
+    count and every draft step at id_last's position are compared."""
+    with Engine.open(_cfg(gemma4, n_max=n_max)) as eng:
+        mine, ref = _ggspec_drafts(eng, PROMPT, n_max, forced=True)
+    forced = tmp_path / "forced.txt"
+    forced.write_text(" ".join(map(str, ref)) + "\n" + " ".join(map(str, range(n_max + 1))) + "\n")
+    res = run_cpp(tool, gemma4.target, gemma4.drafter, PROMPT, N, n_max, defer=False, spec_type="draft-mtp",
+                  forced=forced, dump_drafts=True)
+    common = _compare(mine, res.drafts, res.draft_anchors)
+    assert common >= len(mine) - 2, (common, len(mine))  # all but the budget's last steps
+    assert all(len(d) == n_max for _, _, d in mine)  # p-min 0: full drafts
+
+
+@pytest.mark.parametrize("p_min,n_min", [(0.0, 0), (0.9, 0), (0.9, 2)])
+def test_unforced_drafts_and_p_min_cuts_equal_llama_cpps(p_min, n_min, gemma4, tool):
+    with Engine.open(_cfg(gemma4, n_max=5, p_min=p_min, n_min=n_min)) as eng:
+        mine, _ = _ggspec_drafts(eng, PROMPT, 5, forced=False)
+    res = run_cpp(tool, gemma4.target, gemma4.drafter, PROMPT, N, 5, defer=False, spec_type="draft-mtp",
+                  p_min=p_min or None, n_min=n_min or None, dump_drafts=True)
+    assert _compare(mine, res.drafts, res.draft_anchors) >= len(mine) - 2
+    lengths = {len(d) for _, _, d in mine}
+    if p_min == 0:
+        assert lengths == {5}
+    else:  # cut drafts of several lengths; with n_min 2, none of length 1
+        assert len(lengths) > 1 and (1 not in lengths) == (n_min == 2), lengths
+
+
+# --- losslessness ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n_max", [2, 7])
+def test_greedy_output_is_plain_greedy_output(n_max, gemma4):
+    with Engine.open(_cfg(gemma4, n_max=n_max)) as eng:
+        offsets = itertools.count()
+
+        def make(prompt, plain):
+            lengths = itertools.islice(cycle_lengths(n_max), next(offsets), None)
+            return ForcedAcceptance(eng.proposer, np.concatenate([prompt, plain]), lengths, eng.target_model.n_vocab)
+
+        runs = list(run_prompts(eng, PROMPTS[:6], 64, make)) + list(run_prompts(eng, PROMPTS[6:9], 64))
+    failures = [f"prompt {i}: {r.divergence.describe()}" for i, r in enumerate(runs) if r.divergence]
+    assert not failures, "\n".join(failures)
+    stats = merge(r.spec_stats for r in runs)
+    assert stats.drafted > 0 and stats.accepted > 0
+
+
+def test_parallel_sequences_draft_in_one_call_per_position(gemma4):
+    """Three sequences at once: each one's output is its plain greedy output, and a step makes at
+    most n_max draft decodes + 1 verify (no catch-up: the drafter reads the target's cells)."""
+    n_max = 4
+    with Engine.open(_cfg(gemma4, n_max=n_max, parallel=3)) as eng:
+        _three_at_once_equal_plain(eng, 40)
+        assert eng.stats.max_calls <= n_max + 1, eng.stats
+
+
+@pytest.mark.parametrize("prompt_cache", [False, True])
+def test_a_request_never_sees_the_state_of_the_one_before(prompt_cache, gemma4):
+    """B after A drafts exactly as B alone, and A again (all but its last token cached) as A."""
+    def drafts_of(eng, text):
+        return _ggspec_drafts(eng, text, 4, forced=True)[0]
+
+    cfg = _cfg(gemma4, n_max=4)
+    with Engine.open(cfg, prompt_cache=prompt_cache) as eng:
+        alone = [drafts_of(eng, PROMPTS[3])]
+    with Engine.open(cfg, prompt_cache=prompt_cache) as eng:
+        alone.append(drafts_of(eng, PROMPTS[7]))
+    with Engine.open(cfg, prompt_cache=prompt_cache) as eng:
+        drafts_of(eng, PROMPTS[7])
+        after = [drafts_of(eng, PROMPTS[3]), drafts_of(eng, PROMPTS[7])]
+    assert after == alone
+
+
+# --- sampling -------------------------------------------------------------------------------------
+
+
+def test_sampled_drafts_keep_the_target_distribution(gemma4):
+    """At temperature 1 the drafter's distribution travels with its drafts: rejection sampling keeps
+    the target's (chi-square over many seeds, as tests/test_sampling_engine.py)."""
+    from test_sampling_engine import _draws, _p_value
+
+    cfg = _cfg(gemma4, n_max=3, ctx=replace(CTX, n_ctx=4096), parallel=8,
+               sampling=SamplerSettings(temp=1.0, top_k=0, top_p=1.0, min_p=0))
+    with Models(cfg) as models:
+        prompt = models.target.tokenize(PROMPT)
+        with Engine(models, cfg, plain=True) as eng:
+            plain = _draws(eng, prompt, speculate=False, n=3)
+        with Engine(models, cfg) as eng:
+            spec = _draws(eng, prompt, speculate=True, n=3)
+            assert eng.draft_ctx.n_decodes > 0  # it drafted
+    assert len(plain) > 5
+    assert _p_value(plain, spec) > 0.01
