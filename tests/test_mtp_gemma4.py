@@ -27,6 +27,7 @@ from ggspec.errors import InputError
 from ggspec.fixtures.gemma4 import DRAFTER, ensure_gemma4_pair, write_gemma4_drafter
 from ggspec.fixtures.tiny import ensure_tiny_pair
 from ggspec.speculative.engine import Engine
+from ggspec.speculative.loop import generate_greedy
 from ggspec.speculative.models import Models, PairConfig
 from ggspec.speculative.sampling import SamplerSettings
 from ggspec.speculative.stats import merge
@@ -189,3 +190,46 @@ def test_sampled_drafts_keep_the_target_distribution(gemma4):
             assert eng.draft_ctx.n_decodes > 0  # it drafted
     assert len(plain) > 5
     assert _p_value(plain, spec) > 0.01
+
+
+# --- bench and serve --------------------------------------------------------------------------------
+
+
+def test_bench_runs_the_drafter_beside_llama_cpps_loop(gemma4, tmp_path):
+    import json
+
+    out = tmp_path / "bench.json"
+    res = run_cli("bench", "-m", str(gemma4.target), "-md", str(gemma4.drafter), "--native", "--spec-draft-n-max", "3",
+                  "-n", "16", "-r", "1", "--acceptance-profile", "mtp", "--save", str(out), timeout=300)
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(out.read_text())
+    assert doc["settings"]["spec_type"] == "draft-mtp"
+    assert {"spec", "native", "native-baseline"} <= {c["kind"] for c in doc["configs"]}
+    spec = [r for r in doc["runs"] if r["config"].startswith("kind=spec|")]
+    native = [r for r in doc["runs"] if r["config"].startswith("kind=native|")]
+    assert spec and native and all(r["divergence"] is None for r in spec)
+    assert all(r["stats"]["drafted"] > 0 for r in spec + native)  # llama.cpp's loop got the drafter too
+
+
+def test_serve_drafts_with_the_drafter_for_concurrent_clients(gemma4):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from test_serve import LiveServer
+
+    with Engine.open(PairConfig(target=gemma4.target, ctx=CTX), plain=True) as eng:
+        want = {p: eng.target_model.detokenize([t for st in generate_greedy(eng, eng.target_model.tokenize(p), 24,
+                                                                               ignore_eos=True) for t in st.tokens])
+                for p in PROMPTS[:3]}
+    s = LiveServer("-m", str(gemma4.target), "-md", str(gemma4.drafter), "-np", "3", "--spec-draft-n-max", "3")
+    try:
+        def complete(p):
+            r = s.client.completions.create(model=gemma4.target.stem, prompt=p, max_tokens=24, temperature=0,
+                                            extra_body={"ignore_eos": True})
+            return r.choices[0].text
+        with ThreadPoolExecutor(3) as pool:
+            got = dict(zip(want, pool.map(complete, want)))
+        assert got == want
+        assert s.metric("ggspec:spec_decode_num_draft_tokens_total") > 0  # it did draft
+    finally:
+        code, err = s.stop()
+    assert code == 0, err

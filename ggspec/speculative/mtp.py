@@ -1,7 +1,7 @@
 """draft-mtp: drafts from the target's own multi-token-prediction (nextn) head.
 
-A port of llama.cpp's `common_speculative_impl_draft_mtp` in its single-head mode (the pinned
-common/speculative.cpp:1331-1747; qwen35, qwen35moe, qwen3next, ...). The head runs in a second
+A port of llama.cpp's `common_speculative_impl_draft_mtp` in its single-head and shared-memory
+modes (the pinned common/speculative.cpp:1331-1747; qwen35, qwen35moe, qwen3next, ...; Gemma 4). The head runs in a second
 context of type MTP on the target's own weights; its cache holds only the MTP block's layer.
 
 Pairing: the MTP entry at position q is (token q, h at q - 1) and predicts token q + 1, where h is
@@ -20,6 +20,15 @@ Per step, in the engine's five calls:
             the head's own output state at the next position (SP:1583-1722); a draft stops where
             the top-10 softmax probability of its argmax falls below p_min, a draft shorter than
             n_min is dropped; the draft's cells are removed again afterwards.
+
+Gemma 4 (`shared_kv`, llama.cpp's shared-memory mode): the head is a separate drafter file (arch
+gemma4-assistant) whose context takes the target's through ctx_other and has no cache of its own:
+its sliding-window layers attend through the target's layer n_layer - 2, its full layers through
+n_layer - 1 (Q-only layers; llama_model::create_memory's share callback). So there is no catch-up
+decode (flush only keeps the h of each sequence's last committed row), every draft step decodes
+at id_last's position (the drafter writes no cell, its queries see the target's cells before it),
+each next step pairs the drafted token with the drafter's own projected state, and nothing is
+removed afterwards. Its cells being the target's, the prompt cache works as for the target alone.
 
 Chained (`chain`, seed 001, patch 0011): one decode runs all n draft steps of every sequence inside
 one graph (argmax, the next token's embedding and the next h on the device, each step's K/V in its
