@@ -165,16 +165,18 @@ def test_lead_layout_runs_the_delta_net_on_the_gpu(gpu_build, hybrid_pair):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["hybrid-mtp", "hybrid-moe-mtp"])
 @pytest.mark.parametrize("n_max", [1, 3, 7])
-def test_chained_mtp_drafts_equal_unchained_on_gpu(n_max, gpu_build, fixture_dir):
+def test_chained_mtp_drafts_equal_unchained_on_gpu(n_max, kind, gpu_build, fixture_dir):
     """Patch 0011's chained MTP graph on the GPU (argmax, get_rows, top-k on the device): the
-    same drafts as one decode per step, and greedy output equal to plain greedy output."""
+    same drafts as one decode per step, and greedy output equal to plain greedy output, for
+    qwen35 and qwen35moe (routed + shared experts in the MTP block)."""
     from test_mtp import PROMPT, _ggspec_drafts
 
     from ggspec.fixtures.mtp_head import ensure_fitted
     from ggspec.fixtures.tiny import ensure_tiny_pair
 
-    target = ensure_fitted(fixture_dir, ensure_tiny_pair(fixture_dir, "hybrid-mtp").target)
+    target = ensure_fitted(fixture_dir, ensure_tiny_pair(fixture_dir, kind).target)
     logs = []
     for chain in (False, True):
         cfg = PairConfig(target=target, n_max=n_max, ctx=EXACT, n_gpu_layers=-1, draft_chain=chain, p_min=0.01)

@@ -327,22 +327,27 @@ def _chained_and_not(target: Path, n_max: int, forced: bool = True, **kw) -> lis
     return logs
 
 
-@pytest.mark.parametrize("head", ["random", "fitted"])
+@pytest.mark.parametrize("head", ["random", "fitted", "moe"])
 @pytest.mark.parametrize("n_max", range(1, 8))
-def test_chained_drafts_are_the_unchained_drafts(n_max, head, mtp_target, fitted_target):
+def test_chained_drafts_are_the_unchained_drafts(n_max, head, mtp_target, fitted_target, moe_target):
     """All n_max steps in one graph (argmax, next embedding and next h on the device, each step's
-    K/V in its own cell) draft exactly what one decode per step drafts, at every position."""
-    unchained, chained = _chained_and_not(fitted_target if head == "fitted" else mtp_target, n_max)
+    K/V in its own cell) draft exactly what one decode per step drafts, at every position; on
+    qwen35moe with the block's routed and shared experts in every step."""
+    target = {"random": mtp_target, "fitted": fitted_target, "moe": moe_target}[head]
+    unchained, chained = _chained_and_not(target, n_max)
     assert chained == unchained
 
 
-def test_chained_confidence_cuts_like_the_unchained_loop(mtp_target):
-    unchained, chained = _chained_and_not(mtp_target, 5, forced=False, p_min=0.9, n_min=2)
+@pytest.mark.parametrize("head", ["random", "moe"])
+def test_chained_confidence_cuts_like_the_unchained_loop(head, mtp_target, moe_target):
+    unchained, chained = _chained_and_not(mtp_target if head == "random" else moe_target, 5, forced=False,
+                                          p_min=0.9, n_min=2)
     assert chained == unchained
     assert len({len(d) for _, _, d in chained}) > 2  # the cut did bite
 
 
-def test_chained_steps_make_three_calls_whatever_the_draft_length(fitted_target):
+@pytest.mark.parametrize("head", ["fitted", "moe"])
+def test_chained_steps_make_three_calls_whatever_the_draft_length(head, fitted_target, moe_target):
     """Three sequences with capped planes: each output is its plain greedy output, and a step
     makes catch-up + draft + verify calls, plus a replay where a plane lacks the state (the
     verify rows are caught up before that replay instead of at the next step: at most 5 in one
@@ -350,8 +355,8 @@ def test_chained_steps_make_three_calls_whatever_the_draft_length(fitted_target)
     n_max = 6
     calls = {}
     for chain in (False, True):
-        cfg = PairConfig(target=fitted_target, n_max=n_max, ctx=CTX, parallel=3, planes=PlaneOptions(3, "default"),
-                         draft_chain=chain)
+        cfg = PairConfig(target=fitted_target if head == "fitted" else moe_target, n_max=n_max, ctx=CTX,
+                         parallel=3, planes=PlaneOptions(3, "default"), draft_chain=chain)
         with Engine.open(cfg) as eng:
             seqs = _three_at_once_equal_plain(eng, 48)
             assert sum(s.stats.accepted for s in seqs) > 0
@@ -359,9 +364,11 @@ def test_chained_steps_make_three_calls_whatever_the_draft_length(fitted_target)
     assert calls[True][0] <= 5 and calls[True][1] <= 4 and calls[False][0] >= n_max + 2, calls
 
 
-def test_a_reduced_vocabulary_changes_acceptance_never_the_output(fitted_target):
+@pytest.mark.parametrize("head", ["fitted", "moe"])
+def test_a_reduced_vocabulary_changes_acceptance_never_the_output(head, fitted_target, moe_target):
     n_vocab_draft = 200  # of the fixture's 512 tokens
-    cfg = PairConfig(target=fitted_target, n_max=4, ctx=CTX, draft_chain=True, chain_vocab=n_vocab_draft)
+    cfg = PairConfig(target=fitted_target if head == "fitted" else moe_target, n_max=4, ctx=CTX, draft_chain=True,
+                     chain_vocab=n_vocab_draft)
     with Engine.open(cfg) as eng:
         rec = Recorder(eng.proposer)
         runs = []

@@ -21,13 +21,14 @@ import numpy as np
 import pytest
 
 from conftest import PROMPTS, run_cli
-from test_mtp import CTX, N, PROMPT, _compare, _ggspec_drafts, _three_at_once_equal_plain
+from test_mtp import CTX, N, PROMPT, Recorder, _compare, _ggspec_drafts, _three_at_once_equal_plain
 from ggspec.bench.native import TOOL, find_tool, run_cpp
 from ggspec.errors import InputError
 from ggspec.fixtures.gemma4 import DRAFTER, ensure_gemma4_pair, write_gemma4_drafter
 from ggspec.fixtures.tiny import ensure_tiny_pair
 from ggspec.speculative.engine import Engine
-from ggspec.speculative.loop import generate_greedy
+from ggspec.speculative.draft_vocab import draft_vocab_ids
+from ggspec.speculative.loop import generate_greedy, generate_spec
 from ggspec.speculative.models import Models, PairConfig
 from ggspec.speculative.sampling import SamplerSettings
 from ggspec.speculative.stats import merge
@@ -77,9 +78,6 @@ def test_pairs_the_drafter_cannot_read_are_refused_in_one_line(gemma4, fixture_d
         bad = write_gemma4_drafter(tmp_path / f"bad-{what}.gguf", spec=spec)
         with pytest.raises(InputError, match=what):
             Models(PairConfig(target=gemma4.target, draft=bad))
-    with pytest.raises(InputError, match="chained drafting runs the MTP heads of qwen35; this head's architecture "
-                                         "is 'gemma4-assistant'"):
-        Engine.open(_cfg(gemma4, draft_chain=True, n_max=3))
 
 
 def test_cli_runs_the_drafter(gemma4, tmp_path):
@@ -87,6 +85,10 @@ def test_cli_runs_the_drafter(gemma4, tmp_path):
                   "--spec-draft-n-max", "3", "--check")
     assert res.returncode == 0, res.stderr
     assert "draft-mtp" in res.stderr and "identical" in res.stderr, res.stderr
+    res = run_cli("run", "-m", str(gemma4.target), "-md", str(gemma4.drafter), "-p", PROMPT, "-n", "24",
+                  "--spec-draft-n-max", "5", "--spec-draft-chain", "--spec-draft-vocab", "300", "-np", "2", "--check")
+    assert res.returncode == 0, res.stderr
+    assert "identical" in res.stderr and "unified" in res.stderr, res.stderr
     bad = write_gemma4_drafter(tmp_path / "bad.gguf", spec=replace(DRAFTER, head_dim_full=32))
     res = run_cli("run", "-m", str(gemma4.target), "-md", str(bad), "-p", PROMPT, "-n", "8")
     assert res.returncode != 0 and "Traceback" not in res.stderr and "key_length" in res.stderr, res.stderr
@@ -233,3 +235,60 @@ def test_serve_drafts_with_the_drafter_for_concurrent_clients(gemma4):
     finally:
         code, err = s.stop()
     assert code == 0, err
+
+
+# --- chained drafting and a reduced draft vocabulary (patch 0011) --------------------------------------
+
+
+def _chained_and_not(gemma4, n_max: int, forced: bool = True, **kw) -> list[list]:
+    logs = []
+    for chain in (False, True):
+        with Engine.open(_cfg(gemma4, n_max=n_max, draft_chain=chain, **kw)) as eng:
+            logs.append(_ggspec_drafts(eng, PROMPT, n_max, forced=forced)[0])
+    return logs
+
+
+@pytest.mark.parametrize("n_max", range(1, 8))
+def test_chained_drafts_are_the_unchained_drafts(n_max, gemma4):
+    """All n_max steps of the drafter in one graph (argmax, the next token's target embedding and
+    the projected state on the device, every step at id_last's position over the target's cells)
+    draft exactly what one decode per step drafts, at every position."""
+    unchained, chained = _chained_and_not(gemma4, n_max)
+    assert chained == unchained
+
+
+def test_chained_confidence_cuts_like_the_unchained_loop(gemma4):
+    unchained, chained = _chained_and_not(gemma4, 5, forced=False, p_min=0.9, n_min=2)
+    assert chained == unchained
+    assert len({len(d) for _, _, d in chained}) > 2  # the cut did bite
+
+
+def test_chained_steps_make_two_calls_whatever_the_draft_length(gemma4):
+    """Three sequences: each output is its plain greedy output, and a step is one draft call and
+    the verify (no catch-up); unchained it is n_max draft calls. Chained, the target's cache is
+    one stream (the chain reads it in one step-major ubatch), and the engine says so."""
+    n_max = 6
+    calls = {}
+    for chain in (False, True):
+        with Engine.open(_cfg(gemma4, n_max=n_max, parallel=3, draft_chain=chain)) as eng:
+            _three_at_once_equal_plain(eng, 40)
+            calls[chain] = eng.stats.max_calls
+            assert eng.target.params.kv_unified == chain
+            assert any("unified" in w for w in eng.warnings) == chain
+    assert calls[True] <= 2 and calls[False] >= n_max + 1, calls
+
+
+def test_a_reduced_vocabulary_changes_acceptance_never_the_output(gemma4):
+    n_vocab_draft = 200  # of the fixture's 512 tokens
+    with Engine.open(_cfg(gemma4, n_max=4, draft_chain=True, chain_vocab=n_vocab_draft)) as eng:
+        rec = Recorder(eng.proposer)
+        same = []
+        for text in PROMPTS[:4]:
+            prompt = eng.target_model.tokenize(text)
+            plain = [t for st in generate_greedy(eng, prompt, 40, ignore_eos=True) for t in st.tokens]
+            spec = [t for st in generate_spec(eng, prompt, 40, ignore_eos=True, proposer=rec) for t in st.tokens]
+            same.append(plain == spec)
+        allowed = set(draft_vocab_ids(eng.target_model, n_vocab_draft).tolist())
+        assert eng.draft_model.draft_vocab is not None  # on the drafter's head, not the target's
+    assert all(same)
+    assert all(set(d) <= allowed for _, _, d in rec.log) and any(d for _, _, d in rec.log)

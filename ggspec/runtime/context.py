@@ -240,7 +240,7 @@ class Context(OwnedHandle):
         rc = self.lc._lib.ggspec_set_mtp_chain(self.ptr, n_steps, confidence, draft_vocab)
         if rc != 0:
             why = {-1: "not an MTP context", -2: f"the '{self.model.arch}' MTP graph has no chained mode "
-                   "in this build (qwen35 has)", -3: "no reduced draft vocabulary is set on the model",
+                   "in this build (qwen35, qwen35moe and gemma4-assistant have)", -3: "no reduced draft vocabulary is set on the model",
                    -4: f"{n_steps} chained steps is out of range (0..64)"}
             raise InputError(f"cannot chain the MTP head's draft steps: {why.get(rc, f'error {rc}')}",
                              field="draft_chain")

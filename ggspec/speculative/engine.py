@@ -171,6 +171,11 @@ class Engine:
     def _target_params(self):
         cfg, model = self.cfg, self.models.target
         params = replace(cfg.ctx, n_seq_max=self.parallel)
+        if self.plan.drafter and cfg.draft_chain and self.parallel > 1 and not params.kv_unified:
+            # a chained Gemma 4 draft reads the target's cells in one ubatch, step-major: one stream
+            params.kv_unified = True
+            self.warnings.append("chained Gemma 4 drafts read the target's cache as one stream: it is unified "
+                                 "for the parallel sequences")
         planes = cfg.planes.n_planes(self.n_max)
         if self.speculative and model.is_recurrent:
             params.n_rs_seq = planes - 1  # one plane holds the working state, the others rollback snapshots
@@ -231,18 +236,18 @@ class Engine:
         if drafter is not None:
             # a Gemma 4 drafter: its own weights, no cache (its layers read the target's: the same
             # streams and cells as the target's context, which it takes through ctx_other)
-            params = replace(cfg.ctx, n_seq_max=self.parallel, n_rs_seq=0)
+            params = replace(cfg.ctx, n_seq_max=self.parallel, n_rs_seq=0, kv_unified=self.target.params.kv_unified)
             self.draft_ctx = Context(drafter, params, ctx_other=self.target, what="MTP drafter", mtp=True)
-            self.proposer = MTPProposer(self.target, self.draft_ctx, cfg.p_min, cfg.n_min, shared_kv=True)
-            return
-        params = replace(cfg.ctx, n_seq_max=self.parallel, n_rs_seq=0, kv_unified=True)
-        self.draft_ctx = Context(model, params, what="MTP", mtp=True)
+        else:
+            params = replace(cfg.ctx, n_seq_max=self.parallel, n_rs_seq=0, kv_unified=True)
+            self.draft_ctx = Context(model, params, what="MTP", mtp=True)
+        head = drafter or model  # the weights whose output head drafts
         if cfg.chain_vocab:
-            ids = draft_vocab_ids(model, cfg.chain_vocab)
-            if model.draft_vocab is None or not np.array_equal(model.draft_vocab, ids):
-                model.set_draft_vocab(ids)
+            ids = draft_vocab_ids(model, cfg.chain_vocab)  # the target's tokens (a drafter has the same)
+            if head.draft_vocab is None or not np.array_equal(head.draft_vocab, ids):
+                head.set_draft_vocab(ids)
         self.proposer = MTPProposer(self.target, self.draft_ctx, cfg.p_min, cfg.n_min, chain=cfg.draft_chain,
-                                    draft_vocab=cfg.chain_vocab > 0)
+                                    draft_vocab=cfg.chain_vocab > 0, shared_kv=drafter is not None)
 
     # --- sequences -------------------------------------------------------------------------------
 

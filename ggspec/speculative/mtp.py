@@ -57,7 +57,7 @@ MTP_ARCHS = frozenset({"bailingmoe3", "cohere2moe", "deepseek2", "deepseek32", "
                        "glm5-next", "hy-v3", "nemotron_h_moe", "qwen35", "qwen35moe", "qwen3next"})
 
 # the architectures whose MTP graph has patch 0011's chained mode
-CHAIN_ARCHS = frozenset({"qwen35"})
+CHAIN_ARCHS = frozenset({"gemma4-assistant", "qwen35", "qwen35moe"})
 
 # separate MTP drafters that read the target's KV cache (llama.cpp's shared-memory mode), and
 # the target architecture each drafts for
@@ -272,12 +272,14 @@ class MTPProposer:
         h), the later rows are placeholders (the same inputs) the graph replaces with its own tokens
         and states."""
         self._batch.clear()
+        step = 0 if self.shared_kv else 1  # a shared drafter's steps are all at id_last's position
         for i in range(n):
             for seq in seqs:
                 h = self._pending[seq.seq_id].ctypes.data
                 # outputs (never read): the context keeps its last graph per "has outputs", so the
                 # chained graph and the catch-up's (no outputs) are both reused from step to step
-                self._batch.add_tokens_h([seq.id_last], h, h, seq.pos + i, seq.seq_id, self.n_embd, outputs=True)
+                self._batch.add_tokens_h([seq.id_last], h, h, seq.pos + step * i, seq.seq_id, self.n_embd,
+                                         outputs=True)
         self.mtp.set_mtp_chain(n, confidence=self.p_min > 0, draft_vocab=self.draft_vocab)
         try:
             self.mtp.decode(self._batch)
@@ -293,7 +295,8 @@ class MTPProposer:
                 low = np.flatnonzero(conf[:, s] < self.p_min)
                 tokens = tokens[:low[0]] if len(low) else tokens
             drafts.append(self._draft(tokens.tolist(), []))
-            self.mtp.remove(seq.pos, seq.seq_id)
+            if not self.shared_kv:
+                self.mtp.remove(seq.pos, seq.seq_id)
         return drafts
 
     def _draft(self, tokens: list[int], dists: list[Candidates]) -> Draft:
