@@ -21,10 +21,15 @@ def _rows(path: Path) -> list[dict]:
     return [r for r in json.loads(path.read_text())["rows"] if r["category"] == "all"]
 
 
+MODES = ("unchained", "chained", "chained-vocab")
+
+
 def _name(path: Path) -> tuple[str, str]:
-    """mtp-qwen3.5-0.8b-chained-vocab.json -> ("qwen3.5-0.8b", "chained-vocab")"""
-    parts = path.stem.split("-")
-    return "-".join(parts[1:3]), "-".join(parts[3:])
+    """mtp-qwen3.5-0.8b-chained-vocab.json -> ("qwen3.5-0.8b", "chained-vocab");
+    mtp-gemma-4-e2b-unchained.json -> ("gemma-4-e2b", "unchained")"""
+    stem = path.stem.removeprefix("mtp-")
+    mode = next((m for m in sorted(MODES, key=len, reverse=True) if stem.endswith("-" + m)), "")
+    return (stem[:-len(mode) - 1], mode) if mode else (stem, "")
 
 
 def _f(x, spec: str = ".2f") -> str:
@@ -35,8 +40,7 @@ def table(paths: list[Path]) -> str:
     out = ["| model | ggspec mode | depth | ggspec t/s | ggspec vs plain | llama.cpp t/s | llama.cpp vs plain | "
            "ggspec ÷ llama.cpp | calls/step | draft share | τ | identical |", "|" + "---|" * 12]
     best: dict[str, dict[str, tuple[float, int]]] = {}
-    for path in sorted(paths, key=lambda p: (_name(p)[0], ("unchained", "chained", "chained-vocab").index(_name(p)[1])
-                                              if _name(p)[1] in ("unchained", "chained", "chained-vocab") else 9)):
+    for path in sorted(paths, key=lambda p: (_name(p)[0], MODES.index(_name(p)[1]) if _name(p)[1] in MODES else 9)):
         model, mode = _name(path)
         rs = _rows(path)
         for r in sorted((r for r in rs if r["kind"] == "spec"), key=lambda r: r["n_max"]):

@@ -6,7 +6,8 @@ elsewhere they skip, saying why.
 - greedy speculative output equals plain greedy output with the target on the GPU, dense and
   hybrid (capped planes with a lead: the snapshot map runs in the CUDA kernel);
 - with a lead layout the scheduler really puts the gated delta-net on the GPU (GGML_SCHED_DEBUG);
-- patch 0011: chained MTP drafts on the GPU equal one decode per step.
+- patch 0011: chained MTP drafts on the GPU equal one decode per step (qwen35, qwen35moe, and a
+  Gemma 4 assistant reading the target's cache).
 
 The C test's harness also runs here without a GPU (CPU against CPU), so a broken harness shows.
 """
@@ -180,6 +181,25 @@ def test_chained_mtp_drafts_equal_unchained_on_gpu(n_max, kind, gpu_build, fixtu
     logs = []
     for chain in (False, True):
         cfg = PairConfig(target=target, n_max=n_max, ctx=EXACT, n_gpu_layers=-1, draft_chain=chain, p_min=0.01)
+        with Engine.open(cfg) as eng:
+            logs.append(_ggspec_drafts(eng, PROMPT, n_max, forced=True)[0])
+    assert logs[0] == logs[1]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n_max", [1, 3, 7])
+def test_gemma4_drafter_chained_and_not_equal_on_gpu(n_max, gpu_build, fixture_dir):
+    """A Gemma 4 assistant reading the target's cache on the GPU: unchained and chained drafts
+    agree, and greedy output equals plain greedy output (checked by _ggspec_drafts)."""
+    from test_mtp import PROMPT, _ggspec_drafts
+
+    from ggspec.fixtures.gemma4 import ensure_gemma4_pair
+
+    pair = ensure_gemma4_pair(fixture_dir)
+    logs = []
+    for chain in (False, True):
+        cfg = PairConfig(target=pair.target, draft=pair.drafter, n_max=n_max, ctx=EXACT, n_gpu_layers=-1,
+                         n_gpu_layers_draft=-1, draft_chain=chain, p_min=0.01)
         with Engine.open(cfg) as eng:
             logs.append(_ggspec_drafts(eng, PROMPT, n_max, forced=True)[0])
     assert logs[0] == logs[1]

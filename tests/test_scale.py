@@ -43,7 +43,7 @@ def test_plans_have_the_published_parameter_counts():
 
 def test_every_draft_fits_its_target_and_follows_z_labs_layer_rule():
     """target_layer_ids = round(1 + i (L - 4) / (n - 1)) (z-lab/dflash build_target_layer_ids)."""
-    drafts = [s for s in SHAPES.values() if s.is_draft]
+    drafts = [s for s in SHAPES.values() if s.arch == "dflash"]
     assert drafts
     for d in drafts:
         t = SHAPES[d.target]
@@ -71,6 +71,40 @@ def test_a_bad_shape_is_one_line(tmp_path):
                    'rms_norm_eps = 1e-6\nsource = "x"\n')
     with pytest.raises(InputError, match="target 'nope' is not a target shape"):
         load_shapes(bad)
+
+
+@pytest.fixture(scope="module")
+def tool(build_info) -> Path:
+    from ggspec.bench.native import TOOL, find_tool
+
+    return find_tool(TOOL)
+
+
+def test_gemma4_shapes_make_files_that_run_in_both_loops(tmp_path, tool):
+    """The writer's gemma4 target and gemma4-assistant layouts (narrowed and with a small
+    vocabulary: the E2B dummy itself is made by scripts/mtp_gemma4_table.sh) load in llama.cpp,
+    and draft-mtp with the drafter drafts what llama.cpp's loop drafts."""
+    from test_mtp import CTX, N, PROMPT, _compare, _ggspec_drafts
+
+    from ggspec.bench.native import run_cpp
+    from ggspec.speculative.engine import Engine
+    from ggspec.speculative.models import PairConfig
+
+    narrow = {"hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 2, "head_dim": 64,
+              "global_head_dim": 128, "vocab_size": 4096}
+    e2b = SHAPES["gemma-4-e2b"]
+    t = replace(e2b, name="g4", num_hidden_layers=10, layer_types=e2b.layer_types[:10], num_kv_shared_layers=5, **narrow)
+    d = replace(SHAPES["gemma-4-e2b-assistant"], name="g4a", target="g4", backbone_hidden_size=256,
+                **(narrow | {"hidden_size": 128, "intermediate_size": 256}))
+    target, drafter = tmp_path / "t.gguf", tmp_path / "d.gguf"
+    scale.write_f16(target, t, None, seed=0)
+    scale.write_f16(drafter, d, t, seed=0)
+    assert read_meta(drafter).arch_key("embedding_length_out") == 256
+    assert read_meta(target).arch_key("feed_forward_length") == [512] * 5 + [1024] * 5  # double-wide shared layers
+    with Engine.open(PairConfig(target=target, draft=drafter, n_max=3, ctx=CTX)) as eng:
+        mine, _ = _ggspec_drafts(eng, PROMPT, 3, forced=False)
+    res = run_cpp(tool, target, drafter, PROMPT, N, 3, defer=False, spec_type="draft-mtp", dump_drafts=True)
+    assert _compare(mine, res.drafts, res.draft_anchors) >= len(mine) - 2
 
 
 def _small(name: str, layers: int):
