@@ -136,6 +136,9 @@ def run(
     chain_vocab: opts.DraftVocab = 0,
     ngram_size_n: opts.NgramSizeN = opts.NGRAM_SIZE_N,
     ngram_size_m: opts.NgramSizeM = opts.NGRAM_SIZE_M,
+    ngram_map_size_n: opts.NgramMapSizeN = opts.NGRAM_MAP[0],
+    ngram_map_size_m: opts.NgramMapSizeM = opts.NGRAM_MAP[1],
+    ngram_map_min_hits: opts.NgramMapMinHits = opts.NGRAM_MAP[2],
     parallel: opts.PARALLEL.one = None,
     n_ctx: opts.N_CTX.one = None,
     n_batch: Annotated[int, typer.Option("-b", "--batch-size", help="Logical batch size.")] = 512,
@@ -179,7 +182,8 @@ def run(
         fail("--check compares speculative greedy output with plain greedy: it needs speculation and temperature 0")
     shared = opts.Shared(model=model, draft=draft, pair=pair, models_dir=models_dir, dflash=dflash, spec_type=spec_type,
                          p_min=p_min, n_min=n_min, draft_chain=draft_chain, chain_vocab=chain_vocab,
-                         ngram_size_n=ngram_size_n, ngram_size_m=ngram_size_m, threads=threads,
+                         ngram_size_n=ngram_size_n, ngram_size_m=ngram_size_m, ngram_map_size_n=ngram_map_size_n,
+                         ngram_map_size_m=ngram_map_size_m, ngram_map_min_hits=ngram_map_min_hits, threads=threads,
                          n_gpu_layers=n_gpu_layers, rpc=rpc, split_mode=split_mode, tensor_split=tensor_split,
                          mirror_output=mirror_output, rpc_timeout=rpc_timeout,
                          sampling=opts.SamplerSettings(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed))
@@ -425,6 +429,9 @@ def serve(
     chain_vocab: opts.DraftVocab = 0,
     ngram_size_n: opts.NgramSizeN = opts.NGRAM_SIZE_N,
     ngram_size_m: opts.NgramSizeM = opts.NGRAM_SIZE_M,
+    ngram_map_size_n: opts.NgramMapSizeN = opts.NGRAM_MAP[0],
+    ngram_map_size_m: opts.NgramMapSizeM = opts.NGRAM_MAP[1],
+    ngram_map_min_hits: opts.NgramMapMinHits = opts.NGRAM_MAP[2],
     parallel: Annotated[int, typer.Option(
         "-np", "--parallel", help="Slots: requests decoded together (continuous batching); -c is split among them.")] = 4,
     n_ctx: opts.N_CTX.one = None,
@@ -468,7 +475,8 @@ def serve(
     sampling = opts.SamplerSettings(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p)
     shared = opts.Shared(model=model, draft=draft, pair=pair, models_dir=models_dir, dflash=dflash, spec_type=spec_type,
                          p_min=p_min, n_min=n_min, draft_chain=draft_chain, chain_vocab=chain_vocab,
-                         ngram_size_n=ngram_size_n, ngram_size_m=ngram_size_m, threads=threads,
+                         ngram_size_n=ngram_size_n, ngram_size_m=ngram_size_m, ngram_map_size_n=ngram_map_size_n,
+                         ngram_map_size_m=ngram_map_size_m, ngram_map_min_hits=ngram_map_min_hits, threads=threads,
                          n_gpu_layers=n_gpu_layers, rpc=rpc, split_mode=split_mode, tensor_split=tensor_split,
                          mirror_output=mirror_output, rpc_timeout=rpc_timeout, sampling=sampling)
     cfg = _pair_config(shared, plain=no_spec, n_gpu_layers_draft=n_gpu_layers_draft, n_max=n_max,
@@ -573,6 +581,9 @@ def bench(
     chain_vocab: opts.DraftVocab = 0,
     ngram_size_n: opts.NgramSizeN = opts.NGRAM_SIZE_N,
     ngram_size_m: opts.NgramSizeM = opts.NGRAM_SIZE_M,
+    ngram_map_size_n: opts.NgramMapSizeN = opts.NGRAM_MAP[0],
+    ngram_map_size_m: opts.NgramMapSizeM = opts.NGRAM_MAP[1],
+    ngram_map_min_hits: opts.NgramMapMinHits = opts.NGRAM_MAP[2],
     parallel: opts.PARALLEL.axis = None,
     type_k: opts.TYPE_K.axis = None,
     type_v: opts.TYPE_V.axis = None,
@@ -620,7 +631,8 @@ def bench(
         fail("standard output is closed: nowhere to write the results (or give --save FILE)")
     shared = opts.Shared(model=model, draft=draft, pair=pair, models_dir=models_dir, dflash=dflash, spec_type=spec_type,
                          p_min=p_min, draft_chain=draft_chain, chain_vocab=chain_vocab,
-                         ngram_size_n=ngram_size_n, ngram_size_m=ngram_size_m, threads=threads,
+                         ngram_size_n=ngram_size_n, ngram_size_m=ngram_size_m, ngram_map_size_n=ngram_map_size_n,
+                         ngram_map_size_m=ngram_map_size_m, ngram_map_min_hits=ngram_map_min_hits, threads=threads,
                          n_gpu_layers=n_gpu_layers, rpc=rpc, split_mode=split_mode, tensor_split=tensor_split,
                          mirror_output=mirror_output, rpc_timeout=rpc_timeout,
                          sampling=opts.SamplerSettings(temp=0.0, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed))
@@ -632,6 +644,9 @@ def bench(
                                       ("--spec-draft-vocab", chain_vocab or None),
                                       ("--spec-ngram-simple-size-n", ngram_size_n != opts.NGRAM_SIZE_N or None),
                                       ("--spec-ngram-simple-size-m", ngram_size_m != opts.NGRAM_SIZE_M or None),
+                                      ("--spec-ngram-map-k-size-n", ngram_map_size_n != opts.NGRAM_MAP[0] or None),
+                                      ("--spec-ngram-map-k-size-m", ngram_map_size_m != opts.NGRAM_MAP[1] or None),
+                                      ("--spec-ngram-map-k4v-min-hits", ngram_map_min_hits != opts.NGRAM_MAP[2] or None),
                                       ("-ctk", type_k), ("-ctv", type_v), ("-c", n_ctx),
                                       ("--spec-draft-rs-planes", rs_planes), ("--spec-draft-rs-planes-lead", rs_lead),
                                       ("--spec-dflash-inject", inject), ("--acceptance-profile", profile),
@@ -696,6 +711,8 @@ def bench(
                             n_gpu_layers=base.n_gpu_layers, spec_type=base.spec_type, p_min=base.p_min,
                             draft_chain=base.draft_chain, chain_vocab=base.chain_vocab,
                             ngram_size_n=base.ngram_size_n, ngram_size_m=base.ngram_size_m,
+                            ngram_map_size_n=base.ngram_map_size_n, ngram_map_size_m=base.ngram_map_size_m,
+                            ngram_map_min_hits=base.ngram_map_min_hits,
                             top_k=top_k, top_p=top_p, min_p=min_p, seed=opts.concrete_seed(seed))
         n_max_source = "flag" if n_max is not None else "pair" if "n_max" in rec else "default"
         plan = Plan(settings, axes, native=native, save_path=save, n_max_source=n_max_source)

@@ -17,7 +17,7 @@ from typing import Annotated, Optional
 import typer
 
 from ggspec.errors import InputError
-from ggspec.speculative.models import DEFAULT_N_MAX, NO_DRAFT_MODEL, SPEC_TYPES, PairConfig
+from ggspec.speculative.models import DEFAULT_N_MAX, NGRAM_TYPES, NO_DRAFT_MODEL, SPEC_TYPES, PairConfig
 from ggspec.speculative.sampling import DEFAULT_SEED, SamplerSettings
 
 # the defaults when neither a flag nor a named pair's recommendation (models.toml) gives one
@@ -36,6 +36,8 @@ FLAGS = {
     "mirror_output": "--mirror-output", "split_mode": "-sm", "tensor_split": "-ts", "rpc": "--rpc",
     "rpc_timeout": "--rpc-timeout", "prompt": "-p", "n_predict": "-n",
     "ngram_size_n": "--spec-ngram-simple-size-n", "ngram_size_m": "--spec-ngram-simple-size-m",
+    "ngram_map_size_n": "--spec-ngram-map-k-size-n", "ngram_map_size_m": "--spec-ngram-map-k-size-m",
+    "ngram_map_min_hits": "--spec-ngram-map-k4v-min-hits",
     "temp": "--temp", "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p", "seed": "--seed",
     # ggspec serve
     "chat_template": "--chat-template", "chat_template_file": "--chat-template-file",
@@ -141,6 +143,16 @@ NgramSizeN = Annotated[int, typer.Option(
 NgramSizeM = Annotated[int, typer.Option(
     "--spec-ngram-simple-size-m", help="ngram-simple: the most tokens one lookup drafts (then cut to "
                                        "--spec-draft-n-max).")]
+# llama.cpp has one set per map type; ggspec runs one type at a time, so both names set the same value
+NgramMapSizeN = Annotated[int, typer.Option(
+    "--spec-ngram-map-k-size-n", "--spec-ngram-map-k4v-size-n",
+    help="ngram-map-k / ngram-map-k4v: the length of the key n-gram looked up in the text.")]
+NgramMapSizeM = Annotated[int, typer.Option(
+    "--spec-ngram-map-k-size-m", "--spec-ngram-map-k4v-size-m",
+    help="ngram-map-k / ngram-map-k4v: the most tokens one lookup drafts (then cut to --spec-draft-n-max).")]
+NgramMapMinHits = Annotated[int, typer.Option(
+    "--spec-ngram-map-k4v-min-hits", "--spec-ngram-map-k-min-hits",
+    help="ngram-map-k4v: hits of a key before it drafts (ngram-map-k drafts from the first, as llama.cpp's).")]
 NPredict = Annotated[int, typer.Option("-n", "--n-predict", help="Tokens to generate (per prompt).")]
 Temp = Annotated[float, typer.Option(
     "--temp", help="Temperature: 0 decodes greedily (ggspec's default: output equal to plain greedy, token for "
@@ -177,6 +189,7 @@ N_PREDICT, THREADS, RPC_TIMEOUT = 128, 1, 120.0
 # sampling: llama.cpp's defaults, but greedy unless a temperature is given
 TEMP, TOP_K, TOP_P, MIN_P, SEED = 0.0, SamplerSettings.top_k, SamplerSettings.top_p, SamplerSettings.min_p, DEFAULT_SEED
 P_MIN, N_MIN, NGRAM_SIZE_N, NGRAM_SIZE_M = PairConfig.p_min, PairConfig.n_min, PairConfig.ngram_size_n, PairConfig.ngram_size_m
+NGRAM_MAP = (PairConfig.ngram_map_size_n, PairConfig.ngram_map_size_m, PairConfig.ngram_map_min_hits)
 
 
 def target_has_mtp_head(target: Path) -> bool:
@@ -231,6 +244,9 @@ class Shared:
     chain_vocab: int = 0
     ngram_size_n: int = NGRAM_SIZE_N
     ngram_size_m: int = NGRAM_SIZE_M
+    ngram_map_size_n: int = NGRAM_MAP[0]
+    ngram_map_size_m: int = NGRAM_MAP[1]
+    ngram_map_min_hits: int = NGRAM_MAP[2]
     threads: int = THREADS
     n_gpu_layers: int | None = None
     rpc: str | None = None
@@ -242,9 +258,9 @@ class Shared:
 
     @property
     def needs_draft(self) -> bool:
-        """Whether the draft model is wanted (not with ngram-simple or --no-dflash; with draft-mtp
-        it is a Gemma 4 drafter where one is given)."""
-        return self.spec_type != "ngram-simple" and self.dflash is not False
+        """Whether the draft model is wanted (not with the n-gram types or --no-dflash; with
+        draft-mtp it is a Gemma 4 drafter where one is given)."""
+        return self.spec_type not in NGRAM_TYPES and self.dflash is not False
 
     def resolve_models(self, plain: bool = False) -> tuple[Path, Path | None, dict]:
         """Target, draft (None when it is not used) and the recommended settings (empty unless a
@@ -285,7 +301,9 @@ class Shared:
         cfg = PairConfig(target=target, draft=None if plain else draft, dflash=False if plain else self.dflash,
                          spec_type=None if plain else self.spec_type, p_min=self.p_min, n_min=self.n_min,
                          draft_chain=self.draft_chain, chain_vocab=self.chain_vocab,
-                         ngram_size_n=self.ngram_size_n, ngram_size_m=self.ngram_size_m, sampling=self.sampling,
+                         ngram_size_n=self.ngram_size_n, ngram_size_m=self.ngram_size_m,
+                         ngram_map_size_n=self.ngram_map_size_n, ngram_map_size_m=self.ngram_map_size_m,
+                         ngram_map_min_hits=self.ngram_map_min_hits, sampling=self.sampling,
                          n_gpu_layers=ngl, n_gpu_layers_draft=ngl if n_gpu_layers_draft is None else n_gpu_layers_draft,
                          placement=placement, **settings)
         cfg.validate()

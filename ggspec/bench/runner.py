@@ -61,6 +61,9 @@ class Settings:
     chain_vocab: int = 0  # ... scoring this many tokens (0: all)
     ngram_size_n: int = PairConfig.ngram_size_n
     ngram_size_m: int = PairConfig.ngram_size_m
+    ngram_map_size_n: int = PairConfig.ngram_map_size_n
+    ngram_map_size_m: int = PairConfig.ngram_map_size_m
+    ngram_map_min_hits: int = PairConfig.ngram_map_min_hits
     # sampler settings of the rows with a temperature (BenchConfig.temp); prompt i draws with seed + i
     top_k: int = SamplerSettings.top_k
     top_p: float = SamplerSettings.top_p
@@ -179,6 +182,8 @@ class Runner:
                           spec_type=s.spec_type if speculative else None, p_min=s.p_min,
                           draft_chain=s.draft_chain and speculative, chain_vocab=s.chain_vocab if speculative else 0,
                           ngram_size_n=s.ngram_size_n, ngram_size_m=s.ngram_size_m,
+                          ngram_map_size_n=s.ngram_map_size_n, ngram_map_size_m=s.ngram_map_size_m,
+                          ngram_map_min_hits=s.ngram_map_min_hits,
                           n_max=cfg.n_max if cfg else n_max, ctx=ctx, parallel=cfg.parallel if cfg else 1,
                           sampling=s.sampling(cfg.temp if cfg else 0.0),
                           planes=cfg.plane_options if cfg else PlaneOptions(), inject=(cfg.inject if cfg else "") or "pruned",

@@ -123,6 +123,8 @@ class Engine:
         self.plan = DraftPlan(None) if plain else models.plan
         if self.plan.kind == "ngram-simple":  # llama.cpp drafts up to size_m tokens with it
             self.n_max = resolve_n_max(cfg.n_max if cfg.n_max is not None else cfg.ngram_size_m, None, self.warnings)
+        elif self.plan.kind in ("ngram-map-k", "ngram-map-k4v"):  # likewise
+            self.n_max = resolve_n_max(cfg.n_max if cfg.n_max is not None else cfg.ngram_map_size_m, None, self.warnings)
         else:
             self.n_max = resolve_n_max(cfg.n_max, self.plan.max_draft, self.warnings)
         self.speculative = self.plan.spec_type is not None
@@ -211,8 +213,12 @@ class Engine:
             from ggspec.speculative.ngram import NgramProposer  # noqa: PLC0415
 
             self.proposer = NgramProposer(self.cfg.ngram_size_n, self.cfg.ngram_size_m)
-            if self.cfg.p_min > 0:
-                self.warnings.append("ngram-simple drafts have no confidence: the confidence cut-off does nothing")
+        elif kind in ("ngram-map-k", "ngram-map-k4v"):
+            from ggspec.speculative.ngram_map import NgramMapProposer  # noqa: PLC0415
+
+            cfg = self.cfg
+            self.proposer = NgramMapProposer(kind == "ngram-map-k", cfg.ngram_map_size_n, cfg.ngram_map_size_m,
+                                             cfg.ngram_map_min_hits)
         elif kind == "mtp":
             self._make_mtp_proposer()
         elif self.plan.info is not None:
@@ -221,6 +227,8 @@ class Engine:
             self.draft_ctx = Context(self.models.draft, params, ctx_other=self.target, what="draft")
             self.proposer = make_dflash_proposer(self.target, self.draft_ctx, self.plan.info, self.cfg.inject,
                                                  self.cfg.p_min)
+        if kind.startswith("ngram") and self.cfg.p_min > 0:
+            self.warnings.append(f"{kind} drafts have no confidence: the confidence cut-off does nothing")
 
     def _make_mtp_proposer(self) -> None:
         """draft-mtp: the head's context on the target's own weights (its cache holds only the MTP

@@ -26,9 +26,10 @@ DEFAULT_N_MAX = 15  # draft tokens per step when neither the user nor a named pa
 # llama.cpp's speculative types at the pin (common/speculative.cpp), and those ggspec runs
 LLAMA_SPEC_TYPES = ("draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark",
                     "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
-SPEC_TYPES = ("draft-dflash", "draft-dspark", "draft-mtp", "ngram-simple")
+SPEC_TYPES = ("draft-dflash", "draft-dspark", "draft-mtp", "ngram-simple", "ngram-map-k", "ngram-map-k4v")
+NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v")  # drafts from the text itself
 # types that draft without a separate draft model (draft-mtp: except with a Gemma 4 drafter)
-NO_DRAFT_MODEL = ("draft-mtp", "ngram-simple")
+NO_DRAFT_MODEL = ("draft-mtp", *NGRAM_TYPES)
 
 
 @dataclass
@@ -48,6 +49,10 @@ class PairConfig:
     chain_vocab: int = 0  # draft-mtp, chained: the head scores only this many tokens (0: all)
     ngram_size_n: int = 12  # ngram-simple: the pattern length (llama.cpp's default)
     ngram_size_m: int = 48  # ngram-simple: the longest draft (llama.cpp's default)
+    # ngram-map-k / ngram-map-k4v: key length, longest draft, hits a k4v key needs (llama.cpp's defaults)
+    ngram_map_size_n: int = 12
+    ngram_map_size_m: int = 48
+    ngram_map_min_hits: int = 1
     parallel: int = 1  # sequences decoded together
     ctx: ContextParams = field(default_factory=ContextParams)
     n_gpu_layers: int = 0
@@ -74,9 +79,12 @@ class PairConfig:
             raise InputError(f"the confidence cut-off must be within 0..1 (got {self.p_min})", field="p_min")
         if not 1 <= self.parallel <= 256:
             raise InputError(f"the parallel sequences must be 1..256 (got {self.parallel})", field="parallel")
-        for name in ("ngram_size_n", "ngram_size_m"):
+        for name in ("ngram_size_n", "ngram_size_m", "ngram_map_size_n", "ngram_map_size_m"):
             if not 1 <= getattr(self, name) <= 1024:  # llama.cpp's own bounds
-                raise InputError(f"the n-gram {name[6:]} must be within 1..1024 (got {getattr(self, name)})", field=name)
+                raise InputError(f"the n-gram {name[-6:]} must be within 1..1024 (got {getattr(self, name)})", field=name)
+        if self.ngram_map_min_hits < 1:
+            raise InputError(f"the n-gram map's minimum hits must be at least 1 (got {self.ngram_map_min_hits})",
+                             field="ngram_map_min_hits")
         if self.inject not in INJECT_MODES:
             raise InputError(f"{self.inject}: expected one of {', '.join(INJECT_MODES)}", field="inject")
         if self.spec_type is not None and self.spec_type not in SPEC_TYPES:
@@ -103,11 +111,11 @@ class DraftPlan:
 
     @property
     def kind(self) -> str:
-        """The proposer: dflash, dflash2, dspark, mtp, ngram-simple or none."""
+        """The proposer: dflash, dflash2, dspark, mtp, one of the n-gram types or none."""
         if self.spec_type is None:
             return "none"
-        if self.spec_type == "ngram-simple":
-            return "ngram-simple"
+        if self.spec_type in NGRAM_TYPES:
+            return self.spec_type
         if self.spec_type == "draft-mtp":
             return "mtp"
         if self.info is not None and self.info.dspark:
@@ -125,7 +133,7 @@ def plan_drafting(cfg: PairConfig, target: GGUFMeta, draft: GGUFMeta | None, war
     model, a target with an MTP block drafts with it: draft-mtp). A Gemma 4 assistant given as the
     draft drafts draft-mtp too (llama.cpp needs --spec-type draft-mtp for it)."""
     wanted = cfg.spec_type
-    if draft is not None and is_mtp_drafter(draft) and cfg.dflash is not False and wanted != "ngram-simple":
+    if draft is not None and is_mtp_drafter(draft) and cfg.dflash is not False and wanted not in NGRAM_TYPES:
         if wanted not in (None, "draft-mtp") or cfg.dflash:
             raise InputError(f"the draft is a {draft.arch} MTP drafter: its spec type is draft-mtp", field="spec_type")
         check_model(draft, "draft")
@@ -139,7 +147,7 @@ def plan_drafting(cfg: PairConfig, target: GGUFMeta, draft: GGUFMeta | None, war
         return DraftPlan(wanted)
     if wanted in NO_DRAFT_MODEL:
         if cfg.draft is not None:
-            what = "from the text itself" if wanted == "ngram-simple" else "with the target's own MTP head"
+            what = "from the text itself" if wanted in NGRAM_TYPES else "with the target's own MTP head"
             warnings.append(f"{wanted} drafts {what}: the draft model is not used")
         if wanted == "draft-mtp":
             check_mtp(target)
@@ -213,7 +221,7 @@ class Models:
             raise InputError(f"the target is a DFlash draft model, not a target: {cfg.target}", field="target")
         check_model(self.target_meta, "target")
         # (read with draft-mtp too: the draft may be a Gemma 4 drafter)
-        uses_draft = cfg.draft is not None and cfg.dflash is not False and cfg.spec_type != "ngram-simple"
+        uses_draft = cfg.draft is not None and cfg.dflash is not False and cfg.spec_type not in NGRAM_TYPES
         self.draft_meta = read_meta(cfg.draft, "draft") if uses_draft else None
         self.plan = plan_drafting(cfg, self.target_meta, self.draft_meta, self.warnings)
         if not self.plan.uses_draft_model:
