@@ -37,7 +37,8 @@ FLAGS = {
     "rpc_timeout": "--rpc-timeout", "prompt": "-p", "n_predict": "-n",
     "ngram_size_n": "--spec-ngram-simple-size-n", "ngram_size_m": "--spec-ngram-simple-size-m",
     "ngram_map_size_n": "--spec-ngram-map-k-size-n", "ngram_map_size_m": "--spec-ngram-map-k-size-m",
-    "ngram_map_min_hits": "--spec-ngram-map-k4v-min-hits",
+    "ngram_map_min_hits": "--spec-ngram-map-k4v-min-hits", "ngram_mod_n_match": "--spec-ngram-mod-n-match",
+    "ngram_mod_n_max": "--spec-ngram-mod-n-max", "ngram_mod_n_min": "--spec-ngram-mod-n-min",
     "temp": "--temp", "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p", "seed": "--seed",
     # ggspec serve
     "chat_template": "--chat-template", "chat_template_file": "--chat-template-file",
@@ -153,6 +154,12 @@ NgramMapSizeM = Annotated[int, typer.Option(
 NgramMapMinHits = Annotated[int, typer.Option(
     "--spec-ngram-map-k4v-min-hits", "--spec-ngram-map-k-min-hits",
     help="ngram-map-k4v: hits of a key before it drafts (ngram-map-k drafts from the first, as llama.cpp's).")]
+NgramModNMatch = Annotated[int, typer.Option(
+    "--spec-ngram-mod-n-match", help="ngram-mod: the length of the hashed n-gram each lookup uses.")]
+NgramModNMax = Annotated[int, typer.Option(
+    "--spec-ngram-mod-n-max", help="ngram-mod: the most tokens one draft chains (then cut to --spec-draft-n-max).")]
+NgramModNMin = Annotated[int, typer.Option(
+    "--spec-ngram-mod-n-min", help="ngram-mod: a draft shorter than this is dropped.")]
 NPredict = Annotated[int, typer.Option("-n", "--n-predict", help="Tokens to generate (per prompt).")]
 Temp = Annotated[float, typer.Option(
     "--temp", help="Temperature: 0 decodes greedily (ggspec's default: output equal to plain greedy, token for "
@@ -190,6 +197,7 @@ N_PREDICT, THREADS, RPC_TIMEOUT = 128, 1, 120.0
 TEMP, TOP_K, TOP_P, MIN_P, SEED = 0.0, SamplerSettings.top_k, SamplerSettings.top_p, SamplerSettings.min_p, DEFAULT_SEED
 P_MIN, N_MIN, NGRAM_SIZE_N, NGRAM_SIZE_M = PairConfig.p_min, PairConfig.n_min, PairConfig.ngram_size_n, PairConfig.ngram_size_m
 NGRAM_MAP = (PairConfig.ngram_map_size_n, PairConfig.ngram_map_size_m, PairConfig.ngram_map_min_hits)
+NGRAM_MOD = (PairConfig.ngram_mod_n_match, PairConfig.ngram_mod_n_max, PairConfig.ngram_mod_n_min)
 
 
 def target_has_mtp_head(target: Path) -> bool:
@@ -247,6 +255,9 @@ class Shared:
     ngram_map_size_n: int = NGRAM_MAP[0]
     ngram_map_size_m: int = NGRAM_MAP[1]
     ngram_map_min_hits: int = NGRAM_MAP[2]
+    ngram_mod_n_match: int = NGRAM_MOD[0]
+    ngram_mod_n_max: int = NGRAM_MOD[1]
+    ngram_mod_n_min: int = NGRAM_MOD[2]
     threads: int = THREADS
     n_gpu_layers: int | None = None
     rpc: str | None = None
@@ -303,7 +314,9 @@ class Shared:
                          draft_chain=self.draft_chain, chain_vocab=self.chain_vocab,
                          ngram_size_n=self.ngram_size_n, ngram_size_m=self.ngram_size_m,
                          ngram_map_size_n=self.ngram_map_size_n, ngram_map_size_m=self.ngram_map_size_m,
-                         ngram_map_min_hits=self.ngram_map_min_hits, sampling=self.sampling,
+                         ngram_map_min_hits=self.ngram_map_min_hits, ngram_mod_n_match=self.ngram_mod_n_match,
+                         ngram_mod_n_max=self.ngram_mod_n_max, ngram_mod_n_min=self.ngram_mod_n_min,
+                         sampling=self.sampling,
                          n_gpu_layers=ngl, n_gpu_layers_draft=ngl if n_gpu_layers_draft is None else n_gpu_layers_draft,
                          placement=placement, **settings)
         cfg.validate()

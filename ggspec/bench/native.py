@@ -38,7 +38,7 @@ _ACCEPTED = re.compile(r"n_accept\s*=\s*(\d+)")
 
 # llama.cpp's --spec-type names run_cpp accepts; the draft-* types but draft-mtp need a draft file, ngram-simple
 # drafts from the context itself (n_max is its m-gram size)
-SPEC_TYPES = ("draft-dflash", "draft-dspark", "draft-mtp", "ngram-simple", "ngram-map-k", "ngram-map-k4v")
+SPEC_TYPES = ("draft-dflash", "draft-dspark", "draft-mtp", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod")
 DRAFTS_ENV = "GGSPEC_BENCH_DRAFTS"  # patch 0009
 _ENV_DROPPED = ("LLAMA_ARG_SPEC_DFLASH_DEFER", "GGSPEC_BENCH_FORCED", DRAFTS_ENV)
 
@@ -155,7 +155,7 @@ def run_cpp(tool: Path, target: Path, draft: Path | None, prompt: str, n: int, n
             n_ctx: int = 2048, ctk: str = "f16", ctv: str = "f16", flash_attn: str = "off", threads: int = 1,
             forced: Path | None = None, timeout: float = 600, spec_type: str = "draft-dflash",
             p_min: float | None = None, n_min: int | None = None, ngram_size_n: int | None = None,
-            min_hits: int | None = None,
+            min_hits: int | None = None, ngram_mod: tuple[int, int] | None = None,
             dump_drafts: bool = False, sampling: SamplerSettings | None = None, n_gpu_layers: int = 0) -> CppResult:
     """One run of llama.cpp's speculative loop (greedy unless `sampling` has a temperature) with `spec_type` (one of SPEC_TYPES; the
     draft-* types need `draft` (draft-mtp only for a Gemma 4 drafter), ngram-simple takes none and drafts m-grams of `n_max` tokens after
@@ -180,7 +180,11 @@ def run_cpp(tool: Path, target: Path, draft: Path | None, prompt: str, n: int, n
     if draft is not None:
         cmd += ["-md", str(draft)]
     cmd += ["--spec-type", spec_type, "--spec-draft-n-max", str(n_max)]
-    if spec_type.startswith("ngram"):  # the m-gram size is the draft length
+    if spec_type == "ngram-mod":  # the draft length is its n_max; `ngram_mod`: (n_match, n_min)
+        cmd += ["--spec-ngram-mod-n-max", str(n_max)]
+        if ngram_mod is not None:
+            cmd += ["--spec-ngram-mod-n-match", str(ngram_mod[0]), "--spec-ngram-mod-n-min", str(ngram_mod[1])]
+    elif spec_type.startswith("ngram"):  # the m-gram size is the draft length
         flag = "--spec-" + spec_type  # --spec-ngram-simple, --spec-ngram-map-k, --spec-ngram-map-k4v
         cmd += [f"{flag}-size-m", str(n_max)]
         if ngram_size_n is not None:

@@ -286,7 +286,8 @@ _SETTINGS_TYPES = {"target": (str,), "draft": (str,), "n_predict": is_int, "reps
                    "prompts": (list,), "placement": lambda v: v is None or isinstance(v, dict),
                    "n_gpu_layers": is_int, "spec_type": lambda v: v is None or isinstance(v, str),
                    "p_min": _is_num, "draft_chain": (bool,), "chain_vocab": is_int, "ngram_size_n": is_int, "ngram_size_m": is_int,
-                   "ngram_map_size_n": is_int, "ngram_map_size_m": is_int, "ngram_map_min_hits": is_int, "top_k": is_int,
+                   "ngram_map_size_n": is_int, "ngram_map_size_m": is_int, "ngram_map_min_hits": is_int,
+                   "ngram_mod_n_match": is_int, "ngram_mod_n_max": is_int, "ngram_mod_n_min": is_int, "top_k": is_int,
                    "top_p": _is_num, "min_p": _is_num, "seed": is_int}
 _PLACEMENT_TYPES = {"split_mode": (str,), "rpc": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
                     "tensor_split": lambda v: isinstance(v, list) and all(_is_num(x) and x >= 0 for x in v),

@@ -64,6 +64,9 @@ class Settings:
     ngram_map_size_n: int = PairConfig.ngram_map_size_n
     ngram_map_size_m: int = PairConfig.ngram_map_size_m
     ngram_map_min_hits: int = PairConfig.ngram_map_min_hits
+    ngram_mod_n_match: int = PairConfig.ngram_mod_n_match
+    ngram_mod_n_max: int = PairConfig.ngram_mod_n_max
+    ngram_mod_n_min: int = PairConfig.ngram_mod_n_min
     # sampler settings of the rows with a temperature (BenchConfig.temp); prompt i draws with seed + i
     top_k: int = SamplerSettings.top_k
     top_p: float = SamplerSettings.top_p
@@ -183,7 +186,8 @@ class Runner:
                           draft_chain=s.draft_chain and speculative, chain_vocab=s.chain_vocab if speculative else 0,
                           ngram_size_n=s.ngram_size_n, ngram_size_m=s.ngram_size_m,
                           ngram_map_size_n=s.ngram_map_size_n, ngram_map_size_m=s.ngram_map_size_m,
-                          ngram_map_min_hits=s.ngram_map_min_hits,
+                          ngram_map_min_hits=s.ngram_map_min_hits, ngram_mod_n_match=s.ngram_mod_n_match,
+                          ngram_mod_n_max=s.ngram_mod_n_max, ngram_mod_n_min=s.ngram_mod_n_min,
                           n_max=cfg.n_max if cfg else n_max, ctx=ctx, parallel=cfg.parallel if cfg else 1,
                           sampling=s.sampling(cfg.temp if cfg else 0.0),
                           planes=cfg.plane_options if cfg else PlaneOptions(), inject=(cfg.inject if cfg else "") or "pruned",

@@ -125,6 +125,8 @@ class Engine:
             self.n_max = resolve_n_max(cfg.n_max if cfg.n_max is not None else cfg.ngram_size_m, None, self.warnings)
         elif self.plan.kind in ("ngram-map-k", "ngram-map-k4v"):  # likewise
             self.n_max = resolve_n_max(cfg.n_max if cfg.n_max is not None else cfg.ngram_map_size_m, None, self.warnings)
+        elif self.plan.kind == "ngram-mod":
+            self.n_max = resolve_n_max(cfg.n_max if cfg.n_max is not None else cfg.ngram_mod_n_max, None, self.warnings)
         else:
             self.n_max = resolve_n_max(cfg.n_max, self.plan.max_draft, self.warnings)
         self.speculative = self.plan.spec_type is not None
@@ -219,6 +221,11 @@ class Engine:
             cfg = self.cfg
             self.proposer = NgramMapProposer(kind == "ngram-map-k", cfg.ngram_map_size_n, cfg.ngram_map_size_m,
                                              cfg.ngram_map_min_hits)
+        elif kind == "ngram-mod":
+            from ggspec.speculative.ngram_mod import NgramModProposer  # noqa: PLC0415
+
+            cfg = self.cfg
+            self.proposer = NgramModProposer(cfg.ngram_mod_n_match, cfg.ngram_mod_n_max, cfg.ngram_mod_n_min)
         elif kind == "mtp":
             self._make_mtp_proposer()
         elif self.plan.info is not None:

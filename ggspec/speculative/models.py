@@ -26,8 +26,8 @@ DEFAULT_N_MAX = 15  # draft tokens per step when neither the user nor a named pa
 # llama.cpp's speculative types at the pin (common/speculative.cpp), and those ggspec runs
 LLAMA_SPEC_TYPES = ("draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark",
                     "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
-SPEC_TYPES = ("draft-dflash", "draft-dspark", "draft-mtp", "ngram-simple", "ngram-map-k", "ngram-map-k4v")
-NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v")  # drafts from the text itself
+SPEC_TYPES = ("draft-dflash", "draft-dspark", "draft-mtp", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod")
+NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod")  # drafts from the text itself
 # types that draft without a separate draft model (draft-mtp: except with a Gemma 4 drafter)
 NO_DRAFT_MODEL = ("draft-mtp", *NGRAM_TYPES)
 
@@ -53,6 +53,10 @@ class PairConfig:
     ngram_map_size_n: int = 12
     ngram_map_size_m: int = 48
     ngram_map_min_hits: int = 1
+    # ngram-mod: the hashed n-gram's length, the longest draft, the shortest kept (llama.cpp's defaults)
+    ngram_mod_n_match: int = 24
+    ngram_mod_n_max: int = 64
+    ngram_mod_n_min: int = 48
     parallel: int = 1  # sequences decoded together
     ctx: ContextParams = field(default_factory=ContextParams)
     n_gpu_layers: int = 0
@@ -79,9 +83,13 @@ class PairConfig:
             raise InputError(f"the confidence cut-off must be within 0..1 (got {self.p_min})", field="p_min")
         if not 1 <= self.parallel <= 256:
             raise InputError(f"the parallel sequences must be 1..256 (got {self.parallel})", field="parallel")
-        for name in ("ngram_size_n", "ngram_size_m", "ngram_map_size_n", "ngram_map_size_m"):
+        for name in ("ngram_size_n", "ngram_size_m", "ngram_map_size_n", "ngram_map_size_m", "ngram_mod_n_match",
+                     "ngram_mod_n_max", "ngram_mod_n_min"):
             if not 1 <= getattr(self, name) <= 1024:  # llama.cpp's own bounds
                 raise InputError(f"the n-gram {name[-6:]} must be within 1..1024 (got {getattr(self, name)})", field=name)
+        if self.ngram_mod_n_min > self.ngram_mod_n_max:
+            raise InputError(f"ngram-mod's shortest draft ({self.ngram_mod_n_min}) is above its longest "
+                             f"({self.ngram_mod_n_max}): it would never draft", field="ngram_mod_n_min")
         if self.ngram_map_min_hits < 1:
             raise InputError(f"the n-gram map's minimum hits must be at least 1 (got {self.ngram_map_min_hits})",
                              field="ngram_map_min_hits")

@@ -244,6 +244,9 @@ class NgramMapProposer:
     def propose(self, seqs: list[Sequence], n: int) -> list[Draft]:
         out = []
         for seq in seqs:
+            if not seq.started:  # nothing to draft from before its prompt is decoded
+                out.append(Draft(_EMPTY))
+                continue
             if seq not in self._maps:  # (a sequence added without begin: start its map now)
                 self.begin(seq)
             hist, extra = split_history(seq)

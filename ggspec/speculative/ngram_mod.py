@@ -1,0 +1,193 @@
+"""llama.cpp's `ngram-mod` speculative type: drafts by chaining lookups in one hashed table of
+"n-gram -> next token" shared by every sequence (no draft model, no target features).
+
+A port of common/ngram-mod.cpp and `common_speculative_impl_ngram_mod` (common/speculative.cpp)
+of the pinned tree, rule for rule:
+
+- The table has 4,194,304 entries (a token id, or -1); an n-gram's entry is
+  `sum(t_i * 6364136223846793005^(n-1-i)) mod 2^64 mod 4194304` (the 64-bit polynomial hash; the
+  table size is 2^22, so only the low 22 bits matter and they are computed exactly here). Adding an
+  n-gram writes the token after it: the last writer wins, collisions included.
+- A sequence's prompt (without its last token) is added when it starts, then its history in
+  chunks: only once more than 32 tokens have been added since the last time.
+- A draft starts from the last n tokens (id_last included) and looks up up to n_max tokens, each
+  one appended to the window for the next lookup; an empty entry ends it, and a draft shorter than
+  n_min is dropped (defaults n_match 24, n_max 64, n_min 48).
+- After each verify of a draft, a sequence whose accepted share is below 1/4 five times in a row
+  empties the table (for every sequence: it is shared); when a sequence starts, the table is
+  emptied if more than a quarter of it is in use. The low-acceptance streak is kept per slot across
+  requests (quirk: llama.cpp resets only the sequence's fill position and last draft length).
+
+The table outlives requests, as in llama-server: a request drafts from what earlier ones added.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ggspec.errors import InputError
+from ggspec.speculative.ngram import SIZE_LIMIT, _History, split_history
+from ggspec.speculative.proposer import Draft, Span
+from ggspec.speculative.sequence import Sequence
+
+TABLE_SIZE = 4 * 1024 * 1024  # entries (llama.cpp: 4*1024*1024); a power of two
+HASH_FACTOR = 6364136223846793005
+EMPTY = -1
+DEFAULT_N_MATCH, DEFAULT_N_MAX, DEFAULT_N_MIN = 24, 64, 48  # common_params_speculative_ngram_mod
+_MASK = TABLE_SIZE - 1
+_EMPTY_DRAFT = np.empty(0, dtype=np.int32)
+
+
+class NgramTable:
+    """llama.cpp's `common_ngram_mod`: n-gram hash -> the token that followed it last."""
+
+    def __init__(self, n: int, size: int = TABLE_SIZE) -> None:
+        assert size & (size - 1) == 0, "the table size must be a power of two"
+        self.n, self.size = n, size
+        self.entries = np.full(size, EMPTY, dtype=np.int32)
+        self.used = 0
+        # factor^(n-1-i) modulo the table size: the hash of a window is its dot product with these
+        mask = size - 1
+        self._powers = np.array([pow(HASH_FACTOR, n - 1 - i, 1 << 64) & mask for i in range(n)], dtype=np.int64)
+
+    def index(self, window) -> int:
+        """The entry of one n-token window."""
+        return int(sum(int(t) * int(p) for t, p in zip(window, self._powers)) & (self.size - 1))
+
+    def indices(self, tokens: np.ndarray, starts: np.ndarray) -> np.ndarray:
+        """The entries of the windows tokens[s : s + n] for every start s (vectorised)."""
+        mask = self.size - 1
+        acc = np.zeros(len(starts), dtype=np.int64)
+        for i in range(self.n):  # products of two 22-bit values: exact in int64
+            acc = (acc + tokens[starts + i].astype(np.int64) * self._powers[i]) & mask
+        return acc
+
+    def add_range(self, tokens: np.ndarray, lo: int, hi: int) -> None:
+        """add() for the windows starting at lo..hi-1, in order (a later start overwrites)."""
+        if hi <= lo:
+            return
+        starts = np.arange(lo, hi)
+        idx = self.indices(tokens, starts)
+        # in order, the last writer wins: keep each index's last occurrence
+        last = len(idx) - 1 - np.unique(idx[::-1], return_index=True)[1]
+        idx, values = idx[last], tokens[starts[last] + self.n]
+        self.used += int(np.count_nonzero(self.entries[idx] == EMPTY))
+        self.entries[idx] = values
+
+    def get(self, window) -> int:
+        return int(self.entries[self.index(window)])
+
+    def reset(self) -> None:
+        self.entries.fill(EMPTY)
+        self.used = 0
+
+
+class _SeqInfo:
+    __slots__ = ("i_last", "n_draft_last", "n_low")
+
+    def __init__(self) -> None:
+        self.i_last = 0  # the history added to the table so far (windows starting before it)
+        self.n_draft_last = 0  # the last draft's length (0: none)
+        self.n_low = 0  # verifies in a row that accepted less than a quarter of the draft
+
+
+class NgramModProposer:
+    """Drafts from one table shared by all sequences (llama.cpp's `ngram-mod`). Drafts are point
+    masses and may be empty."""
+
+    name = "ngram-mod"
+
+    def __init__(self, n_match: int = DEFAULT_N_MATCH, n_max: int = DEFAULT_N_MAX, n_min: int = DEFAULT_N_MIN) -> None:
+        for what, v in (("n_match", n_match), ("n_max", n_max), ("n_min", n_min)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 1 <= v <= SIZE_LIMIT:
+                raise InputError(f"ngram-mod {what} must be an integer in 1..{SIZE_LIMIT}, got {v!r}",
+                                 field=f"ngram_mod_{what}")
+        if n_min > n_max:
+            raise InputError(f"ngram-mod n_min {n_min} is above n_max {n_max}: it would never draft",
+                             field="ngram_mod_n_min")
+        self.n, self.n_max, self.n_min = int(n_match), int(n_max), int(n_min)
+        self.max_draft: int | None = self.n_max
+        self.table = NgramTable(self.n)
+        self._info: dict[int, _SeqInfo] = {}  # per slot: its streak outlives the request (see the module)
+        self._hist: dict[Sequence, _History] = {}
+        self._drafted: set[Sequence] = set()
+
+    def begin(self, seq: Sequence, cached: int = 0) -> None:
+        info = self._info.setdefault(seq.seq_id, _SeqInfo())
+        info.i_last = info.n_draft_last = 0
+        self._hist[seq] = _History()
+        prompt = np.asarray(seq.prompt[:-1], dtype=np.int32)
+        if len(prompt) < self.n:
+            return
+        self.table.add_range(prompt, 0, len(prompt) - self.n)
+        info.i_last = len(prompt) - self.n
+        if self.table.used / self.table.size > 0.25:
+            self.table.reset()
+
+    def observe(self, spans: list[Span]) -> None:
+        pass
+
+    def commit(self, seq: Sequence, pos0: int, n_committed: int) -> None:
+        if seq not in self._drafted:
+            return
+        self._drafted.discard(seq)
+        info = self._info[seq.seq_id]
+        if info.n_draft_last == 0:
+            return
+        if (n_committed - 1) / info.n_draft_last < 0.25:
+            info.n_low += 1
+            if info.n_low >= 5:
+                self.table.reset()
+                info.n_low = 0
+                info.i_last = 0
+        else:
+            info.n_low = 0
+
+    def flush(self) -> None:
+        pass
+
+    def _draft_one(self, seq: Sequence) -> np.ndarray:
+        info = self._info[seq.seq_id]
+        info.n_draft_last = 0
+        hist, extra = split_history(seq)
+        full = self._hist[seq].sync(hist, extra)
+        prompt, id_last, n = full[:-1], int(full[-1]), self.n
+        cur_len = len(prompt)
+        if cur_len < n:
+            return _EMPTY_DRAFT
+        if info.i_last + 32 < cur_len:  # new n-grams in chunks
+            self.table.add_range(prompt, info.i_last, cur_len - n)
+            info.i_last = cur_len - n
+        window = [int(t) for t in prompt[cur_len - n + 1:]] + [id_last]
+        out: list[int] = []
+        for i in range(self.n_max):
+            token = self.table.get(window[i:i + n])
+            if token == EMPTY:
+                if i < self.n_min:
+                    return _EMPTY_DRAFT
+                break
+            out.append(token)
+            window.append(token)
+        info.n_draft_last = len(out)
+        return np.asarray(out, dtype=np.int32)
+
+    def propose(self, seqs: list[Sequence], n: int) -> list[Draft]:
+        out = []
+        for seq in seqs:
+            if not seq.started:  # nothing to draft from before its prompt is decoded
+                out.append(Draft(_EMPTY_DRAFT))
+                continue
+            if seq not in self._hist:  # (a sequence added without begin)
+                self.begin(seq)
+            d = self._draft_one(seq)
+            self._drafted.add(seq)
+            out.append(Draft(d[:n] if len(d) > n else d))
+        return out
+
+    def release(self, seq: Sequence, keep: int = 0) -> int:
+        self._hist.pop(seq, None)
+        self._drafted.discard(seq)
+        return keep  # the table keeps what it learnt; no positions are held
+
+    def close(self) -> None:
+        self._hist.clear()

@@ -1,0 +1,135 @@
+"""ngram-mod: llama.cpp's shared hashed n-gram table (common/ngram-mod.cpp and its speculative impl).
+
+The rules on hand-made histories, then the proposer against llama.cpp's own loop:
+`llama-speculative-simple --spec-type ngram-mod` (patch 0009's dump) drafts exactly what ggspec
+drafts at every common position on the shipped tiny-coder target, and greedy output equals plain.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import run_cli
+from test_mtp import Recorder
+from test_ngram import STACK, TINY_TARGET, _seq
+from ggspec.bench.native import TOOL, find_tool, run_cpp
+from ggspec.errors import InputError
+from ggspec.runtime import ContextParams
+from ggspec.speculative.engine import Engine
+from ggspec.speculative.loop import generate_greedy, generate_spec
+from ggspec.speculative.models import PairConfig
+from ggspec.speculative.ngram_mod import EMPTY, HASH_FACTOR, TABLE_SIZE, NgramModProposer, NgramTable
+
+CTX = ContextParams(n_ctx=2048, n_threads=1, flash_attn="off")
+
+
+def _llama_index(window) -> int:
+    """common_ngram_mod::idx with 64-bit unsigned arithmetic."""
+    res = 0
+    for t in window:
+        res = (res * HASH_FACTOR + t) % 2**64
+    return res % TABLE_SIZE
+
+
+# --- the rules ------------------------------------------------------------------------------------
+
+
+def test_the_index_is_llama_cpps_64_bit_hash_modulo_the_table():
+    rng = np.random.default_rng(0)
+    table = NgramTable(24)
+    tokens = rng.integers(0, 262144, 200).astype(np.int32)
+    starts = np.arange(0, 170)
+    want = [_llama_index(tokens[s:s + 24].tolist()) for s in starts]
+    assert table.indices(tokens, starts).tolist() == want
+    assert [table.index(tokens[s:s + 24]) for s in starts[:20]] == want[:20]
+
+
+def test_adding_writes_the_next_token_and_the_last_writer_wins():
+    table = NgramTable(2, size=1024)
+    tokens = np.array([1, 2, 3, 1, 2, 4, 1, 2], dtype=np.int32)
+    table.add_range(tokens, 0, len(tokens) - 2)  # windows at 0..5, each followed by a token
+    assert table.get([1, 2]) == 4  # [1, 2] -> 3 first, then -> 4
+    assert table.get([2, 3]) == 1 and table.get([9, 9]) == EMPTY
+    one_by_one = NgramTable(2, size=1024)
+    for i in range(len(tokens) - 2):
+        one_by_one.add_range(tokens, i, i + 1)
+    assert np.array_equal(one_by_one.entries, table.entries) and one_by_one.used == table.used == 5  # 6 windows, [1, 2] twice
+
+
+def test_drafts_chain_lookups_and_short_ones_are_dropped():
+    block = list(range(100, 110))
+    prompt, gen = [1] + block * 3, block[:4]
+    (d,) = NgramModProposer(n_match=3, n_max=8, n_min=2).propose([_seq(prompt, gen)], 8)
+    assert d.tokens.tolist() == (block[4:] + block)[:8]  # the chain goes round the block
+    # a block of 10 can be chained for ever: n_max bounds it; nothing follows a novel window
+    (d,) = NgramModProposer(n_match=3, n_max=64, n_min=48).propose([_seq(prompt, [7, 8, 9])], 64)
+    assert len(d) == 0
+
+
+def test_five_low_acceptance_verifies_empty_the_shared_table():
+    block = list(range(100, 110))
+    p = NgramModProposer(n_match=3, n_max=8, n_min=1)
+    s = _seq([1] + block * 3, block[:4])
+    p.begin(s)
+    for k in range(5):
+        assert p.table.used > 0
+        assert len(p.propose([s], 8)[0]) == 8
+        p.commit(s, 0, 1)  # 0 of 8 accepted
+    assert p.table.used == 0 and p._info[0].n_low == 0 and p._info[0].i_last == 0
+
+
+def test_bad_settings_are_one_line():
+    for kw, what in (({"n_match": 0}, "n_match"), ({"n_max": 1025}, "n_max"), ({"n_min": 9, "n_max": 8}, "n_min")):
+        with pytest.raises(InputError, match=what):
+            NgramModProposer(**kw)
+    with pytest.raises(InputError, match="shortest draft"):
+        PairConfig(target=TINY_TARGET, spec_type="ngram-mod", ngram_mod_n_min=65).validate()
+
+
+# --- against llama.cpp's loop ---------------------------------------------------------------------
+
+
+CASES = [  # prompt, tokens, n_match, n_max, n_min
+    (STACK, 160, 4, 8, 2),
+    (STACK, 200, 3, 16, 1),
+    ("for i in range(10):\n    print(i)\nfor i in range(10):\n    print(i)\n", 200, 2, 5, 1),
+    # low acceptance: the five-in-a-row reset runs on both sides
+    ("def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\n" * 3, 240, 8, 12, 4),
+]
+
+
+@pytest.fixture(scope="module")
+def tool(build_info):
+    return find_tool(TOOL)
+
+
+@pytest.mark.parametrize("prompt, n, n_match, n_max, n_min", CASES)
+def test_drafts_equal_llama_cpps_at_every_position(prompt, n, n_match, n_max, n_min, tool):
+    cfg = PairConfig(target=TINY_TARGET, spec_type="ngram-mod", ngram_mod_n_match=n_match, ngram_mod_n_max=n_max,
+                     ngram_mod_n_min=n_min, ctx=CTX)
+    with Engine.open(cfg) as eng:
+        prompt_ids = eng.target_model.tokenize(prompt)
+        plain = [t for st in generate_greedy(eng, prompt_ids, n, ignore_eos=True) for t in st.tokens]
+        rec = Recorder(eng.proposer)
+        spec = [t for st in generate_spec(eng, prompt_ids, n, ignore_eos=True, proposer=rec) for t in st.tokens]
+    assert spec == plain
+    res = run_cpp(tool, TINY_TARGET, None, prompt, n, n_max, defer=False, spec_type="ngram-mod",
+                  ngram_mod=(n_match, n_min), dump_drafts=True)
+    theirs = {pos: (anchor, d) for (pos, d), anchor in zip(res.drafts, res.draft_anchors)}
+    common = [(pos, idl, d) for pos, idl, d in rec.log if pos in theirs]
+    assert len(common) >= len(rec.log) - 2
+    for pos, id_last, d in common:
+        assert (id_last, d[:len(theirs[pos][1])]) == theirs[pos], f"position {pos}"
+        assert len(d) == len(theirs[pos][1]) or pos >= len(prompt_ids) + n - n_max - 2, f"position {pos}"
+    assert sum(len(d) for _, _, d in rec.log) > 0 and res.accepted > 0
+
+
+def test_cli_runs_ngram_mod():
+    res = run_cli("run", "-m", str(TINY_TARGET), "--spec-type", "ngram-mod", "--spec-ngram-mod-n-match", "4",
+                  "--spec-ngram-mod-n-max", "8", "--spec-ngram-mod-n-min", "2", "-p", STACK, "-n", "64", "--check")
+    assert res.returncode == 0, res.stderr
+    assert "ngram-mod n_max 8" in res.stderr and "identical" in res.stderr, res.stderr
+    bad = run_cli("run", "-m", str(TINY_TARGET), "--spec-type", "ngram-mod", "--spec-ngram-mod-n-min", "100",
+                  "-p", "x", "-n", "4")
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr and "--spec-ngram-mod-n-min" in bad.stderr
