@@ -147,3 +147,24 @@ def test_cli_runs_the_map_types():
     bad = run_cli("run", "-m", str(TINY_TARGET), "--spec-type", "ngram-map-k4v", "--spec-ngram-map-k4v-min-hits", "0",
                   "-p", "x", "-n", "4")
     assert bad.returncode != 0 and "Traceback" not in bad.stderr and "min-hits" in bad.stderr
+
+
+@pytest.mark.parametrize("spec_type, flags", [
+    ("ngram-simple", ["--spec-ngram-simple-size-n", "3"]),
+    ("ngram-map-k4v", ["--spec-ngram-map-k4v-size-n", "3"]),
+    ("ngram-mod", ["--spec-ngram-mod-n-match", "4", "--spec-ngram-mod-n-min", "2"]),
+])
+def test_bench_runs_the_ngram_types_beside_llama_cpps_loop(spec_type, flags, tmp_path):
+    """`bench --native` gives every n-gram type llama.cpp's loop rows at the same settings: the
+    same acceptance (τ within the budget's last steps) on all 12 built-in prompts."""
+    import json
+
+    out = tmp_path / "bench.json"
+    res = run_cli("bench", "-m", str(TINY_TARGET), "--spec-type", spec_type, *flags, "--native", "--spec-draft-n-max",
+                  "8", "-n", "48", "-r", "1", "--save", str(out), timeout=300)
+    assert res.returncode == 0, res.stderr
+    rows = {r["kind"]: r for r in json.loads(out.read_text())["rows"] if r["category"] == "all"}
+    assert {"spec", "native"} <= set(rows)
+    assert rows["spec"]["tau_pooled"] > 1.5
+    assert rows["native"]["tau_pooled"] == pytest.approx(rows["spec"]["tau_pooled"], rel=0.03)
+    assert rows["spec"]["identical"] == rows["native"]["identical"] == "12/12"

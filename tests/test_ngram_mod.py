@@ -133,3 +133,22 @@ def test_cli_runs_ngram_mod():
     bad = run_cli("run", "-m", str(TINY_TARGET), "--spec-type", "ngram-mod", "--spec-ngram-mod-n-min", "100",
                   "-p", "x", "-n", "4")
     assert bad.returncode != 0 and "Traceback" not in bad.stderr and "--spec-ngram-mod-n-min" in bad.stderr
+
+
+def test_requests_one_after_another_draft_as_each_would_alone():
+    """The table is shared by the sequences running together; one that starts while none runs
+    starts afresh, so B after A drafts exactly as B alone."""
+    cfg = PairConfig(target=TINY_TARGET, spec_type="ngram-mod", ngram_mod_n_match=3, ngram_mod_n_max=8,
+                     ngram_mod_n_min=1, ctx=CTX)
+
+    def drafts_of(eng, text):
+        rec = Recorder(eng.proposer)
+        list(generate_spec(eng, eng.target_model.tokenize(text), 80, ignore_eos=True, proposer=rec))
+        return rec.log
+
+    with Engine.open(cfg) as eng:
+        alone = drafts_of(eng, STACK)
+    with Engine.open(cfg) as eng:
+        drafts_of(eng, STACK.replace("items", "things") * 2)  # other n-grams, some the same
+        after = drafts_of(eng, STACK)
+    assert after == alone and any(d for _, _, d in alone)

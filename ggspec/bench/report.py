@@ -289,6 +289,8 @@ _SETTINGS_TYPES = {"target": (str,), "draft": (str,), "n_predict": is_int, "reps
                    "ngram_map_size_n": is_int, "ngram_map_size_m": is_int, "ngram_map_min_hits": is_int,
                    "ngram_mod_n_match": is_int, "ngram_mod_n_max": is_int, "ngram_mod_n_min": is_int, "top_k": is_int,
                    "top_p": _is_num, "min_p": _is_num, "seed": is_int}
+# speculative types whose llama.cpp rows have no injection mode (and need no draft file)
+NO_INJECTION = ("draft-mtp", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod")
 _PLACEMENT_TYPES = {"split_mode": (str,), "rpc": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
                     "tensor_split": lambda v: isinstance(v, list) and all(_is_num(x) and x >= 0 for x in v),
                     "mirror_output": (bool,), "rpc_timeout": lambda v: _is_num(v) and v > 0}
@@ -333,11 +335,11 @@ def _check_document(doc: dict, what: str) -> None:
             if cfg.kind == "spec":
                 cfg.plane_options.check(cfg.n_max) if cfg.planes else None
             if cfg.kind == "native":
-                _need(cfg.inject in NATIVE_MODES or (cfg.inject == "" and settings.spec_type == "draft-mtp"),
+                _need(cfg.inject in NATIVE_MODES or (cfg.inject == "" and settings.spec_type in NO_INJECTION),
                       f"{where}.inject {cfg.inject!r} is not one of {', '.join(NATIVE_MODES)}")
         except InputError as exc:
             raise _Damaged(f"{where}: {exc.field + ': ' if exc.field else ''}{exc}") from None
-        _need(not (cfg.speculative and not settings.draft and settings.spec_type not in ("ngram-simple", "draft-mtp")),
+        _need(not (cfg.speculative and not settings.draft and settings.spec_type not in NO_INJECTION),
               f"{where} is speculative, the benchmark has no draft")
         _need(not (cfg.sampled and settings.profile_weights), f"{where}.temp: an acceptance profile is greedy only")
         _need(not (cfg.speculative and settings.profile_weights and settings.profile not in PROFILES

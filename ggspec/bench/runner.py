@@ -175,6 +175,27 @@ class Runner:
 
     # --- pairs -----------------------------------------------------------------------------------
 
+    def _ngram_args(self, n_max: int) -> dict:
+        """The n-gram types' own sizes for llama.cpp's loop (its draft length is the row's n_max)."""
+        kind, s = self.models.plan.kind, self.s
+        if kind == "ngram-simple":
+            return {"ngram_size_n": s.ngram_size_n}
+        if kind in ("ngram-map-k", "ngram-map-k4v"):
+            return {"ngram_size_n": s.ngram_map_size_n, "min_hits": s.ngram_map_min_hits}
+        if kind == "ngram-mod":
+            return {"ngram_mod": (s.ngram_mod_n_match, min(s.ngram_mod_n_min, n_max))}
+        return {}
+
+    def _ngram_sizes(self, n_max: int) -> dict:
+        """The same on ggspec's side: each n-gram type drafts at most the row's n_max (llama.cpp's
+        loop gets it as the type's m-gram size or n_max, which its rules depend on), ngram-mod's
+        shortest kept draft capped by it alike."""
+        s = self.s
+        return {"ngram_size_n": s.ngram_size_n, "ngram_size_m": n_max, "ngram_map_size_n": s.ngram_map_size_n,
+                "ngram_map_size_m": n_max, "ngram_map_min_hits": s.ngram_map_min_hits,
+                "ngram_mod_n_match": s.ngram_mod_n_match, "ngram_mod_n_max": n_max,
+                "ngram_mod_n_min": min(s.ngram_mod_n_min, n_max)}
+
     def _ctx(self, cfg: BenchConfig) -> ContextParams:
         return ContextParams(n_ctx=cfg.n_ctx, n_threads=self.s.threads, type_k=cfg.ctk, type_v=cfg.ctv)
 
@@ -184,10 +205,7 @@ class Runner:
         return PairConfig(target=Path(s.target), draft=Path(s.draft) if speculative and s.draft else None,
                           spec_type=s.spec_type if speculative else None, p_min=s.p_min,
                           draft_chain=s.draft_chain and speculative, chain_vocab=s.chain_vocab if speculative else 0,
-                          ngram_size_n=s.ngram_size_n, ngram_size_m=s.ngram_size_m,
-                          ngram_map_size_n=s.ngram_map_size_n, ngram_map_size_m=s.ngram_map_size_m,
-                          ngram_map_min_hits=s.ngram_map_min_hits, ngram_mod_n_match=s.ngram_mod_n_match,
-                          ngram_mod_n_max=s.ngram_mod_n_max, ngram_mod_n_min=s.ngram_mod_n_min,
+                          **self._ngram_sizes(max(cfg.n_max if cfg else n_max, 1)),
                           n_max=cfg.n_max if cfg else n_max, ctx=ctx, parallel=cfg.parallel if cfg else 1,
                           sampling=s.sampling(cfg.temp if cfg else 0.0),
                           planes=cfg.plane_options if cfg else PlaneOptions(), inject=(cfg.inject if cfg else "") or "pruned",
@@ -316,7 +334,7 @@ class Runner:
                       defer=cfg.inject == "deferred", n_ctx=cfg.n_ctx, ctk=cfg.ctk, ctv=cfg.ctv,
                       flash_attn=flash_attn, threads=self.s.threads, forced=forced,
                       spec_type=self.models.plan.spec_type or "draft-dflash", p_min=self.s.p_min or None,
-                      sampling=sampling, dump_drafts=True, n_gpu_layers=self.s.n_gpu_layers)
+                      sampling=sampling, dump_drafts=True, n_gpu_layers=self.s.n_gpu_layers, **self._ngram_args(cfg.n_max))
         # the per-step figures come from the draft dump: τ, the histogram and per-position
         # acceptance of llama.cpp's loop, as ggspec's rows have them
         stats = RunStats(n_decoded=res.n_decoded, n_generated=res.n_decoded, t_decode=res.seconds)

@@ -85,7 +85,7 @@ class BenchSession:
                                                     native=plan.native, profile_len=profile_len,
                                                     n_max_limit=limit, speculative=drafting.spec_type is not None,
                                                     dflash=drafting.info is not None,
-                                                    native_loop=not drafting.kind.startswith("ngram"))
+                                                    native_loop=True)
                 self.done_runs = []
             if not self.configs:
                 raise InputError("no configuration left to run: " + "; ".join(

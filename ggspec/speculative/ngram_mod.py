@@ -15,10 +15,14 @@ of the pinned tree, rule for rule:
   n_min is dropped (defaults n_match 24, n_max 64, n_min 48).
 - After each verify of a draft, a sequence whose accepted share is below 1/4 five times in a row
   empties the table (for every sequence: it is shared); when a sequence starts, the table is
-  emptied if more than a quarter of it is in use. The low-acceptance streak is kept per slot across
-  requests (quirk: llama.cpp resets only the sequence's fill position and last draft length).
+  emptied if more than a quarter of it is in use. A slot's low-acceptance streak outlives its
+  request while others run (llama.cpp resets only the fill position and last draft length).
 
-The table outlives requests, as in llama-server: a request drafts from what earlier ones added.
+Across requests: llama-server keeps the table for the server's life, so a request drafts from what
+earlier ones added. Here the sequences that run together share it, but a sequence that starts
+while none is running starts from an empty table (and no streaks): requests one after another
+draft as each would alone, which is also what llama-speculative-simple does for its one request
+(and what `bench --native` compares with).
 """
 
 from __future__ import annotations
@@ -113,6 +117,9 @@ class NgramModProposer:
         self._drafted: set[Sequence] = set()
 
     def begin(self, seq: Sequence, cached: int = 0) -> None:
+        if not self._hist:  # nothing running: start afresh (see the module docstring)
+            self.table.reset()
+            self._info.clear()
         info = self._info.setdefault(seq.seq_id, _SeqInfo())
         info.i_last = info.n_draft_last = 0
         self._hist[seq] = _History()
