@@ -125,9 +125,10 @@ DFlash = Annotated[Optional[bool], typer.Option(
     "--dflash/--no-dflash", help="Draft with the DFlash draft (auto-detected from the draft when omitted); "
                                  "--no-dflash leaves the draft model unused.")]
 SpecType = Annotated[Optional[str], typer.Option(
-    "--spec-type", help=f"Speculative type: {', '.join(SPEC_TYPES)} (ngram-simple drafts from the text itself, "
-                        "draft-mtp with the target's own MTP block; neither takes -md) \\[default: detected from "
-                        "the draft, or draft-mtp for a target with an MTP block and no -md].")]
+    "--spec-type", help=f"Speculative type: {', '.join(SPEC_TYPES)} (the ngram-* types draft from the text itself "
+                        "and take no -md; draft-mtp drafts with the target's own MTP block, or with a Gemma 4 "
+                        "drafter given as -md) \\[default: detected from the draft, or draft-mtp for a target with "
+                        "an MTP block and no -md].")]
 PMin = Annotated[float, typer.Option(
     "--spec-draft-p-min", "--draft-p-min",
     help="Stop a draft where the draft's confidence falls below this, 0..1 (0: never; drafts with a "
