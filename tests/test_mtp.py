@@ -292,19 +292,21 @@ def test_bench_runs_draft_mtp_beside_llama_cpps_loop(mtp_target, tmp_path):
     assert all(r["stats"]["drafted"] > 0 for r in spec)
 
 
-def test_serve_drafts_with_the_mtp_head_for_concurrent_clients(mtp_target):
+def _serve_equals_plain(target: Path, *server_args: str) -> None:
+    """Three concurrent clients of `ggspec serve -m target *server_args` get the target's plain
+    greedy text, and the server drafted."""
     from concurrent.futures import ThreadPoolExecutor
 
     from test_serve import LiveServer
 
-    with Engine.open(PairConfig(target=mtp_target, ctx=CTX), plain=True) as eng:
+    with Engine.open(PairConfig(target=target, ctx=CTX), plain=True) as eng:
         want = {p: eng.target_model.detokenize([t for st in generate_greedy(eng, eng.target_model.tokenize(p), 24,
                                                                                ignore_eos=True) for t in st.tokens])
                 for p in PROMPTS[:3]}
-    s = LiveServer("-m", str(mtp_target), "-np", "3", "--spec-draft-n-max", "3")
+    s = LiveServer("-m", str(target), *server_args, "-np", "3", "--spec-draft-n-max", "3")
     try:
         def complete(p):
-            r = s.client.completions.create(model=mtp_target.stem, prompt=p, max_tokens=24, temperature=0,
+            r = s.client.completions.create(model=target.stem, prompt=p, max_tokens=24, temperature=0,
                                             extra_body={"ignore_eos": True})
             return r.choices[0].text
         with ThreadPoolExecutor(3) as pool:
@@ -314,6 +316,10 @@ def test_serve_drafts_with_the_mtp_head_for_concurrent_clients(mtp_target):
     finally:
         code, err = s.stop()
     assert code == 0, err
+
+
+def test_serve_drafts_with_the_mtp_head_for_concurrent_clients(mtp_target):
+    _serve_equals_plain(mtp_target)
 
 
 # --- chained drafting and a reduced draft vocabulary (patch 0011) --------------------------------------

@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 
 from conftest import PROMPTS, run_cli
-from test_mtp import CTX, N, PROMPT, Recorder, _compare, _ggspec_drafts, _three_at_once_equal_plain
+from test_mtp import (CTX, N, PROMPT, Recorder, _compare, _ggspec_drafts, _serve_equals_plain,
+                      _three_at_once_equal_plain)
 from ggspec.bench.native import TOOL, find_tool, run_cpp
 from ggspec.errors import InputError
 from ggspec.fixtures.gemma4 import DRAFTER, ensure_gemma4_pair, write_gemma4_drafter
@@ -214,27 +215,7 @@ def test_bench_runs_the_drafter_beside_llama_cpps_loop(gemma4, tmp_path):
 
 
 def test_serve_drafts_with_the_drafter_for_concurrent_clients(gemma4):
-    from concurrent.futures import ThreadPoolExecutor
-
-    from test_serve import LiveServer
-
-    with Engine.open(PairConfig(target=gemma4.target, ctx=CTX), plain=True) as eng:
-        want = {p: eng.target_model.detokenize([t for st in generate_greedy(eng, eng.target_model.tokenize(p), 24,
-                                                                               ignore_eos=True) for t in st.tokens])
-                for p in PROMPTS[:3]}
-    s = LiveServer("-m", str(gemma4.target), "-md", str(gemma4.drafter), "-np", "3", "--spec-draft-n-max", "3")
-    try:
-        def complete(p):
-            r = s.client.completions.create(model=gemma4.target.stem, prompt=p, max_tokens=24, temperature=0,
-                                            extra_body={"ignore_eos": True})
-            return r.choices[0].text
-        with ThreadPoolExecutor(3) as pool:
-            got = dict(zip(want, pool.map(complete, want)))
-        assert got == want
-        assert s.metric("ggspec:spec_decode_num_draft_tokens_total") > 0  # it did draft
-    finally:
-        code, err = s.stop()
-    assert code == 0, err
+    _serve_equals_plain(gemma4.target, "-md", str(gemma4.drafter))
 
 
 # --- chained drafting and a reduced draft vocabulary (patch 0011) --------------------------------------

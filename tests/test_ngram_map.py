@@ -96,14 +96,26 @@ def test_drafts_equal_llama_cpps_at_every_position(spec_type, prompt, n, size_n,
     assert spec == plain
     res = run_cpp(tool, TINY_TARGET, None, prompt, n, size_m, defer=False, spec_type=spec_type, ngram_size_n=size_n,
                   min_hits=min_hits, dump_drafts=True)
+    assert_drafts_equal(rec.log, res, len(prompt_ids) + n - size_m - 2)
+
+
+def assert_drafts_equal(log: list, res, budget_end: int) -> None:
+    """ggspec's drafts (a Recorder log) equal llama.cpp's dumped ones at every common position;
+    llama.cpp's may be shorter only from `budget_end` on, where its budget cut them."""
     theirs = {pos: (anchor, d) for (pos, d), anchor in zip(res.drafts, res.draft_anchors)}
-    common = [(pos, idl, d) for pos, idl, d in rec.log if pos in theirs]
-    assert len(common) >= len(rec.log) - 2  # all but the budget's last steps
+    common = [(pos, idl, d) for pos, idl, d in log if pos in theirs]
+    assert len(common) >= len(log) - 2  # all but the budget's last steps
     for pos, id_last, d in common:
         assert (id_last, d[:len(theirs[pos][1])]) == theirs[pos], f"position {pos}"
-        # llama.cpp's draft is shorter only where its budget cut it
-        assert len(d) == len(theirs[pos][1]) or pos >= len(prompt_ids) + n - size_m - 2, f"position {pos}"
-    assert sum(len(d) for _, _, d in rec.log) > 0 and res.accepted > 0
+        assert len(d) == len(theirs[pos][1]) or pos >= budget_end, f"position {pos}"
+    assert sum(len(d) for _, _, d in log) > 0 and res.accepted > 0
+
+
+def drafts_of(eng: Engine, text: str) -> list:
+    """Every draft ggspec makes for one prompt (80 tokens): (position, id_last, tokens)."""
+    rec = Recorder(eng.proposer)
+    list(generate_spec(eng, eng.target_model.tokenize(text), 80, ignore_eos=True, proposer=rec))
+    return rec.log
 
 
 def test_three_sequences_at_once_are_each_plain_greedy():
@@ -124,12 +136,6 @@ def test_a_request_in_a_reused_slot_drafts_as_it_would_alone(spec_type):
     """Each sequence starts a fresh map (as each llama-speculative-simple run does): B after A in
     the same slot drafts exactly as B alone."""
     cfg = PairConfig(target=TINY_TARGET, spec_type=spec_type, ngram_map_size_n=3, ngram_map_size_m=8, ctx=CTX)
-
-    def drafts_of(eng, text):
-        rec = Recorder(eng.proposer)
-        list(generate_spec(eng, eng.target_model.tokenize(text), 80, ignore_eos=True, proposer=rec))
-        return rec.log
-
     with Engine.open(cfg) as eng:
         alone = drafts_of(eng, STACK)
     with Engine.open(cfg) as eng:

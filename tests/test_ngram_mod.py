@@ -13,6 +13,7 @@ import pytest
 from conftest import run_cli
 from test_mtp import Recorder
 from test_ngram import STACK, TINY_TARGET, _seq
+from test_ngram_map import assert_drafts_equal, drafts_of
 from ggspec.bench.native import TOOL, find_tool, run_cpp
 from ggspec.errors import InputError
 from ggspec.runtime import ContextParams
@@ -116,13 +117,7 @@ def test_drafts_equal_llama_cpps_at_every_position(prompt, n, n_match, n_max, n_
     assert spec == plain
     res = run_cpp(tool, TINY_TARGET, None, prompt, n, n_max, defer=False, spec_type="ngram-mod",
                   ngram_mod=(n_match, n_min), dump_drafts=True)
-    theirs = {pos: (anchor, d) for (pos, d), anchor in zip(res.drafts, res.draft_anchors)}
-    common = [(pos, idl, d) for pos, idl, d in rec.log if pos in theirs]
-    assert len(common) >= len(rec.log) - 2
-    for pos, id_last, d in common:
-        assert (id_last, d[:len(theirs[pos][1])]) == theirs[pos], f"position {pos}"
-        assert len(d) == len(theirs[pos][1]) or pos >= len(prompt_ids) + n - n_max - 2, f"position {pos}"
-    assert sum(len(d) for _, _, d in rec.log) > 0 and res.accepted > 0
+    assert_drafts_equal(rec.log, res, len(prompt_ids) + n - n_max - 2)
 
 
 def test_cli_runs_ngram_mod():
@@ -140,12 +135,6 @@ def test_requests_one_after_another_draft_as_each_would_alone():
     starts afresh, so B after A drafts exactly as B alone."""
     cfg = PairConfig(target=TINY_TARGET, spec_type="ngram-mod", ngram_mod_n_match=3, ngram_mod_n_max=8,
                      ngram_mod_n_min=1, ctx=CTX)
-
-    def drafts_of(eng, text):
-        rec = Recorder(eng.proposer)
-        list(generate_spec(eng, eng.target_model.tokenize(text), 80, ignore_eos=True, proposer=rec))
-        return rec.log
-
     with Engine.open(cfg) as eng:
         alone = drafts_of(eng, STACK)
     with Engine.open(cfg) as eng:

@@ -86,7 +86,8 @@ class PairConfig:
         for name in ("ngram_size_n", "ngram_size_m", "ngram_map_size_n", "ngram_map_size_m", "ngram_mod_n_match",
                      "ngram_mod_n_max", "ngram_mod_n_min"):
             if not 1 <= getattr(self, name) <= 1024:  # llama.cpp's own bounds
-                raise InputError(f"the n-gram {name[-6:]} must be within 1..1024 (got {getattr(self, name)})", field=name)
+                what = name.removeprefix("ngram_").replace("_", " ")  # e.g. "mod n match"
+                raise InputError(f"the n-gram {what} must be within 1..1024 (got {getattr(self, name)})", field=name)
         if self.ngram_mod_n_min > self.ngram_mod_n_max:
             raise InputError(f"ngram-mod's shortest draft ({self.ngram_mod_n_min}) is above its longest "
                              f"({self.ngram_mod_n_max}): it would never draft", field="ngram_mod_n_min")

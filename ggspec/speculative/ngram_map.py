@@ -83,32 +83,11 @@ class NgramMap:
         self.last_draft: tuple[int, int] | None = None  # (key offset, value slot) of the last draft
 
     def begin(self, tokens) -> None:
-        """common_ngram_map_begin with `tokens` = the prompt without its last token. On a fresh map
-        (the only use here) it only records where the prompt ends; the clean-up of keys past a
-        shorter new beginning is kept for a map that is begun again."""
-        size_begin = len(tokens)
-        cleanup = self.size_last_begin
-        if cleanup > size_begin:
-            cleanup = size_begin - self.n - self.m if size_begin > self.n + self.m else 0
-        if size_begin < self.idx_last_check:
-            stale = (self.key_map != 0) & (self.key_map >= cleanup)
-            self.key_map[stale] = 0
-            self.key_map_last_idx = cleanup - 1 if cleanup > 0 else 0
-            for i in range(len(self.keys) - 1, -1, -1):
-                key = self.keys[i]
-                if key.idx >= cleanup:
-                    del self.keys[i]
-                    continue
-                if self.key_only:
-                    continue
-                for j in range(MAX_VALUES - 1, -1, -1):
-                    if key.values[j].idx != 0 and key.values[j].idx >= cleanup:
-                        last = key.values[-1]  # shifted left; the last slot is emptied in place
-                        key.values[j:] = [*key.values[j + 1:], _Value(0, 0, last.n_accepted)]
-                if key.values[0].idx == 0:
-                    del self.keys[i]
-        self.idx_last_check = size_begin
-        self.size_last_begin = size_begin
+        """common_ngram_map_begin with `tokens` = the prompt without its last token, on a fresh map
+        (each sequence gets its own): it only records where the prompt ends. (llama.cpp's clean-up
+        of keys past a shorter new beginning applies to a map begun again, which never happens here.)"""
+        assert not self.keys and self.idx_last_check == 0, "a map is begun once"
+        self.idx_last_check = self.size_last_begin = len(tokens)
 
     # --- drafting ---------------------------------------------------------------------------------
 
