@@ -126,15 +126,15 @@ DFlash = Annotated[Optional[bool], typer.Option(
                                  "--no-dflash leaves the draft model unused.")]
 SpecType = Annotated[Optional[str], typer.Option(
     "--spec-type", help=f"Speculative type: {', '.join(SPEC_TYPES)} (the ngram-* types draft from the text itself "
-                        "and take no -md; draft-mtp drafts with the target's own MTP block, or with a Gemma 4 "
-                        "drafter given as -md) \\[default: detected from the draft, or draft-mtp for a target with "
-                        "an MTP block and no -md].")]
+                        "and take no -md; draft-simple drafts with an ordinary small LLM given as -md; draft-mtp drafts with the "
+                        "target's own MTP block, or with a Gemma 4 drafter given as -md) \\[default: detected from the "
+                        "draft (an ordinary LLM: draft-simple), or draft-mtp for a target with an MTP block and no -md].")]
 PMin = Annotated[float, typer.Option(
     "--spec-draft-p-min", "--draft-p-min",
     help="Stop a draft where the draft's confidence falls below this, 0..1 (0: never; drafts with a "
-         "confidence head).")]
+         "confidence: draft models, MTP heads, DSpark).")]
 NMin = Annotated[int, typer.Option(
-    "--spec-draft-n-min", "--draft-min", help="draft-mtp: drop a draft shorter than this (llama.cpp's meaning).")]
+    "--spec-draft-n-min", "--draft-min", help="draft-simple, draft-mtp: drop a draft shorter than this (llama.cpp's meaning).")]
 DraftChain = Annotated[bool, typer.Option(
     "--spec-draft-chain", help="draft-mtp: run all draft steps in one graph (argmax on the device; patch 0011).")]
 DraftVocab = Annotated[int, typer.Option(

@@ -29,6 +29,7 @@ from pathlib import Path
 from ggspec.errors import InputError, LlamaError
 from ggspec.native import build as nb
 from ggspec.speculative.sampling import SamplerSettings
+from ggspec.speculative.models import SPEC_TYPES
 
 TOOL = "llama-speculative-simple"
 PLAIN_TOOL = "llama-completion"
@@ -36,9 +37,8 @@ _DECODED = re.compile(r"ggspec-bench: decoded (\d+) tokens in (\d+) us")  # patc
 _DRAFTED = re.compile(r"n_drafted\s*=\s*(\d+)")
 _ACCEPTED = re.compile(r"n_accept\s*=\s*(\d+)")
 
-# llama.cpp's --spec-type names run_cpp accepts; the draft-* types but draft-mtp need a draft file, ngram-simple
-# drafts from the context itself (n_max is its m-gram size)
-SPEC_TYPES = ("draft-dflash", "draft-dspark", "draft-mtp", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod")
+# llama.cpp's --spec-type names run_cpp accepts are those ggspec runs (SPEC_TYPES): the draft-* types but
+# draft-mtp need a draft file, the n-gram types draft from the context itself (n_max is their m-gram size)
 DRAFTS_ENV = "GGSPEC_BENCH_DRAFTS"  # patch 0009
 _ENV_DROPPED = ("LLAMA_ARG_SPEC_DFLASH_DEFER", "GGSPEC_BENCH_FORCED", DRAFTS_ENV)
 

@@ -209,8 +209,9 @@ class Engine:
         if (self.cfg.draft_chain or self.cfg.chain_vocab) and kind != "mtp":
             raise InputError(f"chained drafting and a reduced draft vocabulary apply to draft-mtp, not to "
                              f"{self.plan.spec_type or 'plain decoding'}", field="draft_chain")
-        if self.cfg.n_min and kind not in ("mtp", "none"):
-            self.warnings.append(f"a shortest draft length applies to draft-mtp: it does nothing with {self.plan.spec_type}")
+        if self.cfg.n_min and kind not in ("mtp", "draft-simple", "none"):
+            self.warnings.append(f"a shortest draft length applies to draft-simple and draft-mtp: it does nothing "
+                                 f"with {self.plan.spec_type}")
         if kind == "ngram-simple":
             from ggspec.speculative.ngram import NgramProposer  # noqa: PLC0415
 
@@ -228,6 +229,13 @@ class Engine:
             self.proposer = NgramModProposer(cfg.ngram_mod_n_match, cfg.ngram_mod_n_max, cfg.ngram_mod_n_min)
         elif kind == "mtp":
             self._make_mtp_proposer()
+        elif kind == "draft-simple":
+            from ggspec.speculative.draft_model import DraftModelProposer  # noqa: PLC0415
+
+            params = replace(self.cfg.ctx, n_seq_max=self.parallel, n_rs_seq=0)
+            self.draft_ctx = Context(self.models.draft, params, what="draft")
+            self.proposer = DraftModelProposer(self.draft_ctx, self.models.target.n_vocab, self.cfg.p_min,
+                                               self.cfg.n_min)
         elif self.plan.info is not None:
             params = replace(self.cfg.ctx, n_seq_max=self.parallel, n_rs_seq=0)
             # the draft borrows the target's embeddings / output head through ctx_other

@@ -1,7 +1,8 @@
 """A pair's weights, loaded once, and what kind of drafting they allow.
 
 `Models` reads and checks every file before llama.cpp sees it, decides the speculative type
-(llama.cpp's names: `draft-dflash`, `draft-dspark`, `ngram-simple`), and loads the weights.
+(llama.cpp's names: `draft-simple`, `draft-dflash`, `draft-mtp`, `ngram-simple`, ...), and loads
+the weights.
 Engines (contexts, caches, the loop) are built over a `Models` and closed before it: several
 engines with different context settings can share one set of weights.
 """
@@ -26,7 +27,8 @@ DEFAULT_N_MAX = 15  # draft tokens per step when neither the user nor a named pa
 # llama.cpp's speculative types at the pin (common/speculative.cpp), and those ggspec runs
 LLAMA_SPEC_TYPES = ("draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark",
                     "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
-SPEC_TYPES = ("draft-dflash", "draft-dspark", "draft-mtp", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod")
+SPEC_TYPES = ("draft-simple", "draft-dflash", "draft-dspark", "draft-mtp", "ngram-simple", "ngram-map-k", "ngram-map-k4v",
+              "ngram-mod")
 NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod")  # drafts from the text itself
 # types that draft without a separate draft model (draft-mtp: except with a Gemma 4 drafter)
 NO_DRAFT_MODEL = ("draft-mtp", *NGRAM_TYPES)
@@ -44,7 +46,7 @@ class PairConfig:
     # (a value someone asked for is clamped with one)
     n_max: int | None = None
     p_min: float = 0.0  # stop a draft where the draft's confidence falls below this (0: never)
-    n_min: int = 0  # draft-mtp: a draft shorter than this is dropped (llama.cpp's --spec-draft-n-min)
+    n_min: int = 0  # draft-simple, draft-mtp: a shorter draft is dropped (llama.cpp's --spec-draft-n-min)
     draft_chain: bool = False  # draft-mtp: all draft steps in one decode (patch 0011)
     chain_vocab: int = 0  # draft-mtp, chained: the head scores only this many tokens (0: all)
     ngram_size_n: int = 12  # ngram-simple: the pattern length (llama.cpp's default)
@@ -116,14 +118,14 @@ class DraftPlan:
 
     @property
     def uses_draft_model(self) -> bool:
-        return self.info is not None or self.drafter
+        return self.info is not None or self.drafter or self.spec_type == "draft-simple"
 
     @property
     def kind(self) -> str:
-        """The proposer: dflash, dflash2, dspark, mtp, one of the n-gram types or none."""
+        """The proposer: dflash, dflash2, dspark, mtp, draft-simple, one of the n-gram types or none."""
         if self.spec_type is None:
             return "none"
-        if self.spec_type in NGRAM_TYPES:
+        if self.spec_type in NGRAM_TYPES or self.spec_type == "draft-simple":
             return self.spec_type
         if self.spec_type == "draft-mtp":
             return "mtp"
@@ -140,7 +142,8 @@ def plan_drafting(cfg: PairConfig, target: GGUFMeta, draft: GGUFMeta | None, war
     """The speculative type from the options and the files (llama.cpp's auto-detection: a DFlash
     draft with a Markov head is draft-dspark, any other DFlash draft draft-dflash; without a draft
     model, a target with an MTP block drafts with it: draft-mtp). A Gemma 4 assistant given as the
-    draft drafts draft-mtp too (llama.cpp needs --spec-type draft-mtp for it)."""
+    draft drafts draft-mtp too (llama.cpp needs --spec-type draft-mtp for it), and any other draft
+    LLM draft-simple (likewise: llama.cpp detects no type from an ordinary model)."""
     wanted = cfg.spec_type
     if draft is not None and is_mtp_drafter(draft) and cfg.dflash is not False and wanted not in NGRAM_TYPES:
         if wanted not in (None, "draft-mtp") or cfg.dflash:
@@ -167,11 +170,10 @@ def plan_drafting(cfg: PairConfig, target: GGUFMeta, draft: GGUFMeta | None, war
         if target.arch in MTP_ARCHS and has_mtp_head(target) and target.n_nextn == 1:
             return DraftPlan("draft-mtp")  # the head the target ships with
         return DraftPlan(None)
+    if wanted == "draft-simple" or (not is_dflash(draft) and wanted is None and not cfg.dflash):
+        return plan_draft_model(cfg, target, draft)
     if not is_dflash(draft):
-        if cfg.dflash or wanted:
-            raise InputError(f"the draft is not a DFlash model (architecture '{draft.arch}'): {draft.path}", field="draft")
-        raise InputError(f"the draft's architecture '{draft.arch}' is not supported (ggspec drafts with DFlash, "
-                         f"DFlash2 and DSpark models, Gemma 4 MTP drafters, or ngram-simple without a draft)", field="draft")
+        raise InputError(f"the draft is not a DFlash model (architecture '{draft.arch}'): {draft.path}", field="draft")
     check_model(draft, "draft")
     info = dflash_info(draft)
     check_compatible(target, draft, info)
@@ -189,6 +191,30 @@ def plan_drafting(cfg: PairConfig, target: GGUFMeta, draft: GGUFMeta | None, war
                          "the head is split by vocabulary rows and llama.cpp aborts on it; mirror the output head",
                          field="mirror_output")
     return DraftPlan("draft-dspark" if info.dspark else "draft-dflash", info)
+
+
+def plan_draft_model(cfg: PairConfig, target: GGUFMeta, draft: GGUFMeta) -> DraftPlan:
+    """draft-simple: the draft must be an ordinary LLM (its vocabulary is checked once loaded,
+    by llama.cpp's rules: check_vocab_compatible)."""
+    if is_dflash(draft):
+        raise InputError("the draft is a DFlash model: it drafts draft-dflash (or draft-dspark), not draft-simple",
+                         field="spec_type")
+    if draft.arch == "eagle3":
+        raise InputError("the draft is an EAGLE3 head: it drafts draft-eagle3, which ggspec does not run yet",
+                         field="draft")
+    check_model(draft, "draft")
+    return DraftPlan("draft-simple")
+
+
+def check_draft_model(target: Model, draft: Model) -> None:
+    """draft-simple, once both are loaded: llama.cpp's vocabulary rules, and a draft whose cache
+    a seq_rm rolls back (a recurrent draft would need state planes of its own)."""
+    from ggspec.speculative.draft_model import check_vocab_compatible  # noqa: PLC0415
+
+    if draft.is_recurrent:
+        raise InputError(f"the draft's architecture '{draft.arch}' has recurrent layers: ggspec cannot roll back "
+                         "a recurrent draft model's drafted tokens yet (use an attention-only draft)", field="draft")
+    check_vocab_compatible(target, draft)
 
 
 def check_mtp(target: GGUFMeta) -> None:
@@ -242,7 +268,11 @@ class Models:
         try:
             if self.draft_meta is not None:
                 self.draft = Model(cfg.draft, cfg.n_gpu_layers_draft, what="draft", placement=cfg.placement)
+                if self.plan.kind == "draft-simple":
+                    check_draft_model(self.target, self.draft)
         except BaseException:
+            if self.draft is not None:
+                self.draft.close()
             self.target.close()
             raise
 

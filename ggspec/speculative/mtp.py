@@ -302,8 +302,7 @@ class MTPProposer:
     def _draft(self, tokens: list[int], dists: list[Candidates]) -> Draft:
         if len(tokens) < self.n_min:  # llama.cpp drops a draft shorter than n_min
             return Draft(np.empty(0, dtype=np.int32))
-        probs = Candidates(np.concatenate([q.ids for q in dists]), np.concatenate([q.probs for q in dists])) \
-            if dists else None
+        probs = Candidates.stack(dists) if dists else None
         return Draft(np.asarray(tokens, dtype=np.int32), probs)
 
     # --- lifetime ---------------------------------------------------------------------------------

@@ -53,6 +53,19 @@ class Candidates:
     def __len__(self) -> int:
         return len(self.ids)
 
+    @classmethod
+    def stack(cls, parts: list["Candidates"]) -> "Candidates":
+        """The rows of several Candidates in order; narrower ones padded with id -1 (no token)
+        at probability 0 (one-row top-p cuts differ in width)."""
+        width = max(q.ids.shape[1] for q in parts)
+        ids = np.full((sum(len(q) for q in parts), width), -1, dtype=parts[0].ids.dtype)
+        probs = np.zeros(ids.shape, dtype=np.float64)
+        r = 0
+        for q in parts:
+            ids[r:r + len(q), :q.ids.shape[1]], probs[r:r + len(q), :q.ids.shape[1]] = q.ids, q.probs
+            r += len(q)
+        return cls(ids, probs)
+
     def __getitem__(self, rows: int | slice) -> "Candidates":
         """Some rows (an int gives a one-row Candidates)."""
         if isinstance(rows, int):
@@ -88,9 +101,9 @@ class Candidates:
         return Candidates(self.ids, (r if r.sum() > 0 else p)[None])
 
     def dense(self, n_vocab: int) -> np.ndarray:
-        out = np.zeros((len(self.ids), n_vocab), dtype=np.float64)
+        out = np.zeros((len(self.ids), n_vocab + 1), dtype=np.float64)  # the padding (-1) lands in the last column
         np.put_along_axis(out, self.ids, self.probs, axis=1)
-        return out
+        return out[:, :n_vocab]
 
 
 def candidates(logits: np.ndarray, s: SamplerSettings) -> Candidates:
