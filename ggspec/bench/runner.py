@@ -177,14 +177,14 @@ class Runner:
 
     def _ngram_args(self, n_max: int) -> dict:
         """The n-gram types' own sizes for llama.cpp's loop (its draft length is the row's n_max)."""
-        kind, s = self.models.plan.kind, self.s
-        if kind == "ngram-simple":
-            return {"ngram_size_n": s.ngram_size_n}
-        if kind in ("ngram-map-k", "ngram-map-k4v"):
-            return {"ngram_size_n": s.ngram_map_size_n, "min_hits": s.ngram_map_min_hits}
-        if kind == "ngram-mod":
-            return {"ngram_mod": (s.ngram_mod_n_match, min(s.ngram_mod_n_min, n_max))}
-        return {}
+        kinds, s, args = self.models.plan.kinds, self.s, {}
+        if "ngram-simple" in kinds:
+            args["ngram_size_n"] = s.ngram_size_n
+        if {"ngram-map-k", "ngram-map-k4v"} & set(kinds):
+            args.update(map_size_n=s.ngram_map_size_n, min_hits=s.ngram_map_min_hits)
+        if "ngram-mod" in kinds:
+            args["ngram_mod"] = (s.ngram_mod_n_match, min(s.ngram_mod_n_min, n_max))
+        return args
 
     def _ngram_sizes(self, n_max: int) -> dict:
         """The same on ggspec's side: each n-gram type drafts at most the row's n_max (llama.cpp's

@@ -180,7 +180,7 @@ class DFlashProposer:
         if self.inject == "immediate":
             self.flush()
 
-    def commit(self, seq, pos0: int, n_committed: int) -> None:
+    def commit(self, seq, pos0: int, n_committed: int, other: bool = False) -> None:
         drop_from = pos0 + n_committed
         if self.inject == "pruned":
             if seq.seq_id in self._rows:

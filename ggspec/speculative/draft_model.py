@@ -89,7 +89,7 @@ class DraftModelProposer:
     def observe(self, spans) -> None:
         """Nothing to capture: the draft reads tokens only, from the sequence's history."""
 
-    def commit(self, seq, pos0: int, n_committed: int) -> None:
+    def commit(self, seq, pos0: int, n_committed: int, other: bool = False) -> None:
         """The target keeps positions < pos0 + n_committed: so do the draft's cells (those of
         tokens other than the committed ones, which a wrapper may have proposed instead of the
         draft's, go when the committed tokens are known: _sync)."""

@@ -121,14 +121,11 @@ class Engine:
         self.parallel = cfg.parallel
         self.warnings: list[str] = list(models.warnings)
         self.plan = DraftPlan(None) if plain else models.plan
-        if self.plan.kind == "ngram-simple":  # llama.cpp drafts up to size_m tokens with it
-            self.n_max = resolve_n_max(cfg.n_max if cfg.n_max is not None else cfg.ngram_size_m, None, self.warnings)
-        elif self.plan.kind in ("ngram-map-k", "ngram-map-k4v"):  # likewise
-            self.n_max = resolve_n_max(cfg.n_max if cfg.n_max is not None else cfg.ngram_map_size_m, None, self.warnings)
-        elif self.plan.kind == "ngram-mod":
-            self.n_max = resolve_n_max(cfg.n_max if cfg.n_max is not None else cfg.ngram_mod_n_max, None, self.warnings)
+        if self.plan.parts:  # as llama.cpp: each type drafts up to its own length, the verify holds the longest
+            self._caps = [self._own_n_max(part, given=False) for part in self.plan.parts]
+            self.n_max = max(self._caps)
         else:
-            self.n_max = resolve_n_max(cfg.n_max, self.plan.max_draft, self.warnings)
+            self.n_max = self._own_n_max(self.plan, given=True)
         self.speculative = self.plan.spec_type is not None
         if self.speculative and models.target.is_recurrent:
             cfg.planes.check(self.n_max)
@@ -204,48 +201,63 @@ class Engine:
         else:
             self.target.set_rs_layout(planes, default_lead(planes) if cfg.planes.lead == "default" else cfg.planes.lead)
 
+    def _own_n_max(self, plan: DraftPlan, given: bool) -> int:
+        """A type's draft length: the n-gram types draft up to their own m-gram size (llama.cpp's
+        n_max for them; alone, `--spec-draft-n-max` overrides it: `given`), the others up to
+        n_max fitted to the draft's block."""
+        cfg, kind = self.cfg, plan.kind
+        own = {"ngram-simple": cfg.ngram_size_m, "ngram-map-k": cfg.ngram_map_size_m,
+               "ngram-map-k4v": cfg.ngram_map_size_m, "ngram-mod": cfg.ngram_mod_n_max}.get(kind)
+        if own is None:
+            return resolve_n_max(cfg.n_max, plan.max_draft, self.warnings)
+        return resolve_n_max(cfg.n_max if given and cfg.n_max is not None else own, None, self.warnings)
+
     def _make_proposer(self) -> None:
-        kind = self.plan.kind
-        if (self.cfg.draft_chain or self.cfg.chain_vocab) and kind != "mtp":
+        kinds, cfg = self.plan.kinds, self.cfg
+        if (cfg.draft_chain or cfg.chain_vocab) and "mtp" not in kinds:
             raise InputError(f"chained drafting and a reduced draft vocabulary apply to draft-mtp, not to "
                              f"{self.plan.spec_type or 'plain decoding'}", field="draft_chain")
-        if self.cfg.n_min and kind not in ("mtp", "draft-simple", "none"):
+        if cfg.n_min and not {"mtp", "draft-simple", "none"} & set(kinds):
             self.warnings.append(f"a shortest draft length applies to draft-simple and draft-mtp: it does nothing "
                                  f"with {self.plan.spec_type}")
+        if cfg.p_min > 0 and all(k.startswith("ngram") for k in kinds):
+            self.warnings.append(f"{self.plan.spec_type} drafts have no confidence: the confidence cut-off does nothing")
+        if self.plan.parts:
+            from ggspec.speculative.several import SeveralProposer  # noqa: PLC0415
+
+            self.proposer = SeveralProposer([self._build_proposer(part) for part in self.plan.parts], self._caps)
+        elif self.plan.kind != "none":
+            self.proposer = self._build_proposer(self.plan)
+
+    def _build_proposer(self, plan: DraftPlan) -> Proposer:
+        """The proposer of one type (a draft context, where it needs one, becomes draft_ctx)."""
+        kind, cfg = plan.kind, self.cfg
         if kind == "ngram-simple":
             from ggspec.speculative.ngram import NgramProposer  # noqa: PLC0415
 
-            self.proposer = NgramProposer(self.cfg.ngram_size_n, self.cfg.ngram_size_m)
-        elif kind in ("ngram-map-k", "ngram-map-k4v"):
+            return NgramProposer(cfg.ngram_size_n, cfg.ngram_size_m)
+        if kind in ("ngram-map-k", "ngram-map-k4v"):
             from ggspec.speculative.ngram_map import NgramMapProposer  # noqa: PLC0415
 
-            cfg = self.cfg
-            self.proposer = NgramMapProposer(kind == "ngram-map-k", cfg.ngram_map_size_n, cfg.ngram_map_size_m,
-                                             cfg.ngram_map_min_hits)
-        elif kind == "ngram-mod":
+            return NgramMapProposer(kind == "ngram-map-k", cfg.ngram_map_size_n, cfg.ngram_map_size_m,
+                                    cfg.ngram_map_min_hits)
+        if kind == "ngram-mod":
             from ggspec.speculative.ngram_mod import NgramModProposer  # noqa: PLC0415
 
-            cfg = self.cfg
-            self.proposer = NgramModProposer(cfg.ngram_mod_n_match, cfg.ngram_mod_n_max, cfg.ngram_mod_n_min)
-        elif kind == "mtp":
-            self._make_mtp_proposer()
-        elif kind == "draft-simple":
+            return NgramModProposer(cfg.ngram_mod_n_match, cfg.ngram_mod_n_max, cfg.ngram_mod_n_min)
+        if kind == "mtp":
+            return self._make_mtp_proposer()
+        params = replace(cfg.ctx, n_seq_max=self.parallel, n_rs_seq=0)
+        if kind == "draft-simple":
             from ggspec.speculative.draft_model import DraftModelProposer  # noqa: PLC0415
 
-            params = replace(self.cfg.ctx, n_seq_max=self.parallel, n_rs_seq=0)
             self.draft_ctx = Context(self.models.draft, params, what="draft")
-            self.proposer = DraftModelProposer(self.draft_ctx, self.models.target.n_vocab, self.cfg.p_min,
-                                               self.cfg.n_min)
-        elif self.plan.info is not None:
-            params = replace(self.cfg.ctx, n_seq_max=self.parallel, n_rs_seq=0)
-            # the draft borrows the target's embeddings / output head through ctx_other
-            self.draft_ctx = Context(self.models.draft, params, ctx_other=self.target, what="draft")
-            self.proposer = make_dflash_proposer(self.target, self.draft_ctx, self.plan.info, self.cfg.inject,
-                                                 self.cfg.p_min)
-        if kind.startswith("ngram") and self.cfg.p_min > 0:
-            self.warnings.append(f"{kind} drafts have no confidence: the confidence cut-off does nothing")
+            return DraftModelProposer(self.draft_ctx, self.models.target.n_vocab, cfg.p_min, cfg.n_min)
+        # DFlash, DFlash2, DSpark: the draft borrows the target's embeddings / output head through ctx_other
+        self.draft_ctx = Context(self.models.draft, params, ctx_other=self.target, what="draft")
+        return make_dflash_proposer(self.target, self.draft_ctx, plan.info, cfg.inject, cfg.p_min)
 
-    def _make_mtp_proposer(self) -> None:
+    def _make_mtp_proposer(self) -> Proposer:
         """draft-mtp: the head's context on the target's own weights (its cache holds only the MTP
         layer, in one stream for all sequences: a chained draft's rows are step-major, one ubatch),
         and for a reduced draft vocabulary its compacted head, built once per set of weights."""
@@ -269,8 +281,8 @@ class Engine:
             ids = draft_vocab_ids(model, cfg.chain_vocab)  # the target's tokens (a drafter has the same)
             if head.draft_vocab is None or not np.array_equal(head.draft_vocab, ids):
                 head.set_draft_vocab(ids)
-        self.proposer = MTPProposer(self.target, self.draft_ctx, cfg.p_min, cfg.n_min, chain=cfg.draft_chain,
-                                    draft_vocab=cfg.chain_vocab > 0, shared_kv=drafter is not None)
+        return MTPProposer(self.target, self.draft_ctx, cfg.p_min, cfg.n_min, chain=cfg.draft_chain,
+                           draft_vocab=cfg.chain_vocab > 0, shared_kv=drafter is not None)
 
     # --- sequences -------------------------------------------------------------------------------
 

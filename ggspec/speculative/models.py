@@ -9,7 +9,7 @@ engines with different context settings can share one set of weights.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ggspec.errors import InputError
@@ -30,6 +30,10 @@ LLAMA_SPEC_TYPES = ("draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash",
 SPEC_TYPES = ("draft-simple", "draft-dflash", "draft-dspark", "draft-mtp", "ngram-simple", "ngram-map-k", "ngram-map-k4v",
               "ngram-mod")
 NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod")  # drafts from the text itself
+# llama.cpp's order of preference when several types are given (common_speculative_init, SP:2616-2626):
+# each drafts for the sequences no type before it drafted for
+PRIORITY = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache", "draft-simple", "draft-eagle3",
+            "draft-mtp", "draft-dflash", "draft-dspark")
 # types that draft without a separate draft model (draft-mtp: except with a Gemma 4 drafter)
 NO_DRAFT_MODEL = ("draft-mtp", *NGRAM_TYPES)
 
@@ -98,33 +102,59 @@ class PairConfig:
                              field="ngram_map_min_hits")
         if self.inject not in INJECT_MODES:
             raise InputError(f"{self.inject}: expected one of {', '.join(INJECT_MODES)}", field="inject")
-        if self.spec_type is not None and self.spec_type not in SPEC_TYPES:
-            if self.spec_type in LLAMA_SPEC_TYPES:
-                raise InputError(f"{self.spec_type} is a llama.cpp type ggspec does not run "
-                                 f"(it runs {', '.join(SPEC_TYPES)})", field="spec_type")
-            raise InputError(f"{self.spec_type}: unknown speculative type (one of {', '.join(SPEC_TYPES)})",
-                             field="spec_type")
+        if self.spec_type is not None:
+            spec_types(self.spec_type)
         self.ctx.validate()
         self.sampling.validate()
+
+
+def spec_types(value: str) -> tuple[str, ...]:
+    """The types of a --spec-type value (one, or llama.cpp's comma list) in llama.cpp's order of
+    preference; unknown, unported and repeated types are refused in one line."""
+    names = [v.strip() for v in value.split(",")]
+    for name in names:
+        if name in SPEC_TYPES:
+            continue
+        if name in LLAMA_SPEC_TYPES:
+            raise InputError(f"{name} is a llama.cpp type ggspec does not run (it runs {', '.join(SPEC_TYPES)})",
+                             field="spec_type")
+        raise InputError(f"{name or '(empty)'}: unknown speculative type (one of {', '.join(SPEC_TYPES)})",
+                         field="spec_type")
+    if len(set(names)) < len(names):
+        raise InputError(f"{value}: a speculative type is given twice", field="spec_type")
+    models = [n for n in names if n not in NGRAM_TYPES]
+    if len(models) > 1:
+        raise InputError(f"{value}: {' and '.join(models)} each draft with a model; one run has one draft model, "
+                         "so a list holds n-gram types and at most one of the others", field="spec_type")
+    return tuple(sorted(names, key=PRIORITY.index))
 
 
 @dataclass(frozen=True)
 class DraftPlan:
     """How a pair drafts: the speculative type, and for DFlash-family drafts their metadata."""
 
-    spec_type: str | None  # None: plain decoding
+    spec_type: str | None  # None: plain decoding; several types: llama.cpp's comma list, in its order
     info: DFlashInfo | None = None
     drafter: bool = False  # draft-mtp with a separate drafter that reads the target's cache (Gemma 4)
+    parts: tuple["DraftPlan", ...] = ()  # several types: each one's plan, in llama.cpp's order of preference
 
     @property
     def uses_draft_model(self) -> bool:
-        return self.info is not None or self.drafter or self.spec_type == "draft-simple"
+        return self.info is not None or self.drafter or "draft-simple" in self.kinds
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The proposers: this plan's kind, or each part's."""
+        return tuple(p.kind for p in self.parts) if self.parts else (self.kind,)
 
     @property
     def kind(self) -> str:
-        """The proposer: dflash, dflash2, dspark, mtp, draft-simple, one of the n-gram types or none."""
+        """The proposer: dflash, dflash2, dspark, mtp, draft-simple, one of the n-gram types, multi
+        (several types) or none."""
         if self.spec_type is None:
             return "none"
+        if self.parts:
+            return "multi"
         if self.spec_type in NGRAM_TYPES or self.spec_type == "draft-simple":
             return self.spec_type
         if self.spec_type == "draft-mtp":
@@ -144,6 +174,8 @@ def plan_drafting(cfg: PairConfig, target: GGUFMeta, draft: GGUFMeta | None, war
     model, a target with an MTP block drafts with it: draft-mtp). A Gemma 4 assistant given as the
     draft drafts draft-mtp too (llama.cpp needs --spec-type draft-mtp for it), and any other draft
     LLM draft-simple (likewise: llama.cpp detects no type from an ordinary model)."""
+    if cfg.spec_type is not None and len(spec_types(cfg.spec_type)) > 1:
+        return plan_several(cfg, target, draft, warnings)
     wanted = cfg.spec_type
     if draft is not None and is_mtp_drafter(draft) and cfg.dflash is not False and wanted not in NGRAM_TYPES:
         if wanted not in (None, "draft-mtp") or cfg.dflash:
@@ -191,6 +223,20 @@ def plan_drafting(cfg: PairConfig, target: GGUFMeta, draft: GGUFMeta | None, war
                          "the head is split by vocabulary rows and llama.cpp aborts on it; mirror the output head",
                          field="mirror_output")
     return DraftPlan("draft-dspark" if info.dspark else "draft-dflash", info)
+
+
+def plan_several(cfg: PairConfig, target: GGUFMeta, draft: GGUFMeta | None, warnings: list[str]) -> DraftPlan:
+    """A comma list: the n-gram types, then the one that drafts with a model (if any), planned as
+    if it were given alone."""
+    types = spec_types(cfg.spec_type)
+    parts = [DraftPlan(t) for t in types if t in NGRAM_TYPES]
+    model = [t for t in types if t not in NGRAM_TYPES]
+    if model:
+        part = plan_drafting(replace(cfg, spec_type=model[0]), target, draft, warnings)
+        return DraftPlan(",".join(types), part.info, part.drafter, (*parts, part))
+    if cfg.draft is not None:
+        warnings.append(f"{','.join(types)} draft from the text itself: the draft model is not used")
+    return DraftPlan(",".join(types), parts=tuple(parts))
 
 
 def plan_draft_model(cfg: PairConfig, target: GGUFMeta, draft: GGUFMeta) -> DraftPlan:
@@ -256,19 +302,20 @@ class Models:
             raise InputError(f"the target is a DFlash draft model, not a target: {cfg.target}", field="target")
         check_model(self.target_meta, "target")
         # (read with draft-mtp too: the draft may be a Gemma 4 drafter)
-        uses_draft = cfg.draft is not None and cfg.dflash is not False and cfg.spec_type not in NGRAM_TYPES
+        uses_draft = cfg.draft is not None and cfg.dflash is not False and \
+            not set(spec_types(cfg.spec_type or "draft-dflash")) <= set(NGRAM_TYPES)
         self.draft_meta = read_meta(cfg.draft, "draft") if uses_draft else None
         self.plan = plan_drafting(cfg, self.target_meta, self.draft_meta, self.warnings)
         if not self.plan.uses_draft_model:
             self.draft_meta = None
         self._check_memory(cfg)
         self.target = Model(cfg.target, cfg.n_gpu_layers, what="target", placement=cfg.placement,
-                            load_mtp=self.plan.kind == "mtp" and not self.plan.drafter)
+                            load_mtp="mtp" in self.plan.kinds and not self.plan.drafter)
         self.draft: Model | None = None
         try:
             if self.draft_meta is not None:
                 self.draft = Model(cfg.draft, cfg.n_gpu_layers_draft, what="draft", placement=cfg.placement)
-                if self.plan.kind == "draft-simple":
+                if "draft-simple" in self.plan.kinds:
                     check_draft_model(self.target, self.draft)
         except BaseException:
             if self.draft is not None:

@@ -174,7 +174,7 @@ class MTPProposer:
             if sp.n_rows:
                 self._rows[sp.seq_id] = (sp.row0, sp.pos0, sp.tokens[:sp.n_rows])
 
-    def commit(self, seq, pos0: int, n_committed: int) -> None:
+    def commit(self, seq, pos0: int, n_committed: int, other: bool = False) -> None:
         if seq.seq_id in self._rows:
             row0, first, tokens = self._rows[seq.seq_id]
             self._rows[seq.seq_id] = (row0, first, tokens[:max(0, pos0 + n_committed - first)])

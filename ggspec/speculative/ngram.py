@@ -157,7 +157,7 @@ class NgramProposer:
     def observe(self, spans: list[Span]) -> None:
         pass
 
-    def commit(self, seq: Sequence, pos0: int, n_committed: int) -> None:
+    def commit(self, seq: Sequence, pos0: int, n_committed: int, other: bool = False) -> None:
         pass
 
     def flush(self) -> None:

@@ -212,10 +212,11 @@ class NgramMapProposer:
     def observe(self, spans: list[Span]) -> None:
         pass
 
-    def commit(self, seq: Sequence, pos0: int, n_committed: int) -> None:
+    def commit(self, seq: Sequence, pos0: int, n_committed: int, other: bool = False) -> None:
         if seq in self._drafted:  # llama.cpp's accept after every verify of a drafting step
             self._drafted.discard(seq)
-            self._maps[seq].accept(n_committed - 1)
+            if not other:  # (another type's draft: llama.cpp's is_other, ignored)
+                self._maps[seq].accept(n_committed - 1)
 
     def flush(self) -> None:
         pass

@@ -134,10 +134,12 @@ class NgramModProposer:
     def observe(self, spans: list[Span]) -> None:
         pass
 
-    def commit(self, seq: Sequence, pos0: int, n_committed: int) -> None:
+    def commit(self, seq: Sequence, pos0: int, n_committed: int, other: bool = False) -> None:
         if seq not in self._drafted:
             return
         self._drafted.discard(seq)
+        if other:  # another type's draft (llama.cpp's is_other): not counted
+            return
         info = self._info[seq.seq_id]
         if info.n_draft_last == 0:
             return

@@ -6,7 +6,8 @@ The engine runs one transaction per step for all active sequences together (see 
             in exactly one place, right before it calls llama.cpp on the target;
   propose   one call drafts for every sequence that speculates this step;
   observe   after each target decode the engine says which batch rows belong to which sequence;
-  commit    after verification, of a sequence's verify span only its first rows stay.
+  commit    after verification, of a sequence's verify span only its first rows stay (`other`:
+            the draft verified was another proposer's; several.py).
 A proposer that needs no target features (n-gram) ignores observe/commit/flush.
 """
 
@@ -61,8 +62,10 @@ class Proposer(Protocol):
     def observe(self, spans: list[Span]) -> None:
         """The target's last decode computed these rows (readable until the next target decode)."""
 
-    def commit(self, seq: Sequence, pos0: int, n_committed: int) -> None:
-        """Of the verify span observed at pos0 for this sequence, the first n_committed rows stay."""
+    def commit(self, seq: Sequence, pos0: int, n_committed: int, other: bool = False) -> None:
+        """Of the verify span observed at pos0 for this sequence, the first n_committed rows stay.
+        `other`: the verified draft was another proposer's (several types at once): what it keeps
+        of the rows is the same, but statistics of its own drafts must not count this one."""
 
     def flush(self) -> None:
         """Make what observe() captured survive the next target decode (the engine calls this)."""

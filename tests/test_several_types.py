@@ -1,0 +1,109 @@
+"""Several speculative types at once (`--spec-type a,b`, llama.cpp's comma list).
+
+The list in llama.cpp's order of preference, refusals in one line; drafts equal llama.cpp's own
+loop (patch 0009's dump) at every common position for n-gram + draft-model, n-gram + DFlash and
+n-gram + n-gram lists; the type that did not draft hears the verify as another's (its statistics
+skip it); greedy output equals plain greedy output alone and three at once; the CLI and the server.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import PROMPTS, run_cli
+from test_draft_model import DFLASH, DRAFT, TARGET
+from test_mtp import Recorder, _compare, _serve_equals_plain
+from test_ngram import STACK
+from ggspec.bench.native import TOOL, find_tool, run_cpp
+from ggspec.errors import InputError
+from ggspec.runtime import ContextParams
+from ggspec.speculative.engine import Engine
+from ggspec.speculative.loop import generate_greedy, generate_spec
+from ggspec.speculative.models import PairConfig, spec_types
+from ggspec.speculative.ngram_mod import NgramModProposer
+from ggspec.speculative.sequence import Sequence
+
+CTX = ContextParams(n_ctx=2048, n_threads=1, flash_attn="off")
+SIZES = dict(ngram_size_n=3, ngram_size_m=8, ngram_map_size_n=3, ngram_map_size_m=8, ngram_mod_n_match=4,
+             ngram_mod_n_max=8, ngram_mod_n_min=2)
+N = 160
+
+
+def _cfg(spec_type: str, draft=None, **kw) -> PairConfig:
+    return PairConfig(target=TARGET, draft=draft, spec_type=spec_type, n_max=4, ctx=CTX, **SIZES, **kw)
+
+
+def test_a_list_is_taken_in_llama_cpps_order_of_preference():
+    assert spec_types("draft-dflash, ngram-mod") == ("ngram-mod", "draft-dflash")
+    assert spec_types("draft-simple,ngram-map-k4v,ngram-simple") == ("ngram-simple", "ngram-map-k4v", "draft-simple")
+    for value, needle in (("ngram-mod,ngram-mod", "given twice"), ("draft-simple,draft-dflash", "one draft model"),
+                          ("ngram-mod,bogus", "bogus: unknown"), ("ngram-mod,", "unknown"),
+                          ("ngram-mod,draft-eagle3", "does not run")):
+        with pytest.raises(InputError, match=needle):
+            spec_types(value)
+    with Engine.open(_cfg("draft-simple,ngram-mod", DRAFT)) as eng:
+        assert eng.plan.spec_type == "ngram-mod,draft-simple" and eng.plan.kinds == ("ngram-mod", "draft-simple")
+        assert eng.n_max == 8  # the longest of the types' own lengths (ngram-mod's 8, draft-simple's 4)
+    with Engine.open(_cfg("ngram-simple,ngram-mod", DRAFT)) as eng:  # no model type: the draft is not used
+        assert eng.models.draft is None and any("not used" in w for w in eng.warnings)
+
+
+CASES = [("ngram-simple,draft-simple", DRAFT), ("ngram-mod,draft-simple", DRAFT),
+         ("ngram-map-k4v,draft-dflash", DFLASH), ("ngram-map-k,ngram-mod", None)]
+
+
+@pytest.fixture(scope="module")
+def tool(build_info):
+    return find_tool(TOOL)
+
+
+@pytest.mark.parametrize("spec_type, draft", CASES)
+def test_drafts_equal_llama_cpps_at_every_position(spec_type, draft, tool):
+    with Engine.open(_cfg(spec_type, draft)) as eng:
+        prompt = eng.target_model.tokenize(STACK)
+        plain = [t for st in generate_greedy(eng, prompt, N, ignore_eos=True) for t in st.tokens]
+        rec = Recorder(eng.proposer)
+        spec = [t for st in generate_spec(eng, prompt, N, ignore_eos=True, proposer=rec) for t in st.tokens]
+        wins = eng.proposer.wins
+    assert spec == plain
+    assert all(wins), wins  # every type drafted some of the steps
+    res = run_cpp(tool, TARGET, draft, STACK, N, 4, defer=False, spec_type=spec_type, ngram_size_n=3, ngram_size_m=8,
+                  min_hits=1, ngram_mod=(4, 2), dump_drafts=True)
+    assert _compare(rec.log, res.drafts, res.draft_anchors) >= len(rec.log) - 2
+    assert res.accepted > 0
+
+
+def test_the_type_that_did_not_draft_hears_the_verify_as_anothers():
+    """ngram-mod counts low-acceptance steps of its own drafts only (llama.cpp's is_other)."""
+    mod = NgramModProposer(2, 8, 1)
+    seq = Sequence(0, np.array([1, 2, 3, 1, 2, 3, 1, 2], dtype=np.int32), 8)
+    seq.id_last, seq.pos = 2, 7
+    mod.begin(seq)
+    assert len(mod.propose([seq], 8)[0]) > 0
+    mod.commit(seq, 7, 1, other=True)  # rejected, but someone else's draft
+    assert mod._info[0].n_low == 0
+    assert len(mod.propose([seq], 8)[0]) > 0
+    mod.commit(seq, 7, 1)
+    assert mod._info[0].n_low == 1
+
+
+def test_three_sequences_at_once_are_each_plain_greedy():
+    with Engine.open(_cfg("ngram-mod,draft-simple", DRAFT, parallel=3)) as eng:
+        prompts = [eng.target_model.tokenize(t) for t in (STACK, *PROMPTS[:2])]
+        plain = [[t for st in generate_greedy(eng, p, 80, ignore_eos=True) for t in st.tokens] for p in prompts]
+        eng.reset()
+        seqs = [eng.add(p, 80, ignore_eos=True) for p in prompts]
+        list(eng.run())
+        assert all(eng.proposer.wins)
+    assert [s.tokens for s in seqs] == plain
+
+
+def test_cli_and_server_run_a_list():
+    res = run_cli("run", "-m", str(TARGET), "-md", str(DRAFT), "--spec-type", "draft-simple,ngram-simple",
+                  "--spec-ngram-simple-size-n", "3", "-p", STACK, "-n", "48", "--check")
+    assert res.returncode == 0, res.stderr
+    assert "ngram-simple,draft-simple" in res.stderr and "identical" in res.stderr, res.stderr
+    bad = run_cli("run", "-m", str(TARGET), "-md", str(DRAFT), "--spec-type", "draft-simple,draft-dflash", "-p", "x")
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr and "one draft model" in bad.stderr
+    _serve_equals_plain(TARGET, "-md", str(DRAFT), "--spec-type", "ngram-mod,draft-simple")
