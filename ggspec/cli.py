@@ -142,6 +142,7 @@ def run(
     ngram_mod_n_match: opts.NgramModNMatch = opts.NGRAM_MOD[0],
     ngram_mod_n_max: opts.NgramModNMax = opts.NGRAM_MOD[1],
     ngram_mod_n_min: opts.NgramModNMin = opts.NGRAM_MOD[2],
+    spec_select: opts.SpecSelect = "first",
     parallel: opts.PARALLEL.one = None,
     n_ctx: opts.N_CTX.one = None,
     n_batch: Annotated[int, typer.Option("-b", "--batch-size", help="Logical batch size.")] = 512,
@@ -188,7 +189,7 @@ def run(
                          ngram_size_n=ngram_size_n, ngram_size_m=ngram_size_m, ngram_map_size_n=ngram_map_size_n,
                          ngram_map_size_m=ngram_map_size_m, ngram_map_min_hits=ngram_map_min_hits,
                          ngram_mod_n_match=ngram_mod_n_match, ngram_mod_n_max=ngram_mod_n_max,
-                         ngram_mod_n_min=ngram_mod_n_min, threads=threads,
+                         ngram_mod_n_min=ngram_mod_n_min, spec_select=spec_select, threads=threads,
                          n_gpu_layers=n_gpu_layers, rpc=rpc, split_mode=split_mode, tensor_split=tensor_split,
                          mirror_output=mirror_output, rpc_timeout=rpc_timeout,
                          sampling=opts.SamplerSettings(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed))
@@ -440,6 +441,7 @@ def serve(
     ngram_mod_n_match: opts.NgramModNMatch = opts.NGRAM_MOD[0],
     ngram_mod_n_max: opts.NgramModNMax = opts.NGRAM_MOD[1],
     ngram_mod_n_min: opts.NgramModNMin = opts.NGRAM_MOD[2],
+    spec_select: opts.SpecSelect = "first",
     parallel: Annotated[int, typer.Option(
         "-np", "--parallel", help="Slots: requests decoded together (continuous batching); -c is split among them.")] = 4,
     n_ctx: opts.N_CTX.one = None,
@@ -486,7 +488,7 @@ def serve(
                          ngram_size_n=ngram_size_n, ngram_size_m=ngram_size_m, ngram_map_size_n=ngram_map_size_n,
                          ngram_map_size_m=ngram_map_size_m, ngram_map_min_hits=ngram_map_min_hits,
                          ngram_mod_n_match=ngram_mod_n_match, ngram_mod_n_max=ngram_mod_n_max,
-                         ngram_mod_n_min=ngram_mod_n_min, threads=threads,
+                         ngram_mod_n_min=ngram_mod_n_min, spec_select=spec_select, threads=threads,
                          n_gpu_layers=n_gpu_layers, rpc=rpc, split_mode=split_mode, tensor_split=tensor_split,
                          mirror_output=mirror_output, rpc_timeout=rpc_timeout, sampling=sampling)
     cfg = _pair_config(shared, plain=no_spec, n_gpu_layers_draft=n_gpu_layers_draft, n_max=n_max,
@@ -597,6 +599,7 @@ def bench(
     ngram_mod_n_match: opts.NgramModNMatch = opts.NGRAM_MOD[0],
     ngram_mod_n_max: opts.NgramModNMax = opts.NGRAM_MOD[1],
     ngram_mod_n_min: opts.NgramModNMin = opts.NGRAM_MOD[2],
+    spec_select: opts.SpecSelect = "first",
     parallel: opts.PARALLEL.axis = None,
     type_k: opts.TYPE_K.axis = None,
     type_v: opts.TYPE_V.axis = None,
@@ -647,7 +650,7 @@ def bench(
                          ngram_size_n=ngram_size_n, ngram_size_m=ngram_size_m, ngram_map_size_n=ngram_map_size_n,
                          ngram_map_size_m=ngram_map_size_m, ngram_map_min_hits=ngram_map_min_hits,
                          ngram_mod_n_match=ngram_mod_n_match, ngram_mod_n_max=ngram_mod_n_max,
-                         ngram_mod_n_min=ngram_mod_n_min, threads=threads,
+                         ngram_mod_n_min=ngram_mod_n_min, spec_select=spec_select, threads=threads,
                          n_gpu_layers=n_gpu_layers, rpc=rpc, split_mode=split_mode, tensor_split=tensor_split,
                          mirror_output=mirror_output, rpc_timeout=rpc_timeout,
                          sampling=opts.SamplerSettings(temp=0.0, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed))
@@ -665,6 +668,7 @@ def bench(
                                       ("--spec-ngram-mod-n-match", ngram_mod_n_match != opts.NGRAM_MOD[0] or None),
                                       ("--spec-ngram-mod-n-max", ngram_mod_n_max != opts.NGRAM_MOD[1] or None),
                                       ("--spec-ngram-mod-n-min", ngram_mod_n_min != opts.NGRAM_MOD[2] or None),
+                                      ("--spec-select", spec_select != "first" or None),
                                       ("-ctk", type_k), ("-ctv", type_v), ("-c", n_ctx),
                                       ("--spec-draft-rs-planes", rs_planes), ("--spec-draft-rs-planes-lead", rs_lead),
                                       ("--spec-dflash-inject", inject), ("--acceptance-profile", profile),
@@ -732,6 +736,7 @@ def bench(
                             ngram_map_size_n=base.ngram_map_size_n, ngram_map_size_m=base.ngram_map_size_m,
                             ngram_map_min_hits=base.ngram_map_min_hits, ngram_mod_n_match=base.ngram_mod_n_match,
                             ngram_mod_n_max=base.ngram_mod_n_max, ngram_mod_n_min=base.ngram_mod_n_min,
+                            spec_select=base.spec_select,
                             top_k=top_k, top_p=top_p, min_p=min_p, seed=opts.concrete_seed(seed))
         n_max_source = "flag" if n_max is not None else "pair" if "n_max" in rec else "default"
         plan = Plan(settings, axes, native=native, save_path=save, n_max_source=n_max_source)

@@ -27,7 +27,7 @@ DEFAULTS = {"ctk": "f16", "ctv": "f16", "ctx": 4096, "n_max": DEFAULT_N_MAX, "pl
 # PairConfig / ContextParams / request field -> the flag that sets it (errors name the flag)
 FLAGS = {
     "target": "-m", "draft": "-md", "spec_type": "--spec-type", "n_max": "--spec-draft-n-max",
-    "p_min": "--spec-draft-p-min", "n_min": "--spec-draft-n-min", "draft_chain": "--spec-draft-chain",
+    "spec_select": "--spec-select", "p_min": "--spec-draft-p-min", "n_min": "--spec-draft-n-min", "draft_chain": "--spec-draft-chain",
     "chain_vocab": "--spec-draft-vocab", "parallel": "-np", "inject": "--spec-dflash-inject",
     "n_ctx": "-c", "n_batch": "-b", "n_ubatch": "-ub", "type_k": "-ctk", "type_v": "-ctv",
     "flash_attn": "-fa", "n_threads": "-t", "n_gpu_layers": "-ngl", "n_gpu_layers_draft": "-ngld",
@@ -129,6 +129,10 @@ SpecType = Annotated[Optional[str], typer.Option(
                         "and take no -md; draft-simple drafts with an ordinary small LLM given as -md; draft-mtp drafts with the "
                         "target's own MTP block, or with a Gemma 4 drafter given as -md) \\[default: detected from the "
                         "draft (an ordinary LLM: draft-simple), or draft-mtp for a target with an MTP block and no -md].")]
+SpecSelect = Annotated[str, typer.Option(
+    "--spec-select", help="Several --spec-type types: whose draft a step verifies. first: llama.cpp's rule (the first "
+                          "type in its order of preference that drafts anything); cost: per sequence, the draft with "
+                          "the most expected committed tokens per second (measured acceptance and call costs).")]
 PMin = Annotated[float, typer.Option(
     "--spec-draft-p-min", "--draft-p-min",
     help="Stop a draft where the draft's confidence falls below this, 0..1 (0: never; drafts with a "
@@ -247,6 +251,7 @@ class Shared:
     models_dir: Path | None = None
     dflash: bool | None = None
     spec_type: str | None = None
+    spec_select: str = "first"
     p_min: float = P_MIN
     n_min: int = N_MIN
     draft_chain: bool = False
@@ -272,7 +277,10 @@ class Shared:
     def needs_draft(self) -> bool:
         """Whether the draft model is wanted (not with the n-gram types or --no-dflash; with
         draft-mtp it is a Gemma 4 drafter where one is given)."""
-        return self.spec_type not in NGRAM_TYPES and self.dflash is not False
+        from ggspec.speculative.models import spec_types  # noqa: PLC0415
+
+        text_only = self.spec_type is not None and set(spec_types(self.spec_type)) <= set(NGRAM_TYPES)
+        return not text_only and self.dflash is not False
 
     def resolve_models(self, plain: bool = False) -> tuple[Path, Path | None, dict]:
         """Target, draft (None when it is not used) and the recommended settings (empty unless a
@@ -311,7 +319,8 @@ class Shared:
         placement, ngl = self.placement()
         settings.setdefault("ctx", ContextParams(n_threads=self.threads))
         cfg = PairConfig(target=target, draft=None if plain else draft, dflash=False if plain else self.dflash,
-                         spec_type=None if plain else self.spec_type, p_min=self.p_min, n_min=self.n_min,
+                         spec_type=None if plain else self.spec_type, spec_select=self.spec_select,
+                         p_min=self.p_min, n_min=self.n_min,
                          draft_chain=self.draft_chain, chain_vocab=self.chain_vocab,
                          ngram_size_n=self.ngram_size_n, ngram_size_m=self.ngram_size_m,
                          ngram_map_size_n=self.ngram_map_size_n, ngram_map_size_m=self.ngram_map_size_m,

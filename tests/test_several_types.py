@@ -31,7 +31,7 @@ N = 160
 
 
 def _cfg(spec_type: str, draft=None, **kw) -> PairConfig:
-    return PairConfig(target=TARGET, draft=draft, spec_type=spec_type, n_max=4, ctx=CTX, **SIZES, **kw)
+    return PairConfig(**{"target": TARGET, "draft": draft, "spec_type": spec_type, "n_max": 4, "ctx": CTX, **SIZES, **kw})
 
 
 def test_a_list_is_taken_in_llama_cpps_order_of_preference():
@@ -107,3 +107,45 @@ def test_cli_and_server_run_a_list():
     bad = run_cli("run", "-m", str(TARGET), "-md", str(DRAFT), "--spec-type", "draft-simple,draft-dflash", "-p", "x")
     assert bad.returncode != 0 and "Traceback" not in bad.stderr and "one draft model" in bad.stderr
     _serve_equals_plain(TARGET, "-md", str(DRAFT), "--spec-type", "ngram-mod,draft-simple")
+
+
+# --- the cost rule --------------------------------------------------------------------------------
+
+
+def test_acceptance_counts_and_expected_tokens():
+    from ggspec.speculative.several import Acceptance
+
+    a = Acceptance(4)
+    assert a.expected(0) == 1.0 and a.expected(2) == pytest.approx(1 + 0.5 + 0.25)  # the 1/2 prior
+    a.add(4, 1, 4)  # first right, second wrong: positions 1 and 2 reached, position 1 accepted
+    assert a.tried.tolist() == [1, 1, 0, 0] and a.accepted.tolist() == [1, 0, 0, 0]
+    a.add(4, 2, 2)  # an unused draft checked against 2 committed tokens: both right, nothing beyond
+    assert a.tried[:3].tolist() == pytest.approx([1.99, 1.99, 0]) and a.accepted[1] == pytest.approx(1)
+
+
+def _wins(eng: Engine, text: str) -> tuple[list[int], list[int]]:
+    """(text, wins per type) of one greedy generation."""
+    before = list(eng.proposer.wins)
+    tokens = [t for st in generate_spec(eng, eng.target_model.tokenize(text), 96, ignore_eos=True) for t in st.tokens]
+    return tokens, [w - b for w, b in zip(eng.proposer.wins, before)]
+
+
+def test_the_cost_rule_weighs_acceptance_against_call_costs():
+    """Lossless whatever it picks; with an expensive model call it picks what llama.cpp's rule picks
+    (any n-gram draft), with a hopeless n-gram type and a free model, the model's drafts."""
+    kw = dict(ngram_size_n=1)  # ngram-simple matching one token: it drafts often, and poorly
+    with Engine.open(_cfg("ngram-simple,draft-simple", DRAFT, spec_select="first", **kw)) as first:
+        plain = [t for st in generate_greedy(first, first.target_model.tokenize(STACK), 96, ignore_eos=True)
+                 for t in st.tokens]
+        first_text, first_wins = _wins(first, STACK)
+    assert first_text == plain and all(first_wins)
+    with Engine.open(_cfg("ngram-simple,draft-simple", DRAFT, spec_select="cost", **kw)) as eng:
+        text, _ = _wins(eng, STACK)  # measures the costs and acceptance
+        assert text == plain
+        rule = eng.proposer
+        rule.t_call[1] = 10.0  # a draft model call of 10 s
+        text, wins = _wins(eng, STACK)
+        assert text == plain and wins == first_wins
+        rule.t_call[1], rule.acceptance[0].tried[:], rule.acceptance[0].accepted[:] = 1e-9, 1e6, 0.0
+        text, wins = _wins(eng, STACK)
+        assert text == plain and wins[0] == 0 and wins[1] > 0

@@ -23,6 +23,7 @@ from ggspec.errors import InputError
 from ggspec.files import atomic_write, describe_bad_text, read_text
 from ggspec.runtime.devices import Placement, parse_endpoint
 from ggspec.speculative.stats import RunStats, merge
+from ggspec.speculative.models import NO_DRAFT_MODEL, spec_types
 from ggspec.testing.forced import PROFILES
 from ggspec.values import is_int, is_number
 
@@ -287,10 +288,19 @@ _SETTINGS_TYPES = {"target": (str,), "draft": (str,), "n_predict": is_int, "reps
                    "n_gpu_layers": is_int, "spec_type": lambda v: v is None or isinstance(v, str),
                    "p_min": _is_num, "draft_chain": (bool,), "chain_vocab": is_int, "ngram_size_n": is_int, "ngram_size_m": is_int,
                    "ngram_map_size_n": is_int, "ngram_map_size_m": is_int, "ngram_map_min_hits": is_int,
-                   "ngram_mod_n_match": is_int, "ngram_mod_n_max": is_int, "ngram_mod_n_min": is_int, "top_k": is_int,
+                   "ngram_mod_n_match": is_int, "ngram_mod_n_max": is_int, "ngram_mod_n_min": is_int,
+                   "spec_select": (str,), "top_k": is_int,
                    "top_p": _is_num, "min_p": _is_num, "seed": is_int}
-# speculative types whose llama.cpp rows have no injection mode (and need no draft file)
-NO_INJECTION = ("draft-mtp", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod")
+def _draft_free(spec_type: str | None) -> bool:
+    """Whether every type of a saved --spec-type drafts without a draft file (draft-mtp: the
+    target's head; the n-gram types)."""
+    return spec_type is not None and all(t in NO_DRAFT_MODEL for t in spec_types(spec_type))
+
+
+def _injects(spec_type: str | None) -> bool:
+    """Whether llama.cpp's rows of this --spec-type have an injection mode (DFlash drafts; None:
+    detected from the draft, which may be one)."""
+    return spec_type is None or any(t in ("draft-dflash", "draft-dspark") for t in spec_types(spec_type))
 _PLACEMENT_TYPES = {"split_mode": (str,), "rpc": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
                     "tensor_split": lambda v: isinstance(v, list) and all(_is_num(x) and x >= 0 for x in v),
                     "mirror_output": (bool,), "rpc_timeout": lambda v: _is_num(v) and v > 0}
@@ -335,11 +345,12 @@ def _check_document(doc: dict, what: str) -> None:
             if cfg.kind == "spec":
                 cfg.plane_options.check(cfg.n_max) if cfg.planes else None
             if cfg.kind == "native":
-                _need(cfg.inject in NATIVE_MODES or (cfg.inject == "" and settings.spec_type in NO_INJECTION),
+                _need(cfg.inject in NATIVE_MODES or (cfg.inject == "" and (settings.spec_type is None
+                                                                           or not _injects(settings.spec_type))),
                       f"{where}.inject {cfg.inject!r} is not one of {', '.join(NATIVE_MODES)}")
         except InputError as exc:
             raise _Damaged(f"{where}: {exc.field + ': ' if exc.field else ''}{exc}") from None
-        _need(not (cfg.speculative and not settings.draft and settings.spec_type not in NO_INJECTION),
+        _need(not (cfg.speculative and not settings.draft and not _draft_free(settings.spec_type)),
               f"{where} is speculative, the benchmark has no draft")
         _need(not (cfg.sampled and settings.profile_weights), f"{where}.temp: an acceptance profile is greedy only")
         _need(not (cfg.speculative and settings.profile_weights and settings.profile not in PROFILES

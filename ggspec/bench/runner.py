@@ -67,6 +67,7 @@ class Settings:
     ngram_mod_n_match: int = PairConfig.ngram_mod_n_match
     ngram_mod_n_max: int = PairConfig.ngram_mod_n_max
     ngram_mod_n_min: int = PairConfig.ngram_mod_n_min
+    spec_select: str = PairConfig.spec_select  # several types: whose draft a step verifies
     # sampler settings of the rows with a temperature (BenchConfig.temp); prompt i draws with seed + i
     top_k: int = SamplerSettings.top_k
     top_p: float = SamplerSettings.top_p
@@ -203,7 +204,7 @@ class Runner:
                      speculative: bool = True) -> PairConfig:
         s = self.s
         return PairConfig(target=Path(s.target), draft=Path(s.draft) if speculative and s.draft else None,
-                          spec_type=s.spec_type if speculative else None, p_min=s.p_min,
+                          spec_type=s.spec_type if speculative else None, spec_select=s.spec_select, p_min=s.p_min,
                           draft_chain=s.draft_chain and speculative, chain_vocab=s.chain_vocab if speculative else 0,
                           **self._ngram_sizes(max(cfg.n_max if cfg else n_max, 1)),
                           n_max=cfg.n_max if cfg else n_max, ctx=ctx, parallel=cfg.parallel if cfg else 1,

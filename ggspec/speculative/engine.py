@@ -225,7 +225,10 @@ class Engine:
         if self.plan.parts:
             from ggspec.speculative.several import SeveralProposer  # noqa: PLC0415
 
-            self.proposer = SeveralProposer([self._build_proposer(part) for part in self.plan.parts], self._caps)
+            self.proposer = SeveralProposer([self._build_proposer(part) for part in self.plan.parts], self._caps,
+                                            select=cfg.spec_select)
+        elif cfg.spec_select != "first":
+            self.warnings.append("a rule choosing between speculative types needs several of them (--spec-type a,b)")
         elif self.plan.kind != "none":
             self.proposer = self._build_proposer(self.plan)
 

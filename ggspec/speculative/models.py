@@ -45,7 +45,8 @@ class PairConfig:
     target: Path
     draft: Path | None = None
     dflash: bool | None = None  # True: draft with the DFlash draft; False: do not use the draft
-    spec_type: str | None = None  # llama.cpp's name; None: detected from the draft
+    spec_type: str | None = None  # llama.cpp's name (or a comma list of them); None: detected from the draft
+    spec_select: str = "first"  # several types: whose draft a step verifies (several.SELECT_RULES)
     # draft tokens per step; None: DEFAULT_N_MAX fitted to the draft's block without a warning
     # (a value someone asked for is clamped with one)
     n_max: int | None = None
@@ -104,6 +105,8 @@ class PairConfig:
             raise InputError(f"{self.inject}: expected one of {', '.join(INJECT_MODES)}", field="inject")
         if self.spec_type is not None:
             spec_types(self.spec_type)
+        if self.spec_select not in ("first", "cost"):
+            raise InputError(f"{self.spec_select}: expected first (llama.cpp's rule) or cost", field="spec_select")
         self.ctx.validate()
         self.sampling.validate()
 

@@ -1,42 +1,100 @@
 """Several speculative types at once: llama.cpp's comma list (`--spec-type ngram-mod,draft-dflash`).
 
-llama.cpp's rule at the pin (`common_speculative_draft`, the pinned common/speculative.cpp:2787-2870):
-the types are tried in a fixed order of preference (models.PRIORITY: the n-gram types first, then
-the model drafters); each drafts for the sequences no type before it drafted for, up to its own
-length, and the first non-empty draft wins. After the verify, the type whose draft was a sequence's
-last non-empty one hears the accepted count; every other type hears it as someone else's (`other`:
-the n-gram types' statistics skip it, SP:1838-1845 and 1996-2000). As llama.cpp's `impl_last`, a
-step where no type drafts leaves the last drafter as it was.
+Two rules choose, per step and sequence, whose draft is verified:
 
-Every type follows every target decode, drafting or not (begin, observe, flush, commit, release
-go to all of them): a draft model's cache and a DFlash draft's features must stay current, and
-the n-gram types learn from the whole text.
+`first`, llama.cpp's rule at the pin (`common_speculative_draft`, the pinned
+common/speculative.cpp:2787-2870): the types are tried in a fixed order of preference
+(models.PRIORITY: the n-gram types first, then the model drafters); each drafts for the sequences
+no type before it drafted for, up to its own length, and the first non-empty draft wins.
+
+`cost`, which no anchor has: every n-gram type drafts for every sequence (they cost microseconds),
+and a sequence's draft is the one with the most expected committed tokens per second of step,
+E_t(L) / (d_t + V): E_t(L) = 1 + sum over i <= L of the product of the type's acceptance rates
+at positions 1..i (running, decaying counts, a 1/2 prior), d_t the type's measured seconds per
+draft call, V the measured seconds of a verify. The model drafter is called only for sequences
+whose best n-gram draft scores below what the model is expected to give at its length. Drafts
+that are made but not verified are scored afterwards against the committed tokens (as far as
+those reach), so a type keeps being measured while it loses.
+
+Either way, after the verify the type whose draft was a sequence's last non-empty one hears the
+accepted count; every other type hears it as someone else's (`other`: the n-gram types'
+statistics skip it, SP:1838-1845 and 1996-2000); as llama.cpp's `impl_last`, a step where no type
+drafts leaves the last drafter as it was. Every type follows every target decode, drafting or not
+(begin, observe, flush, commit, release go to all of them): a draft model's cache and a DFlash
+draft's features must stay current, and the n-gram types learn from the whole text.
 """
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 
 from ggspec.speculative.proposer import Draft, Proposer
 
+SELECT_RULES = ("first", "cost")
 _EMPTY = np.empty(0, dtype=np.int32)
+DECAY = 0.99  # per scored draft: the acceptance counts follow the text's current kind
+EMA = 0.1  # the measured costs' smoothing
+
+
+class Acceptance:
+    """A type's running acceptance: per draft position, how often it was reached and accepted."""
+
+    def __init__(self, n: int) -> None:
+        self.tried = np.zeros(n)
+        self.accepted = np.zeros(n)
+
+    def add(self, length: int, matched: int, known: int) -> None:
+        """A draft of `length` tokens whose first `matched` were right, of which the first `known`
+        positions could be checked (a verify checks matched + 1, the committed tokens as many)."""
+        self.tried *= DECAY
+        self.accepted *= DECAY
+        reached = min(length, matched + 1, known, len(self.tried))
+        self.tried[:reached] += 1
+        self.accepted[:min(matched, reached)] += 1
+
+    def expected(self, length: int) -> float:
+        """Expected committed tokens of a draft this long: the target's own token plus each
+        drafted one that survives (a 1/2 prior where nothing was seen)."""
+        rates = (self.accepted[:length] + 1) / (self.tried[:length] + 2)
+        return 1.0 + float(np.cumprod(rates).sum())
+
+
+def _ema(old: float | None, new: float) -> float:
+    return new if old is None else old + EMA * (new - old)
 
 
 class SeveralProposer:
-    """Tries its proposers in order for each sequence; the first non-empty draft wins."""
+    """Drafts with several proposers, one draft per sequence chosen by `select` (module docstring)."""
 
-    def __init__(self, proposers: list[Proposer], caps: list[int]) -> None:
-        """`caps`: each proposer's own draft length (llama.cpp's n_max of its type)."""
+    def __init__(self, proposers: list[Proposer], caps: list[int], select: str = "first") -> None:
+        """`caps`: each proposer's own draft length (llama.cpp's n_max of its type). Under `cost`,
+        the n-gram proposers are all but the last when it drafts with a model (`model_last`)."""
         self.proposers = proposers
         self.caps = caps
+        self.select = select
         self.name = ",".join(p.name for p in proposers)
         limits = [p.max_draft for p in proposers if p.max_draft is not None]
         self.max_draft: int | None = max(limits) if len(limits) == len(proposers) else None
         self.last: dict[int, int] = {}  # seq_id -> index of the proposer of its last non-empty draft
         self.wins = [0] * len(proposers)  # drafts each proposer made that were verified
+        self.acceptance = [Acceptance(cap) for cap in caps]
+        self.t_call: list[float | None] = [None] * len(proposers)  # seconds per propose call
+        self.t_verify: float | None = None
+        self._t_proposed: float | None = None  # when the last propose returned (the verify follows)
+        self._verified: dict[int, tuple[int, int]] = {}  # seq_id -> (proposer, draft length) verified now
+        self._unused: dict[int, list[tuple[int, int, np.ndarray]]] = {}  # seq_id -> (proposer, pos0, tokens)
+        self._scoring: dict[int, tuple[int, list]] = {}  # seq_id -> (pos0, unused drafts) waiting for tokens
+
+    @property
+    def model_last(self) -> bool:
+        return not self.proposers[-1].name.startswith("ngram")
+
+    # --- following the target ---------------------------------------------------------------------
 
     def begin(self, seq, cached: int = 0) -> None:
-        self.last.pop(seq.seq_id, None)
+        self._forget(seq)
         for p in self.proposers:
             p.begin(seq, cached)
 
@@ -48,37 +106,121 @@ class SeveralProposer:
         for p in self.proposers:
             p.flush()
 
-    def propose(self, seqs, n: int) -> list[Draft]:
-        out: dict[int, Draft] = {}
-        waiting = list(seqs)
-        for i, (p, cap) in enumerate(zip(self.proposers, self.caps)):
-            if not waiting:
-                break
-            still = []
-            for seq, d in zip(waiting, p.propose(waiting, min(n, cap))):
-                if len(d):
-                    out[seq.seq_id] = d
-                    self.last[seq.seq_id] = i
-                    self.wins[i] += 1
-                else:
-                    still.append(seq)
-            waiting = still
-        empty = Draft(_EMPTY)
-        return [out.get(seq.seq_id, empty) for seq in seqs]
-
     def commit(self, seq, pos0: int, n_committed: int, other: bool = False) -> None:
-        last = self.last.get(seq.seq_id)
+        if self._t_proposed is not None:  # the first commit after a propose: the verify just ran
+            self.t_verify = _ema(self.t_verify, time.perf_counter() - self._t_proposed)
+            self._t_proposed = None
+        sid = seq.seq_id
+        verified = self._verified.pop(sid, None)
+        if verified is not None:
+            i, length = verified
+            self.acceptance[i].add(length, n_committed - 1, length)
+        unused = self._unused.pop(sid, None)
+        if unused:  # scored once the committed tokens are in the history (the next propose)
+            self._scoring[sid] = (n_committed, unused)
+        last = self.last.get(sid)
         for i, p in enumerate(self.proposers):
             p.commit(seq, pos0, n_committed, other=other or i != last)
 
+    def _score_unused(self, seq) -> None:
+        """Drafts made but not verified, against the tokens committed after them."""
+        scoring = self._scoring.pop(seq.seq_id, None)
+        if scoring is None:
+            return
+        n_committed, unused = scoring
+        for i, pos0, tokens in unused:
+            truth = np.asarray(seq.history[pos0 + 1:pos0 + 1 + n_committed], dtype=np.int32)
+            k = min(len(tokens), len(truth))
+            wrong = np.flatnonzero(tokens[:k] != truth[:k])
+            self.acceptance[i].add(len(tokens), int(wrong[0]) if len(wrong) else k, len(truth))
+
+    # --- drafting ---------------------------------------------------------------------------------
+
+    def propose(self, seqs, n: int) -> list[Draft]:
+        drafts = self._first(seqs, n) if self.select == "first" else self._cheapest(seqs, n)
+        for seq, d in zip(seqs, drafts):
+            if len(d):
+                i = self.last[seq.seq_id]
+                self.wins[i] += 1
+                self._verified[seq.seq_id] = (i, len(d))
+        self._t_proposed = time.perf_counter()
+        return drafts
+
+    def _call(self, i: int, seqs, n: int) -> list[Draft]:
+        t0 = time.perf_counter()
+        drafts = self.proposers[i].propose(seqs, min(n, self.caps[i]))
+        self.t_call[i] = _ema(self.t_call[i], time.perf_counter() - t0)
+        return drafts
+
+    def _first(self, seqs, n: int) -> list[Draft]:
+        """llama.cpp's rule: in order, each type for the sequences still without a draft."""
+        out: dict[int, Draft] = {}
+        waiting = list(seqs)
+        for i in range(len(self.proposers)):
+            if not waiting:
+                break
+            still = []
+            for seq, d in zip(waiting, self._call(i, waiting, n)):
+                if len(d):
+                    out[seq.seq_id] = d
+                    self.last[seq.seq_id] = i
+                else:
+                    still.append(seq)
+            waiting = still
+        return [out.get(seq.seq_id, Draft(_EMPTY)) for seq in seqs]
+
+    def _cheapest(self, seqs, n: int) -> list[Draft]:
+        """The cost rule: every n-gram type's draft, the model's only where it is expected to be
+        worth more per second than the best of those."""
+        for seq in seqs:
+            self._score_unused(seq)
+        k = len(self.proposers) - 1 if self.model_last else len(self.proposers)  # the n-gram proposers
+        made = [self._call(i, seqs, n) for i in range(k)]
+        drafts, choice, scores = [], [], []
+        for s in range(len(seqs)):
+            options = [(self._worth(i, len(made[i][s])), -i) for i in range(k) if len(made[i][s])]
+            score, i = max(options, default=(0.0, 1))  # ties: the type llama.cpp prefers
+            choice.append(-i)
+            scores.append(score)
+            drafts.append(made[-i][s] if -i >= 0 else Draft(_EMPTY))
+        if self.model_last:
+            worth = self._worth(k, min(n, self.caps[k]))
+            want = [s for s in range(len(seqs)) if worth > scores[s]]
+            if want:
+                for s, d in zip(want, self._call(k, [seqs[s] for s in want], n)):
+                    if len(d):  # (an empty model draft, a p-min cut: the n-gram one stays)
+                        drafts[s], choice[s] = d, k
+        for s, seq in enumerate(seqs):
+            if choice[s] >= 0:
+                self.last[seq.seq_id] = choice[s]
+            unused = [(j, seq.pos, made[j][s].tokens) for j in range(k) if j != choice[s] and len(made[j][s])]
+            if unused:
+                self._unused[seq.seq_id] = unused
+        return drafts
+
+    def _worth(self, i: int, length: int) -> float:
+        """Expected committed tokens per second of a step with proposer i's draft of this length
+        (unmeasured costs count as free: the first calls measure them)."""
+        seconds = (self.t_call[i] or 0.0) + (self.t_verify or 0.0)
+        expected = self.acceptance[i].expected(length)
+        return expected / seconds if seconds > 0 else float("inf")
+
+    # --- lifetime ---------------------------------------------------------------------------------
+
+    def _forget(self, seq) -> None:
+        sid = seq.seq_id
+        for d in (self.last, self._verified, self._unused, self._scoring):
+            d.pop(sid, None)
+
     def release(self, seq, keep: int = 0) -> int:
-        self.last.pop(seq.seq_id, None)
+        self._forget(seq)
         for p in self.proposers:
             keep = min(keep, p.release(seq, keep))
         return keep
 
     def reset(self) -> None:
-        self.last.clear()
+        for d in (self.last, self._verified, self._unused, self._scoring):
+            d.clear()
         for p in self.proposers:
             if hasattr(p, "reset"):
                 p.reset()
