@@ -161,7 +161,7 @@ class Skipped:
 def expand(axes: Axes, recurrent: bool, n_tokens: int, native: bool = False,
            profile_len: int | None = None, n_max_limit: int | None = None,
            speculative: bool = True, dflash: bool = True,
-           native_loop: bool | None = None) -> tuple[list[BenchConfig], list[Skipped]]:
+           native_loop: bool | None = None, native_n_max: int | None = None) -> tuple[list[BenchConfig], list[Skipped]]:
     """Every valid speculative configuration of the matrix (plus llama.cpp's own loop and plain
     greedy where asked), and the invalid combinations with the reason each was skipped. n_tokens:
     the longest prompt plus the tokens to generate (the context must hold them and a draft block).
@@ -169,7 +169,8 @@ def expand(axes: Axes, recurrent: bool, n_tokens: int, native: bool = False,
     native baselines are configurations of their own (ggspec's baseline runs paired with them).
     `dflash=False` (draft-mtp, ngram-simple): no injection axis; `native_loop` (default: `dflash`):
     llama.cpp's own loop rows (DFlash: one per injection mode, draft-mtp: one). Parallel levels
-    above 1 run ggspec's engine only (llama.cpp's tools decode one sequence)."""
+    above 1 run ggspec's engine only (llama.cpp's tools decode one sequence). `native_n_max`: the one
+    draft length llama.cpp's loop drafts with this type (ngram-cache: 8, whatever it is told)."""
     native_loop = dflash if native_loop is None else native_loop
     check_axes(axes)
     injects = axes.inject if dflash else ("",)
@@ -217,6 +218,10 @@ def expand(axes: Axes, recurrent: bool, n_tokens: int, native: bool = False,
             if not native_loop:
                 skipped.append(Skipped(f"llama.cpp {cfg.label}", "llama.cpp's own loop rows are run for DFlash "
                                                                   "and MTP drafts only"))
+                continue
+            if native_n_max is not None and cfg.n_max != native_n_max:
+                skipped.append(Skipped(f"llama.cpp {cfg.label}", f"llama.cpp's loop drafts {native_n_max} tokens "
+                                                                  f"with this type whatever the draft length"))
                 continue
             for mode in NATIVE_MODES if dflash else ("",):
                 nat = replace(cfg, kind="native", planes="", lead="", inject=mode)

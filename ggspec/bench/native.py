@@ -187,7 +187,7 @@ def run_cpp(tool: Path, target: Path, draft: Path | None, prompt: str, n: int, n
             cmd += ["--spec-ngram-mod-n-max", str(size_m)]
             if ngram_mod is not None:
                 cmd += ["--spec-ngram-mod-n-match", str(ngram_mod[0]), "--spec-ngram-mod-n-min", str(ngram_mod[1])]
-        elif t.startswith("ngram"):  # the m-gram size is the draft length
+        elif t.startswith("ngram") and t != "ngram-cache":  # the m-gram size is the draft length (ngram-cache: 8)
             flag = "--spec-" + t  # --spec-ngram-simple, --spec-ngram-map-k, --spec-ngram-map-k4v
             cmd += [f"{flag}-size-m", str(size_m)]
             size_n = ngram_size_n if t == "ngram-simple" or map_size_n is None else map_size_n

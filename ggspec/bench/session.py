@@ -85,7 +85,8 @@ class BenchSession:
                                                     native=plan.native, profile_len=profile_len,
                                                     n_max_limit=limit, speculative=drafting.spec_type is not None,
                                                     dflash=drafting.info is not None,
-                                                    native_loop=True)
+                                                    native_loop=True,
+                                                    native_n_max=8 if drafting.kind == "ngram-cache" else None)
                 self.done_runs = []
             if not self.configs:
                 raise InputError("no configuration left to run: " + "; ".join(

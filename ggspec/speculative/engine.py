@@ -30,6 +30,7 @@ from ggspec.errors import ClosedError, InputError, LlamaError
 from ggspec.runtime import Batch, Context
 from ggspec.speculative.dflash import make_dflash_proposer
 from ggspec.speculative.models import DraftPlan, Models, PairConfig, resolve_n_max
+from ggspec.speculative.ngram_cache import N_DRAFT as NGRAM_CACHE_N_DRAFT
 from ggspec.speculative.planes import AutoLead, default_lead
 from ggspec.speculative.prompt_store import PromptStore, Saved, common_prefix
 from ggspec.speculative.proposer import Draft, Proposer, Span
@@ -207,7 +208,8 @@ class Engine:
         n_max fitted to the draft's block."""
         cfg, kind = self.cfg, plan.kind
         own = {"ngram-simple": cfg.ngram_size_m, "ngram-map-k": cfg.ngram_map_size_m,
-               "ngram-map-k4v": cfg.ngram_map_size_m, "ngram-mod": cfg.ngram_mod_n_max}.get(kind)
+               "ngram-map-k4v": cfg.ngram_map_size_m, "ngram-mod": cfg.ngram_mod_n_max,
+               "ngram-cache": NGRAM_CACHE_N_DRAFT}.get(kind)
         if own is None:
             return resolve_n_max(cfg.n_max, plan.max_draft, self.warnings)
         return resolve_n_max(cfg.n_max if given and cfg.n_max is not None else own, None, self.warnings)
@@ -248,6 +250,10 @@ class Engine:
             from ggspec.speculative.ngram_mod import NgramModProposer  # noqa: PLC0415
 
             return NgramModProposer(cfg.ngram_mod_n_match, cfg.ngram_mod_n_max, cfg.ngram_mod_n_min)
+        if kind == "ngram-cache":
+            from ggspec.speculative.ngram_cache import NgramCacheProposer  # noqa: PLC0415
+
+            return NgramCacheProposer()
         if kind == "mtp":
             return self._make_mtp_proposer()
         params = replace(cfg.ctx, n_seq_max=self.parallel, n_rs_seq=0)

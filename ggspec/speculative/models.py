@@ -28,8 +28,8 @@ DEFAULT_N_MAX = 15  # draft tokens per step when neither the user nor a named pa
 LLAMA_SPEC_TYPES = ("draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark",
                     "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
 SPEC_TYPES = ("draft-simple", "draft-dflash", "draft-dspark", "draft-mtp", "ngram-simple", "ngram-map-k", "ngram-map-k4v",
-              "ngram-mod")
-NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod")  # drafts from the text itself
+              "ngram-mod", "ngram-cache")
+NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")  # drafts from the text itself
 # llama.cpp's order of preference when several types are given (common_speculative_init, SP:2616-2626):
 # each drafts for the sequences no type before it drafted for
 PRIORITY = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache", "draft-simple", "draft-eagle3",
