@@ -2,9 +2,11 @@
 """ggspec serve against llama-server of the same patched build, side by side in one run.
 
     python scripts/serve_bench.py --pair tiny-coder            # concurrency 1,2,4,8; -np 8
+    python scripts/serve_bench.py --pair tiny-coder --spec-type ngram-mod --spec-args "--spec-ngram-mod-n-match 4"
 
 Four servers with the same pair, slots (-np), context, cache types, threads and draft length:
-ggspec speculative, llama-server speculative (`--spec-type draft-dflash`), ggspec plain
+ggspec speculative, llama-server speculative (`--spec-type` as given, draft-dflash by default: the
+same type and `--spec-args` on both; the n-gram types without the pair's draft), ggspec plain
 (--no-spec) and llama-server plain; each alone on the machine on a free loopback port, one after
 the other, the order alternating between the --reps repetitions. Each gets a warm-up, then at every
 concurrency `--requests-per-client` x concurrency streamed greedy completions of the built-in
@@ -73,11 +75,11 @@ def commands(args, target: Path, draft: Path, port: int) -> dict[str, list[str]]
     ggspec = [sys.executable, "-m", "ggspec.cli", "serve", "-m", str(target), *common]
     server = [str(find_tool("llama-server")), "-m", str(target), *common, "-tb", str(args.threads),
               "--no-webui"]
-    spec = ["--spec-draft-n-max", str(args.n_max)]
+    spec = ["--spec-type", args.spec_type, "--spec-draft-n-max", str(args.n_max), *args.spec_args.split()]
+    md = [] if all(t.startswith("ngram") for t in args.spec_type.split(",")) else ["-md", str(draft)]
     return {
-        "ggspec spec": [*ggspec, "-md", str(draft), *spec],
-        "llama-server spec": [*server, "-md", str(draft), "--spec-type", "draft-dflash", *spec,
-                              "-td", str(args.threads), "-tbd", str(args.threads)],
+        "ggspec spec": [*ggspec, *md, *spec],
+        "llama-server spec": [*server, *md, *spec, "-td", str(args.threads), "-tbd", str(args.threads)],
         "ggspec plain": [*ggspec, "--no-spec"],
         "llama-server plain": server,
     }
@@ -133,6 +135,8 @@ def main() -> int:
     ap.add_argument("-ctk", default="f16")
     ap.add_argument("-ctv", default="f16")
     ap.add_argument("--n-max", type=int, default=7)
+    ap.add_argument("--spec-type", default="draft-dflash", help="llama.cpp's --spec-type, for both servers")
+    ap.add_argument("--spec-args", default="", help="more speculative flags for both servers, e.g. n-gram sizes")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--requests-per-client", type=int, default=6)
     ap.add_argument("--reps", type=int, default=3, help="runs of each (server, concurrency), interleaved; the median is shown")
@@ -145,8 +149,8 @@ def main() -> int:
     args.logs.mkdir(parents=True, exist_ok=True)
 
     files = resolve(get_entry(args.pair))
-    if files.draft is None:
-        raise SystemExit(f"pair {args.pair} has no draft")
+    if files.draft is None and not all(t.startswith("ngram") for t in args.spec_type.split(",")):
+        raise SystemExit(f"pair {args.pair} has no draft for --spec-type {args.spec_type}")
     levels = [int(c) for c in args.concurrency.split(",")]
     prompts = [p.text for p in BUILTIN]
     extra = {"ignore_eos": True}
@@ -204,7 +208,8 @@ def main() -> int:
     ref = {r["concurrency"]: r["tps"] for r in rows if r["server"] == "llama-server spec"}
     for r in rows:  # each repetition against llama-server's run of the same repetition
         r["paired"] = paired(r["tps_runs"], loads.get(("llama-server spec", r["concurrency"])))
-    table = Table(title=f"{args.pair}: -np {args.parallel}, -c {args.ctx}, -t {args.threads}, n_max {args.n_max}, "
+    table = Table(title=f"{args.pair}: {args.spec_type} {args.spec_args}, -np {args.parallel}, -c {args.ctx}, "
+                        f"-t {args.threads}, n_max {args.n_max}, "
                         f"{args.max_tokens} tokens per request, greedy")
     for col in ("server", "conc.", "t/s", "× llama-server spec", "paired × (min-max)", "TTFT p50/p99 ms",
                 "TPOT p50/p99 ms", "accept", "errors", "= solo"):

@@ -50,9 +50,10 @@ def test_dflash_with_a_non_dflash_draft(dense_pair):
     assert "qwen3" in proc.stderr
 
 
-def test_non_dflash_draft_without_flag(dense_pair):
-    proc = run_cli("run", "-m", str(dense_pair.target), "-md", str(dense_pair.target))
-    _assert_one_line_error(proc, "not supported")
+def test_an_ordinary_draft_of_another_vocabulary(dense_pair, tiny_coder_pair):
+    """An ordinary LLM as -md drafts draft-simple, whose vocabulary rules refuse this one."""
+    proc = run_cli("run", "-m", str(dense_pair.target), "-md", str(tiny_coder_pair.target))
+    _assert_one_line_error(proc, "may differ by at most 128")
 
 
 def test_dflash_draft_as_target(dense_pair):
@@ -80,7 +81,7 @@ def test_draft_n_max_zero(dense_pair):
 @pytest.mark.parametrize("args, flag, detail", [
     (["-np", "0"], "-np", "(got 0)"),
     (["--spec-draft-p-min", "1.5"], "--spec-draft-p-min", "(got 1.5)"),
-    (["--spec-type", "ngram-cache"], "--spec-type", "ngram-cache"),
+    (["--spec-type", "ngram-mod,ngram-mod"], "--spec-type", "given twice"),
     (["--spec-type", "medusa"], "--spec-type", "medusa"),
     (["--spec-dflash-inject", "later"], "--spec-dflash-inject", "later"),
     (["--spec-ngram-simple-size-n", "0"], "--spec-ngram-simple-size-n", "(got 0)"),

@@ -96,15 +96,17 @@ def test_p_min_cut_sampled_drafts_keep_the_distribution(coder):
     assert _p_value(plain, spec) > 0.01
 
 
-@pytest.mark.parametrize("name, p_min", [("t0.7-defaults", 0.0), ("t1.0-plain", 0.5)])
-def test_a_draft_models_sampled_drafts_keep_the_distribution(name, p_min):
-    """draft-simple: drafts drawn from the draft model's own distribution (rejection sampling
-    against it), also where p-min cuts them."""
+@pytest.mark.parametrize("kind, name, p_min", [("draft-simple", "t0.7-defaults", 0.0), ("draft-simple", "t1.0-plain", 0.5),
+                                               ("draft-eagle3", "t1.0-topk-topp", 0.0)])
+def test_a_draft_models_sampled_drafts_keep_the_distribution(kind, name, p_min):
+    """draft-simple and draft-eagle3: drafts drawn from the draft's own distribution (rejection
+    sampling against it), also where p-min cuts them."""
     files = resolve(get_entry("tiny-coder-simple"))
-    cfg = PairConfig(target=files.target, draft=files.draft, n_max=4, ctx=CTX, parallel=8, p_min=p_min,
+    draft = files.draft if kind == "draft-simple" else files.target.parent / "tiny-coder-eagle3.gguf"
+    cfg = PairConfig(target=files.target, draft=draft, n_max=4, ctx=CTX, parallel=8, p_min=p_min,
                      sampling=SETTINGS[name])
     with Models(cfg) as models:
-        assert models.plan.kind == "draft-simple"
+        assert models.plan.kind == kind
         prompt = models.target.tokenize(PROMPT)
         with Engine(models, cfg, plain=True) as eng:
             plain = _draws(eng, prompt, speculate=False)

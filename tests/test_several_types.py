@@ -39,7 +39,7 @@ def test_a_list_is_taken_in_llama_cpps_order_of_preference():
     assert spec_types("draft-simple,ngram-map-k4v,ngram-simple") == ("ngram-simple", "ngram-map-k4v", "draft-simple")
     for value, needle in (("ngram-mod,ngram-mod", "given twice"), ("draft-simple,draft-dflash", "one draft model"),
                           ("ngram-mod,bogus", "bogus: unknown"), ("ngram-mod,", "unknown"),
-                          ("ngram-mod,draft-eagle3", "does not run")):
+                          ("ngram-mod,draft-eagle3,draft-mtp", "one draft model")):
         with pytest.raises(InputError, match=needle):
             spec_types(value)
     with Engine.open(_cfg("draft-simple,ngram-mod", DRAFT)) as eng:

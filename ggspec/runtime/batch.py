@@ -70,13 +70,19 @@ class Batch(OwnedHandle):
         self._added(rc, n, n_out)
         return self
 
-    def add_embd_rows(self, rows: np.ndarray, pos0: int, seq_id: int = 0) -> "Batch":
-        """Append embedding rows (n_rows, width) at positions pos0, pos0+1, ...; no outputs."""
+    def add_embd_rows(self, rows: np.ndarray, pos0: int, seq_id: int = 0, outputs: bool = False) -> "Batch":
+        """Append embedding rows (n_rows, width) at positions pos0, pos0+1, ...; `outputs`: every
+        row an output (an encoder's: EAGLE3), else none."""
         data = np.ascontiguousarray(rows, dtype=np.float32)
         n, width = data.shape
         self._check_room(n)
+        first = self.n_tokens
         rc = self.quick.ggspec_batch_add_embd_rows(self.ptr, seq_id, data.ctypes.data, n, width, pos0)
         self._added(rc, n, 0)
+        if outputs:
+            for idx in range(first, first + n):
+                self.lc.llama_batch_ext_set_output_logits(self.ptr, idx, True)
+            self.n_outputs += n
         return self
 
     def add_layer_inputs(self, src, layer_ids, row0: int, n_rows: int, pos0: int, seq_id: int = 0) -> "Batch":

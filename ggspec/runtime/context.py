@@ -157,6 +157,20 @@ class Context(OwnedHandle):
         self._n_rows = batch.n_tokens
         self._extracted = self._layer_inputs_on
 
+    def encode(self, batch) -> None:
+        """Run one `llama_process` of type ENCODE (an EAGLE3 head's feature encoder)."""
+        watchdog.begin()
+        try:
+            rc = self.lc.llama_process(self.ptr, self.lc.LLAMA_PROCESS_TYPE_ENCODE, batch.ptr)
+            self.n_decodes += 1
+        finally:
+            watchdog.end()
+        if rc != 0:
+            raise LlamaError(f"llama_process (encode) failed (rc={rc}): {last_log_error()}")
+        self._n_outputs = batch.n_outputs
+        self._n_rows = batch.n_tokens
+        self._extracted = frozenset()
+
     def logits(self) -> np.ndarray:
         """Logits of the last decode's output rows, shape (n_outputs, n_vocab), copied."""
         return self.logits_view().copy()

@@ -149,6 +149,9 @@ class Engine:
             raise
         self._free_ids = list(range(self.parallel))
         self.prompt_cache = prompt_cache and not models.target.is_recurrent
+        if self.prompt_cache and "draft-eagle3" in self.plan.kinds:
+            self.warnings.append("an EAGLE3 head's cells pair each position with the next token: the prompt cache "
+                                 "keeps nothing for it, every prompt is decoded whole")
         self.first_token_from_prefill = first_token_from_prefill
         self._cached: dict[int, np.ndarray] = {}  # free slot -> the tokens its cells still hold (positions 0..)
         self.store = PromptStore(cache_ram) if self.prompt_cache and cache_ram != 0 else None
@@ -219,8 +222,8 @@ class Engine:
         if (cfg.draft_chain or cfg.chain_vocab) and "mtp" not in kinds:
             raise InputError(f"chained drafting and a reduced draft vocabulary apply to draft-mtp, not to "
                              f"{self.plan.spec_type or 'plain decoding'}", field="draft_chain")
-        if cfg.n_min and not {"mtp", "draft-simple", "none"} & set(kinds):
-            self.warnings.append(f"a shortest draft length applies to draft-simple and draft-mtp: it does nothing "
+        if cfg.n_min and not {"mtp", "draft-simple", "draft-eagle3", "none"} & set(kinds):
+            self.warnings.append(f"a shortest draft length applies to the model drafters: it does nothing "
                                  f"with {self.plan.spec_type}")
         if cfg.p_min > 0 and all(k.startswith("ngram") for k in kinds):
             self.warnings.append(f"{self.plan.spec_type} drafts have no confidence: the confidence cut-off does nothing")
@@ -257,6 +260,12 @@ class Engine:
         if kind == "mtp":
             return self._make_mtp_proposer()
         params = replace(cfg.ctx, n_seq_max=self.parallel, n_rs_seq=0)
+        if kind == "draft-eagle3":
+            from ggspec.speculative.eagle3 import Eagle3Proposer  # noqa: PLC0415
+
+            # (the head borrows the target's token embeddings / output head through ctx_other)
+            self.draft_ctx = Context(self.models.draft, params, ctx_other=self.target, what="EAGLE3 head")
+            return Eagle3Proposer(self.target, self.draft_ctx, plan.eagle3, cfg.p_min, cfg.n_min)
         if kind == "draft-simple":
             from ggspec.speculative.draft_model import DraftModelProposer  # noqa: PLC0415
 

@@ -18,17 +18,16 @@ from ggspec.runtime.devices import Placement
 from ggspec.runtime.gguf_meta import GGUFMeta, read_meta
 from ggspec.runtime.preflight import check_memory, check_model
 from ggspec.speculative.dflash import INJECT_MODES, DFlashInfo, check_compatible, dflash_info, is_dflash
+from ggspec.speculative.eagle3 import Eagle3Info, check_eagle3, eagle3_info, is_eagle3
 from ggspec.speculative.mtp import DRAFTER_ARCHS, MTP_ARCHS, check_drafter, has_mtp_head, is_mtp_drafter
 from ggspec.speculative.planes import PlaneOptions
 from ggspec.speculative.sampling import SamplerSettings
 
 DEFAULT_N_MAX = 15  # draft tokens per step when neither the user nor a named pair gives one
 
-# llama.cpp's speculative types at the pin (common/speculative.cpp), and those ggspec runs
-LLAMA_SPEC_TYPES = ("draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark",
-                    "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
-SPEC_TYPES = ("draft-simple", "draft-dflash", "draft-dspark", "draft-mtp", "ngram-simple", "ngram-map-k", "ngram-map-k4v",
-              "ngram-mod", "ngram-cache")
+# llama.cpp's speculative types at the pin (common/speculative.cpp): ggspec runs all ten
+SPEC_TYPES = ("draft-simple", "draft-eagle3", "draft-dflash", "draft-dspark", "draft-mtp", "ngram-simple", "ngram-map-k",
+              "ngram-map-k4v", "ngram-mod", "ngram-cache")
 NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")  # drafts from the text itself
 # llama.cpp's order of preference when several types are given (common_speculative_init, SP:2616-2626):
 # each drafts for the sequences no type before it drafted for
@@ -118,9 +117,6 @@ def spec_types(value: str) -> tuple[str, ...]:
     for name in names:
         if name in SPEC_TYPES:
             continue
-        if name in LLAMA_SPEC_TYPES:
-            raise InputError(f"{name} is a llama.cpp type ggspec does not run (it runs {', '.join(SPEC_TYPES)})",
-                             field="spec_type")
         raise InputError(f"{name or '(empty)'}: unknown speculative type (one of {', '.join(SPEC_TYPES)})",
                          field="spec_type")
     if len(set(names)) < len(names):
@@ -140,10 +136,11 @@ class DraftPlan:
     info: DFlashInfo | None = None
     drafter: bool = False  # draft-mtp with a separate drafter that reads the target's cache (Gemma 4)
     parts: tuple["DraftPlan", ...] = ()  # several types: each one's plan, in llama.cpp's order of preference
+    eagle3: Eagle3Info | None = None  # draft-eagle3: the head's metadata
 
     @property
     def uses_draft_model(self) -> bool:
-        return self.info is not None or self.drafter or "draft-simple" in self.kinds
+        return self.info is not None or self.drafter or bool({"draft-simple", "draft-eagle3"} & set(self.kinds))
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -158,7 +155,7 @@ class DraftPlan:
             return "none"
         if self.parts:
             return "multi"
-        if self.spec_type in NGRAM_TYPES or self.spec_type == "draft-simple":
+        if self.spec_type in NGRAM_TYPES or self.spec_type in ("draft-simple", "draft-eagle3"):
             return self.spec_type
         if self.spec_type == "draft-mtp":
             return "mtp"
@@ -205,6 +202,8 @@ def plan_drafting(cfg: PairConfig, target: GGUFMeta, draft: GGUFMeta | None, war
         if target.arch in MTP_ARCHS and has_mtp_head(target) and target.n_nextn == 1:
             return DraftPlan("draft-mtp")  # the head the target ships with
         return DraftPlan(None)
+    if wanted == "draft-eagle3" or (is_eagle3(draft) and wanted is None and not cfg.dflash):
+        return plan_eagle3(target, draft)
     if wanted == "draft-simple" or (not is_dflash(draft) and wanted is None and not cfg.dflash):
         return plan_draft_model(cfg, target, draft)
     if not is_dflash(draft):
@@ -236,7 +235,7 @@ def plan_several(cfg: PairConfig, target: GGUFMeta, draft: GGUFMeta | None, warn
     model = [t for t in types if t not in NGRAM_TYPES]
     if model:
         part = plan_drafting(replace(cfg, spec_type=model[0]), target, draft, warnings)
-        return DraftPlan(",".join(types), part.info, part.drafter, (*parts, part))
+        return DraftPlan(",".join(types), part.info, part.drafter, (*parts, part), part.eagle3)
     if cfg.draft is not None:
         warnings.append(f"{','.join(types)} draft from the text itself: the draft model is not used")
     return DraftPlan(",".join(types), parts=tuple(parts))
@@ -248,11 +247,22 @@ def plan_draft_model(cfg: PairConfig, target: GGUFMeta, draft: GGUFMeta) -> Draf
     if is_dflash(draft):
         raise InputError("the draft is a DFlash model: it drafts draft-dflash (or draft-dspark), not draft-simple",
                          field="spec_type")
-    if draft.arch == "eagle3":
-        raise InputError("the draft is an EAGLE3 head: it drafts draft-eagle3, which ggspec does not run yet",
-                         field="draft")
+    if is_eagle3(draft):
+        raise InputError("the draft is an EAGLE3 head: it drafts draft-eagle3, not draft-simple", field="spec_type")
     check_model(draft, "draft")
     return DraftPlan("draft-simple")
+
+
+def plan_eagle3(target: GGUFMeta, draft: GGUFMeta) -> DraftPlan:
+    """draft-eagle3: the draft must be an EAGLE3 head that fits the target (llama.cpp needs
+    --spec-type draft-eagle3 said; ggspec detects the architecture)."""
+    if not is_eagle3(draft):
+        raise InputError(f"draft-eagle3 needs an EAGLE3 head (architecture 'eagle3'); the draft's is '{draft.arch}'",
+                         field="spec_type")
+    check_model(draft, "draft")
+    info = eagle3_info(draft)
+    check_eagle3(target, draft, info)
+    return DraftPlan("draft-eagle3", eagle3=info)
 
 
 def check_draft_model(target: Model, draft: Model) -> None:

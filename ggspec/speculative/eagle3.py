@@ -1,0 +1,276 @@
+"""draft-eagle3: an EAGLE3 head (arch `eagle3`) drafting from three of the target's hidden states.
+
+A port of llama.cpp's `common_speculative_impl_draft_eagle3` (the pinned
+common/speculative.cpp:421-920) over `src/models/eagle3.cpp`. The head has two graphs:
+  encoder  g_P = fc(features_P): the target's features at position P are the inputs of the three
+           layers `eagle3.target_layers` names, concatenated (an id equal to the target's n_layer
+           means its final normed state);
+  decoder  one layer over [RMSNorm(embedding of token P + 1), RMSNorm(g_P)] at position P (the
+           attention residual is the raw g), whose pre-norm output state h drafts the token after
+           P + 1 through the head's own output rows, which `d2t` scatters to target ids.
+So the decoder cell at position P holds the pair (token P + 1, g_P): the pair of the last committed
+position waits for the token the target chooses next (llama.cpp's "deferred boundary").
+
+In the engine's five calls:
+  observe   the target decoded these rows (its layer inputs are readable until it decodes again);
+  commit    only the committed rows of a verify span count (llama.cpp encodes and writes the
+            rejected rows too, then removes their cells: the cells kept are the same);
+  flush     one encoder call over every sequence's new committed rows: their g rows are kept;
+  propose   one decoder call writes each sequence's pending pairs before its last committed
+            position P = pos - 1 (llama.cpp's process() does it after the verify), the next the
+            seeds (id_last, g_P), whose outputs draft the first tokens (SP:742-768; in calls of
+            their own: see _write_pairs); each next call holds (drafted token, h of the step before) at
+            the next position, for the sequences still drafting (SP:777-840). Argmax, top-10
+            confidence for p_min, n_min as for draft-simple; at temperature > 0 drafts are drawn
+            from the head's distribution and travel with it. The drafts' cells go afterwards.
+
+A sequence's decoder cells pair each position with the *next* token, so they cannot serve a
+later prompt that shares only a prefix (the pair at its last shared position would need the
+target's features there again): the prompt cache keeps nothing for an EAGLE3 pair.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ggspec.errors import InputError, LlamaError
+from ggspec.runtime import Batch, Context
+from ggspec.speculative.archs import LAYER_INPUT_ARCHS
+from ggspec.speculative.dflash import top_k_confidence
+from ggspec.speculative.proposer import Draft, Span
+from ggspec.speculative.sampling import Candidates, candidates
+from ggspec.speculative.verifier import DRAFT
+
+
+@dataclass(frozen=True)
+class Eagle3Info:
+    target_layers: tuple[int, ...]  # llama.cpp ids; the target's n_layer means its final normed state
+    n_embd: int  # the head's hidden size (g and h rows)
+    n_embd_target: int  # eagle3.target_hidden_size
+    n_vocab_draft: int  # rows of its own head (d2t), or the target's vocabulary
+
+
+def is_eagle3(meta) -> bool:
+    return meta.arch == "eagle3"
+
+
+def eagle3_info(meta) -> Eagle3Info:
+    layers = meta.arch_key("target_layers")
+    d2t = next((t for t in meta.tensor_info if t.name == "d2t"), None)
+    n_draft = d2t.shape[0] if d2t is not None else meta.n_vocab
+    return Eagle3Info(tuple(int(x) for x in layers) if isinstance(layers, list) else (),
+                      int(meta.n_embd), int(meta.arch_key("target_hidden_size") or 0), int(n_draft))
+
+
+def check_eagle3(target, draft, info: Eagle3Info) -> None:
+    """Refuse an EAGLE3 head llama.cpp would throw on or abort with for this target (one line)."""
+    where = f"the EAGLE3 head {draft.path}"
+    if len(info.target_layers) != 3:
+        raise InputError(f"{where} names {len(info.target_layers)} target layers (eagle3.target_layers); "
+                         "EAGLE3 reads exactly 3", field="draft")
+    bad = [il for il in info.target_layers if not 0 <= il <= target.n_layer_main]
+    if bad:
+        raise InputError(f"{where} reads target layer(s) {bad}; the target has layers 0..{target.n_layer_main - 1} "
+                         f"(and {target.n_layer_main}: its final state)", field="draft")
+    if info.n_embd_target != target.n_embd:
+        raise InputError(f"{where} was trained on hidden states {info.n_embd_target} wide "
+                         f"(eagle3.target_hidden_size); the target's are {target.n_embd}", field="draft")
+    if any(il < target.n_layer_main for il in info.target_layers) and target.arch not in LAYER_INPUT_ARCHS:
+        raise InputError(f"the target's architecture '{target.arch}' does not expose its layer inputs in this "
+                         "llama.cpp build, which EAGLE3 reads", field="target")
+    if "token_embd.weight" not in draft.tensors and info.n_embd != target.n_embd:
+        raise InputError(f"{where} is {info.n_embd} wide and has no token embeddings of its own: it reads the "
+                         f"target's, which are {target.n_embd} wide", field="draft")
+    if draft.n_vocab != target.n_vocab:
+        raise InputError(f"{where} has {draft.n_vocab} tokens, the target {target.n_vocab}", field="draft")
+    if info.n_vocab_draft > target.n_vocab:
+        raise InputError(f"{where}: its head has {info.n_vocab_draft} rows (d2t), more than the target's "
+                         f"{target.n_vocab} tokens", field="draft")
+
+
+class Eagle3Proposer:
+    """Drafts with an EAGLE3 head (see the module docstring)."""
+
+    name = "draft-eagle3"
+    max_draft: int | None = None
+
+    def __init__(self, target: Context, draft: Context, info: Eagle3Info, p_min: float = 0.0, n_min: int = 0) -> None:
+        self.target, self.draft, self.info = target, draft, info
+        self.p_min, self.n_min = p_min, n_min
+        n_layer = target.model.n_layer
+        self.layer_ids = [il for il in info.target_layers if il < n_layer]
+        if self.layer_ids:
+            target.enable_layer_inputs(self.layer_ids)
+        if n_layer in info.target_layers:
+            target.enable_nextn(masked=False)  # the final normed state of every row
+        draft.enable_nextn(masked=True)  # g rows of the encoder, h rows of the decoder's outputs
+        self.n_embd = info.n_embd
+        self._enc = Batch(draft)
+        self._batch = Batch(draft)
+        self._rows: dict[int, tuple[int, int, int]] = {}  # seq_id -> (row0, pos0, n) observed, not encoded
+        self._g: dict[int, tuple[int, np.ndarray]] = {}  # seq_id -> (first position, g rows) not written yet
+        self._written: dict[int, int] = {}  # seq_id -> the decoder cells hold its pairs at positions < this
+
+    # --- following the target ---------------------------------------------------------------------
+
+    def begin(self, seq, cached: int = 0) -> None:
+        self.draft.drop_sequence(seq.seq_id)
+        self._rows.pop(seq.seq_id, None)
+        self._g.pop(seq.seq_id, None)
+        self._written[seq.seq_id] = 0
+
+    def observe(self, spans: list[Span]) -> None:
+        for sp in spans:
+            if sp.seq_id in self._rows:
+                raise LlamaError(f"rows of sequence {sp.seq_id} were never encoded and the target has decoded "
+                                 "again since (flush before every target decode)")
+            if sp.n_rows:
+                self._rows[sp.seq_id] = (sp.row0, sp.pos0, sp.n_rows)
+
+    def commit(self, seq, pos0: int, n_committed: int, other: bool = False) -> None:
+        if seq.seq_id in self._rows:
+            row0, first, n = self._rows[seq.seq_id]
+            self._rows[seq.seq_id] = (row0, first, max(0, min(n, pos0 + n_committed - first)))
+
+    def flush(self) -> None:
+        """The encoder over every sequence's new committed rows, one call (more past n_ubatch)."""
+        pending = [(sid, row0, pos0, n) for sid, (row0, pos0, n) in self._rows.items() if n]
+        self._rows.clear()
+        if not pending:
+            return
+        feats = self._features(pending)
+        g = np.empty((len(feats), self.n_embd), dtype=np.float32)
+        step = self.draft.n_ubatch
+        for off in range(0, len(feats), step):
+            part = feats[off:off + step]
+            # the encoder has no attention: its positions are placeholders past sequence 0's cells
+            # (llama.cpp's choice, which its batch checks accept)
+            self._enc.clear().add_embd_rows(part, self.draft.pos_max(0) + 1, 0, outputs=True)
+            self.draft.encode(self._enc)
+            g[off:off + len(part)] = self.draft.nextn_view(len(part))
+        self._enc.clear()
+        at = 0
+        for sid, _, pos0, n in pending:
+            rows = g[at:at + n]
+            at += n
+            if sid in self._g:  # after the rows it has (a prompt in several chunks)
+                first, old = self._g[sid]
+                if first + len(old) != pos0:
+                    raise LlamaError(f"sequence {sid}: encoded rows jump from position {first + len(old)} to {pos0}")
+                rows = np.concatenate([old, rows])
+                pos0 = first
+            self._g[sid] = (pos0, rows)
+
+    def _features(self, pending) -> np.ndarray:
+        """The target's features of the pending rows, [rows, 3 * n_embd_target], in llama.cpp's order."""
+        n_rows = max(row0 + n for _, row0, _, n in pending)
+        layer = {il: self.target.layer_inputs([il], n_rows) for il in self.layer_ids}
+        n_layer = self.target.model.n_layer
+        if n_layer in self.info.target_layers:
+            layer[n_layer] = self.target.nextn_view(n_rows)
+        return np.concatenate([np.concatenate([layer[il][row0:row0 + n] for il in self.info.target_layers], axis=1)
+                               for _, row0, _, n in pending])
+
+    # --- drafting ---------------------------------------------------------------------------------
+
+    def propose(self, seqs, n: int) -> list[Draft]:
+        if not seqs:
+            return []
+        self._write_pairs(seqs)
+        tokens: list[list[int]] = [[] for _ in seqs]
+        dists: list[list[Candidates]] = [[] for _ in seqs]
+        live = list(range(len(seqs)))
+        draws = [None if seq.sampling.greedy else seq.rng(DRAFT) for seq in seqs]
+        row_bytes = self.n_embd * 4
+        for i in range(n):
+            logits = self.draft.logits_view()
+            conf = top_k_confidence(logits) if self.p_min > 0 else None
+            h = self.draft.nextn_ptr()
+            self._batch.clear()
+            still = []
+            for r, k in enumerate(live):
+                seq = seqs[k]
+                if conf is not None and conf[r] < self.p_min:
+                    continue  # llama.cpp stops on the argmax's confidence, also for sampled drafts
+                if seq.sampling.greedy:
+                    token = int(logits[r].argmax())
+                else:
+                    q = candidates(logits[r:r + 1], seq.sampling)
+                    token = int(q.sample(np.array([draws[k].random()]))[0])
+                    dists[k].append(q)
+                tokens[k].append(token)
+                if i + 1 < n:  # the next pair: (this token, this step's h) at the next position
+                    self._batch.add_tokens_h([token], h + r * row_bytes, h + r * row_bytes, seq.pos + i, seq.seq_id,
+                                             self.n_embd, outputs=True)
+                    still.append(k)
+            live = still
+            if not live:
+                break
+            self.draft.decode(self._batch)
+        self._batch.clear()
+        for seq in seqs:
+            self.draft.remove(seq.pos, seq.seq_id)  # the drafts' pairs; the committed ones stay
+        return [self._draft(t, d) for t, d in zip(tokens, dists)]
+
+    def _write_pairs(self, seqs) -> None:
+        """Each sequence's pending pairs (token k + 1, g_k) up to its last committed position, in
+        calls without outputs (full batches), then the seeds — each sequence's last pair, whose
+        output drafts — in one call of their own. Never together: the EAGLE3 graph does not prune
+        its rows to the outputs, and llama.cpp copies the first rows of its logits and states
+        (the seed would read a catch-up row's)."""
+        todo = []
+        for seq in seqs:
+            start, end = self._written[seq.seq_id], seq.pos  # pairs at positions start..end-1
+            first, g = self._g.get(seq.seq_id, (start, np.empty((0, self.n_embd), dtype=np.float32)))
+            if end <= start or first != start or len(g) < end - start:
+                raise LlamaError(f"sequence {seq.seq_id}: no encoded target features for positions {start}..{end - 1}")
+            todo.append((seq, start, end, np.ascontiguousarray(g[:end - start])))
+        batch, room = self._batch, self.draft.n_batch
+        batch.clear()
+        for seq, start, end, g in todo:  # the catch-up
+            for off in range(0, end - 1 - start, room):
+                rows = g[off:min(off + room, end - 1 - start)]
+                if batch.n_tokens + len(rows) > room:
+                    self.draft.decode(batch)
+                    batch.clear()
+                self._add_pairs(seq, start + off, rows, outputs=False)
+        if batch.n_tokens:
+            self.draft.decode(batch)
+        batch.clear()
+        for seq, start, end, g in todo:  # the seeds
+            self._add_pairs(seq, end - 1, g[-1:], outputs=True)
+        self.draft.decode(batch)
+        for seq in seqs:
+            self._written[seq.seq_id] = seq.pos
+            self._g.pop(seq.seq_id, None)
+
+    def _add_pairs(self, seq, start: int, g: np.ndarray, outputs: bool) -> None:
+        tokens = seq.history[start + 1:start + 1 + len(g)]
+        addr = g.ctypes.data
+        self._batch.add_tokens_h(tokens, addr, addr + self.n_embd * 4, start, seq.seq_id, self.n_embd, outputs=outputs)
+
+    def _draft(self, tokens: list[int], dists: list[Candidates]) -> Draft:
+        if len(tokens) < self.n_min:
+            return Draft(np.empty(0, dtype=np.int32))
+        return Draft(np.asarray(tokens, dtype=np.int32), Candidates.stack(dists) if dists else None)
+
+    # --- lifetime ---------------------------------------------------------------------------------
+
+    def release(self, seq, keep: int = 0) -> int:
+        """A sequence left; its pairs serve no later prompt (module docstring)."""
+        sid = seq.seq_id
+        for d in (self._rows, self._g, self._written):
+            d.pop(sid, None)
+        self.draft.drop_sequence(sid)
+        return 0
+
+    def reset(self) -> None:
+        for d in (self._rows, self._g, self._written):
+            d.clear()
+        self.draft.clear()
+
+    def close(self) -> None:
+        self._enc.close()
+        self._batch.close()
