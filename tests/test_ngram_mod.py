@@ -141,3 +141,21 @@ def test_requests_one_after_another_draft_as_each_would_alone():
         drafts_of(eng, STACK.replace("items", "things") * 2)  # other n-grams, some the same
         after = drafts_of(eng, STACK)
     assert after == alone and any(d for _, _, d in alone)
+
+
+def test_a_server_keeps_the_table_across_requests():
+    """keep_draft_state (ggspec serve), as llama-server: a repeated request drafts from what the
+    first one added, so more of it; the output stays plain greedy; Engine.reset forgets it."""
+    cfg = PairConfig(target=TINY_TARGET, spec_type="ngram-mod", ngram_mod_n_match=3, ngram_mod_n_max=8,
+                     ngram_mod_n_min=1, ctx=CTX)
+    with Engine.open(cfg, keep_draft_state=True) as eng:
+        ids = eng.target_model.tokenize(STACK)
+        plain = [t for st in generate_greedy(eng, ids, 80, ignore_eos=True) for t in st.tokens]
+        first = list(generate_spec(eng, ids, 80, ignore_eos=True))
+        again = list(generate_spec(eng, ids, 80, ignore_eos=True))
+        eng.reset()
+        fresh = list(generate_spec(eng, ids, 80, ignore_eos=True))
+    for steps in (first, again, fresh):
+        assert [t for st in steps for t in st.tokens] == plain
+    accepted = [sum(st.accepted for st in steps) for steps in (first, again, fresh)]
+    assert accepted[1] > accepted[0] == accepted[2], accepted

@@ -63,10 +63,10 @@ def serve(cfg: PairConfig, options: ServeOptions, log: Callable[[str], None] = p
     from ggspec.server.app import create_app
 
     # the first token comes from the prefill, as llama-server's: a request's first chunk does not
-    # wait for a whole draft-and-verify step
+    # wait for a whole draft-and-verify step; and a drafter's table outlives requests, as its
     cache_ram = None if options.cache_ram_mib < 0 else options.cache_ram_mib * 2**20
     with Engine.open(cfg, plain=options.plain, prompt_cache=options.prompt_cache, cache_ram=cache_ram,
-                     first_token_from_prefill=True) as engine:
+                     first_token_from_prefill=True, keep_draft_state=True) as engine:
         for w in engine.warnings:
             log(f"warning: {w}")
         service = build_service(engine, options)

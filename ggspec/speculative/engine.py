@@ -105,7 +105,7 @@ class Engine:
 
     def __init__(self, models: Models, cfg: PairConfig, *, verifier: Verifier | None = None,
                  plain: bool = False, prompt_cache: bool = False, cache_ram: int | None = 0,
-                 first_token_from_prefill: bool = False) -> None:
+                 first_token_from_prefill: bool = False, keep_draft_state: bool = False) -> None:
         """`plain`: no drafting at all (a baseline over the same weights, with no draft context
         and no rollback planes). `prompt_cache`: a slot keeps the cells of its last sequence, and
         a new prompt goes to the free slot whose cells hold the longest prefix of it: only the
@@ -115,13 +115,16 @@ class Engine:
         gets back (llama-server's --cache-ram; 0: none, None: no limit; see prompt_store.py).
         `first_token_from_prefill`: the prefill decodes the whole prompt and chooses the first
         token from its last row, as llama-server does, a step earlier than llama.cpp's own loop,
-        whose draft positions `ggspec run` and the benchmarks mirror (see _prefill)."""
+        whose draft positions `ggspec run` and the benchmarks mirror (see _prefill).
+        `keep_draft_state`: what a drafter learns from one request serves the next (ngram-mod's
+        table lives as long as the engine, as llama-server's; else each run starts afresh)."""
         cfg.validate()
         self.models = models
         self.cfg = cfg
         self.parallel = cfg.parallel
         self.warnings: list[str] = list(models.warnings)
         self.plan = DraftPlan(None) if plain else models.plan
+        self.keep_draft_state = keep_draft_state
         if self.plan.parts:  # as llama.cpp: each type drafts up to its own length, the verify holds the longest
             self._caps = [self._own_n_max(part, given=False) for part in self.plan.parts]
             self.n_max = max(self._caps)
@@ -252,7 +255,8 @@ class Engine:
         if kind == "ngram-mod":
             from ggspec.speculative.ngram_mod import NgramModProposer  # noqa: PLC0415
 
-            return NgramModProposer(cfg.ngram_mod_n_match, cfg.ngram_mod_n_max, cfg.ngram_mod_n_min)
+            return NgramModProposer(cfg.ngram_mod_n_match, cfg.ngram_mod_n_max, cfg.ngram_mod_n_min,
+                                    keep_table=self.keep_draft_state)
         if kind == "ngram-cache":
             from ggspec.speculative.ngram_cache import NgramCacheProposer  # noqa: PLC0415
 

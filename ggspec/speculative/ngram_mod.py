@@ -19,10 +19,11 @@ of the pinned tree, rule for rule:
   request while others run (llama.cpp resets only the fill position and last draft length).
 
 Across requests: llama-server keeps the table for the server's life, so a request drafts from what
-earlier ones added. Here the sequences that run together share it, but a sequence that starts
-while none is running starts from an empty table (and no streaks): requests one after another
-draft as each would alone, which is also what llama-speculative-simple does for its one request
-(and what `bench --native` compares with).
+earlier ones added (a repeated prompt is drafted almost whole). With `keep_table` (what `ggspec
+serve` uses) so does this one. Without it (run, bench) the sequences that run together share the
+table, but a sequence that starts while none is running starts from an empty table (and no
+streaks): requests one after another draft as each would alone, which is what
+llama-speculative-simple does for its one request (and what `bench --native` compares with).
 """
 
 from __future__ import annotations
@@ -101,7 +102,9 @@ class NgramModProposer:
 
     name = "ngram-mod"
 
-    def __init__(self, n_match: int = DEFAULT_N_MATCH, n_max: int = DEFAULT_N_MAX, n_min: int = DEFAULT_N_MIN) -> None:
+    def __init__(self, n_match: int = DEFAULT_N_MATCH, n_max: int = DEFAULT_N_MAX, n_min: int = DEFAULT_N_MIN,
+                 keep_table: bool = False) -> None:
+        """`keep_table`: the table outlives the requests, as llama-server's (module docstring)."""
         for what, v in (("n_match", n_match), ("n_max", n_max), ("n_min", n_min)):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 1 <= v <= SIZE_LIMIT:
                 raise InputError(f"ngram-mod {what} must be an integer in 1..{SIZE_LIMIT}, got {v!r}",
@@ -112,12 +115,13 @@ class NgramModProposer:
         self.n, self.n_max, self.n_min = int(n_match), int(n_max), int(n_min)
         self.max_draft: int | None = self.n_max
         self.table = NgramTable(self.n)
+        self.keep_table = keep_table
         self._info: dict[int, _SeqInfo] = {}  # per slot: its streak outlives the request (see the module)
         self._hist: dict[Sequence, _History] = {}
         self._drafted: set[Sequence] = set()
 
     def begin(self, seq: Sequence, cached: int = 0) -> None:
-        if not self._hist:  # nothing running: start afresh (see the module docstring)
+        if not self._hist and not self.keep_table:  # nothing running: start afresh (module docstring)
             self.table.reset()
             self._info.clear()
         info = self._info.setdefault(seq.seq_id, _SeqInfo())
@@ -197,6 +201,13 @@ class NgramModProposer:
         self._hist.pop(seq, None)
         self._drafted.discard(seq)
         return keep  # the table keeps what it learnt; no positions are held
+
+    def reset(self) -> None:
+        """Forget everything, the table included (Engine.reset)."""
+        self.table.reset()
+        self._info.clear()
+        self._hist.clear()
+        self._drafted.clear()
 
     def close(self) -> None:
         self._hist.clear()
