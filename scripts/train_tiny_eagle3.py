@@ -6,7 +6,7 @@
 
 The target is read from models/tiny/tiny-coder.gguf (not retrained). The head is what the pinned
 llama.cpp's `src/models/eagle3.cpp` computes: an encoder `fc` over three target features
-concatenated — the inputs of layers 1 and 2 and the final normed state (id 4 = n_layer) — and one
+concatenated — the inputs of the target's layers 1, 2 and 3 — and one
 decoder layer over [RMSNorm(token embedding), RMSNorm(g)] (the target's embeddings, borrowed),
 NORM-style RoPE, the raw g as the attention residual, its own head over the 512 tokens the
 target predicts most often, and `d2t` mapping those rows to target ids. Training is EAGLE3's
@@ -43,7 +43,9 @@ from ggspec.distill.model import RMSNorm, SwiGLU  # noqa: E402
 from ggspec.distill.train import cosine_lr  # noqa: E402
 
 OUT_FILE = "tiny-coder-eagle3.gguf"
-TARGET_LAYERS = (1, 2, 4)  # llama.cpp ids: inputs of layers 1 and 2, 4 = n_layer: the final normed state
+# llama.cpp ids: the inputs of layers 1, 2 and 3 (an id of n_layer would mean the final normed state,
+# which a qwen3 graph does not export: llama.cpp would read an unwritten buffer; see eagle3.py)
+TARGET_LAYERS = (1, 2, 3)
 N_VOCAB_DRAFT = 512
 HEADS, HEADS_KV, HEAD_DIM, N_FF = 4, 2, 32, 384
 STEPS_TTT = 3

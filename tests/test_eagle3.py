@@ -1,8 +1,9 @@
 """draft-eagle3: an EAGLE3 head (llama.cpp's common_speculative_impl_draft_eagle3).
 
 The shipped head for tiny-coder (`models/tiny/tiny-coder-eagle3.gguf`, scripts/train_tiny_eagle3.py:
-target layers 1, 2 and 4 = the final normed state, its own 512-row head with d2t) is detected and
-checked against the target, refused in one line where it cannot run; its drafts equal those of
+the inputs of target layers 1, 2 and 3, its own 512-row head with d2t) is detected and checked
+against the target, refused in one line where it cannot run (a head reading the final state of a
+qwen3 target, whose graph does not export it); its drafts equal those of
 llama.cpp's own loop (`--spec-type draft-eagle3`, patch 0009's dump) at every common position with
 forced acceptance of every length and with its own acceptance, p-min and n-min; greedy output
 equals plain greedy output alone and three at once; sampled drafts keep the target's
@@ -53,7 +54,7 @@ def test_the_head_is_detected_and_described():
         with Models(_cfg(spec_type=spec_type)) as models:
             plan = models.plan
             assert plan.kind == "draft-eagle3" and plan.uses_draft_model
-            assert plan.eagle3.target_layers == (1, 2, 4) and plan.eagle3.n_vocab_draft == 512
+            assert plan.eagle3.target_layers == (1, 2, 3) and plan.eagle3.n_vocab_draft == 512
 
 
 def test_heads_that_cannot_run_are_refused_in_one_line(tmp_path, dense_pair):
@@ -64,6 +65,7 @@ def test_heads_that_cannot_run_are_refused_in_one_line(tmp_path, dense_pair):
         (_cfg(draft=edited("two", {"eagle3.target_layers": ("arr", "i32", [1, 2])})), "exactly 3"),
         (_cfg(draft=edited("deep", {"eagle3.target_layers": ("arr", "i32", [1, 2, 9])})), "layer(s) [9]"),
         (_cfg(draft=edited("wide", {"eagle3.target_hidden_size": ("u32", 256)})), "256 wide"),
+        (_cfg(draft=edited("final", {"eagle3.target_layers": ("arr", "i32", [1, 2, 4])})), "does not export"),
         (_cfg(draft=DRAFT, spec_type="draft-eagle3"), "needs an EAGLE3 head"),
         (_cfg(spec_type="draft-simple"), "drafts draft-eagle3, not draft-simple"),
         (PairConfig(target=dense_pair.target, draft=EAGLE3, ctx=CTX), "tokens, the target"),
@@ -151,3 +153,39 @@ def test_cli_and_server_run_it():
     assert res.returncode == 0, res.stderr
     assert "draft-eagle3" in res.stderr and "identical" in res.stderr, res.stderr
     _serve_equals_plain(TARGET, "-md", str(EAGLE3))
+
+
+# --- a hybrid target, a head reading its final state ------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def hybrid_head(tmp_path_factory):
+    from ggspec.fixtures.eagle3 import write_eagle3_head
+
+    return write_eagle3_head(tmp_path_factory.mktemp("eagle3") / "head.gguf", target_kind="hybrid", layers=(1, 2, 4))
+
+
+@pytest.mark.parametrize("planes", [None, 3])
+def test_a_hybrid_target_and_its_final_state(planes, hybrid_pair, hybrid_head, tool, tmp_path):
+    """qwen35 exports its final normed state (target layer 4 = n_layer): a random head reading it
+    drafts what llama.cpp's loop drafts; with 3 capped planes the rejected drafts replay, and the
+    output stays plain greedy."""
+    from ggspec.speculative.planes import PlaneOptions
+
+    cfg = PairConfig(target=hybrid_pair.target, draft=hybrid_head, n_max=4, ctx=CTX,
+                     planes=PlaneOptions(planes, "default"))
+    with Engine.open(cfg) as eng:
+        assert eng.plan.eagle3.target_layers == (1, 2, 4)
+        prompt = eng.target_model.tokenize(PROMPT)
+        plain = _greedy(eng, prompt, 60 + 6)
+        ref = np.concatenate([prompt, plain]).astype(np.int32)
+        rec = Recorder(eng.proposer)
+        steps = list(generate_spec(eng, prompt, 60, ignore_eos=True,
+                                   proposer=ForcedAcceptance(rec, ref, cycle_lengths(4), eng.target_model.n_vocab)))
+    assert [t for st in steps for t in st.tokens] == plain[:60]
+    assert any(st.replayed for st in steps) == (planes == 3)
+    forced = tmp_path / "forced.txt"
+    forced.write_text(" ".join(map(str, ref)) + "\n" + " ".join(map(str, range(5))) + "\n")
+    res = run_cpp(tool, hybrid_pair.target, hybrid_head, PROMPT, 60, 4, defer=False, spec_type="draft-eagle3",
+                  forced=forced, dump_drafts=True)
+    assert _compare(rec.log, res.drafts, res.draft_anchors) >= len(rec.log) - 2

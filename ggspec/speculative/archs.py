@@ -16,7 +16,7 @@ names share one graph (``minicpm``, ``granitemoe`` -> granite; ``phimoe`` -> phi
 
 from __future__ import annotations
 
-__all__ = ["LAYER_INPUT_ARCHS", "PATCHED_LAYER_INPUT_ARCHS", "UPSTREAM_LAYER_INPUT_ARCHS"]
+__all__ = ["FINAL_STATE_ARCHS", "LAYER_INPUT_ARCHS", "PATCHED_LAYER_INPUT_ARCHS", "UPSTREAM_LAYER_INPUT_ARCHS"]
 
 # The pinned tree (llama-cpp-python 0.3.36's vendored llama.cpp) already extracts these.
 UPSTREAM_LAYER_INPUT_ARCHS: frozenset[str] = frozenset({
@@ -35,3 +35,12 @@ PATCHED_LAYER_INPUT_ARCHS: frozenset[str] = frozenset({
 
 # Every architecture of the patched build whose layer inputs a DFlash draft can read.
 LAYER_INPUT_ARCHS: frozenset[str] = UPSTREAM_LAYER_INPUT_ARCHS | PATCHED_LAYER_INPUT_ARCHS
+
+# The graphs that export a final hidden state (`res->t_h_nextn`, read by llama_get_embeddings_nextn)
+# in the pinned tree: the MTP targets and Gemma 4, for their drafters. An EAGLE3 head whose
+# target_layers name the target's n_layer reads that state; for any other architecture llama.cpp
+# reads a buffer the graph never writes (zeros, or stale rows once it grows).
+FINAL_STATE_ARCHS: frozenset[str] = frozenset({
+    "bailingmoe3", "cohere2moe", "deepseek2", "deepseek32", "deepseek4", "gemma4", "glm-dsa", "glm4moe", "glm5-next",
+    "gpt-oss", "hy-v3", "mimo2", "nemotron_h", "nemotron_h_moe", "qwen35", "qwen35moe", "qwen3next", "step35",
+})

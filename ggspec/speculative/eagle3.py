@@ -37,7 +37,7 @@ import numpy as np
 
 from ggspec.errors import InputError, LlamaError
 from ggspec.runtime import Batch, Context
-from ggspec.speculative.archs import LAYER_INPUT_ARCHS
+from ggspec.speculative.archs import FINAL_STATE_ARCHS, LAYER_INPUT_ARCHS
 from ggspec.speculative.dflash import top_k_confidence
 from ggspec.speculative.proposer import Draft, Span
 from ggspec.speculative.sampling import Candidates, candidates
@@ -74,6 +74,10 @@ def check_eagle3(target, draft, info: Eagle3Info) -> None:
     if bad:
         raise InputError(f"{where} reads target layer(s) {bad}; the target has layers 0..{target.n_layer_main - 1} "
                          f"(and {target.n_layer_main}: its final state)", field="draft")
+    if target.n_layer_main in info.target_layers and target.arch not in FINAL_STATE_ARCHS:
+        raise InputError(f"{where} reads the target's final state (target layer {target.n_layer_main}), which a "
+                         f"'{target.arch}' graph does not export in this llama.cpp build (llama.cpp would read an "
+                         "unwritten buffer)", field="draft")
     if info.n_embd_target != target.n_embd:
         raise InputError(f"{where} was trained on hidden states {info.n_embd_target} wide "
                          f"(eagle3.target_hidden_size); the target's are {target.n_embd}", field="draft")
