@@ -35,20 +35,25 @@ def _p1(path: Path) -> str:
 
 def _p4(path: Path) -> str:
     if not path.is_file():
-        return " | | | |"
+        return " | | | | |"
     rows = {r["server"]: r for r in json.loads(path.read_text())}
     g, ls = rows.get("ggspec spec"), rows.get("llama-server spec")
     if g is None or ls is None:
-        return " | | | |"
+        return " | | | | |"
+    gp, lp = rows.get("ggspec plain"), rows.get("llama-server plain")
+    vs = f"{g['tps'] / gp['tps']:.2f} / " + (f"{ls['tps'] / lp['tps']:.2f}" if ls["tps"] else "")
     pct = lambda r: "" if r["accept"] is None else f"{100 * r['accept']:.0f}%"  # noqa: E731
+    if ls["errors"] or not ls["tps"]:  # llama-server failed (its EAGLE3 loop aborts with several slots)
+        return f" {g['tps']:.0f} | aborts ({ls['errors']} errors) | | {vs} | {pct(g)} / |"
     paired = g["paired"]["median"] if g.get("paired") else g["tps"] / ls["tps"]
-    return f" {g['tps']:.0f} | {ls['tps']:.0f} | **{paired:.2f}** | {pct(g)} / {pct(ls)} |"
+    return f" {g['tps']:.0f} | {ls['tps']:.0f} | **{paired:.2f}** | {vs} | {pct(g)} / {pct(ls)} |"
 
 
 def table(folder: Path) -> str:
     out = ["| type | ggspec t/s | vs plain | llama.cpp t/s | vs plain | ggspec ÷ llama.cpp | τ ggspec / llama.cpp "
-           "| serve -np 4 t/s | llama-server t/s | ggspec ÷ llama-server | accept ggspec / llama-server |",
-           "|" + "---|" * 11]
+           "| serve -np 4 t/s | llama-server t/s | ggspec ÷ llama-server | vs plain, ggspec / llama-server "
+           "| accept ggspec / llama-server |",
+           "|" + "---|" * 12]
     for kind in ORDER:
         p1 = folder / f"{kind}-p1.json"
         if not p1.is_file():

@@ -80,23 +80,32 @@ class Batch(OwnedHandle):
         rc = self.quick.ggspec_batch_add_embd_rows(self.ptr, seq_id, data.ctypes.data, n, width, pos0)
         self._added(rc, n, 0)
         if outputs:
-            for idx in range(first, first + n):
-                self.lc.llama_batch_ext_set_output_logits(self.ptr, idx, True)
-            self.n_outputs += n
+            self._outputs_from(first)
         return self
 
-    def add_layer_inputs(self, src, layer_ids, row0: int, n_rows: int, pos0: int, seq_id: int = 0) -> "Batch":
+    def _outputs_from(self, first: int) -> None:
+        """Make rows first.. (the ones just added) outputs."""
+        for idx in range(first, self.n_tokens):
+            self.lc.llama_batch_ext_set_output_logits(self.ptr, idx, True)
+        self.n_outputs += self.n_tokens - first
+
+    def add_layer_inputs(self, src, layer_ids, row0: int, n_rows: int, pos0: int, seq_id: int = 0,
+                         outputs: bool = False) -> "Batch":
         """Append rows made of `src` context's extracted inputs of `layer_ids` (concatenated per
-        row) for rows row0.. of its last decode, at positions pos0, pos0+1, ...; no outputs.
-        Copied inside llama.cpp, straight from src's buffers (see Context.layer_inputs)."""
+        row) for rows row0.. of its last decode, at positions pos0, pos0+1, ...; `outputs`: every
+        row an output (an EAGLE3 encoder's), else none. Copied inside llama.cpp, straight from
+        src's buffers (see Context.layer_inputs)."""
         ids = self._layer_ids.get(tuple(layer_ids))
         if ids is None:
             ids = self._layer_ids[tuple(layer_ids)] = (ctypes.c_int32 * len(layer_ids))(*layer_ids)
         src.check_layer_inputs(layer_ids, row0, n_rows)
         self._check_room(n_rows)
+        first = self.n_tokens
         rc = self.quick.ggspec_batch_add_layer_inputs(self.ptr, seq_id, src.ptr, ids, len(ids), src.model.n_embd,
                                                         row0, n_rows, pos0)
         self._added(rc, n_rows, 0)
+        if outputs:
+            self._outputs_from(first)
         return self
 
     def add_tokens_h(self, tokens, h_first: int, h_rest: int, pos0: int, seq_id: int, n_embd: int,

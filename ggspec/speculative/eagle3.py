@@ -144,17 +144,7 @@ class Eagle3Proposer:
         self._rows.clear()
         if not pending:
             return
-        feats = self._features(pending)
-        g = np.empty((len(feats), self.n_embd), dtype=np.float32)
-        step = self.draft.n_ubatch
-        for off in range(0, len(feats), step):
-            part = feats[off:off + step]
-            # the encoder has no attention: its positions are placeholders past sequence 0's cells
-            # (llama.cpp's choice, which its batch checks accept)
-            self._enc.clear().add_embd_rows(part, self.draft.pos_max(0) + 1, 0, outputs=True)
-            self.draft.encode(self._enc)
-            g[off:off + len(part)] = self.draft.nextn_view(len(part))
-        self._enc.clear()
+        g = self._encode(pending)
         at = 0
         for sid, _, pos0, n in pending:
             rows = g[at:at + n]
@@ -166,6 +156,35 @@ class Eagle3Proposer:
                 rows = np.concatenate([old, rows])
                 pos0 = first
             self._g[sid] = (pos0, rows)
+
+    def _encode(self, pending) -> np.ndarray:
+        """g rows of the pending target rows, in order: the encoder in calls of n_ubatch rows. Its
+        rows come straight from the target's buffers (the shim copies them) unless the head reads
+        the target's final state, which is gathered here. The encoder has no attention: its
+        positions are placeholders past sequence 0's cells (llama.cpp's choice, which its batch
+        checks accept)."""
+        total, step = sum(n for *_, n in pending), self.draft.n_ubatch
+        g = np.empty((total, self.n_embd), dtype=np.float32)
+        direct = len(self.layer_ids) == len(self.info.target_layers)
+        feats = None if direct else self._features(pending)
+        parts = [(row0 + off, min(step, n - off)) for _, row0, _, n in pending for off in range(0, n, step)]
+        done = 0
+        while parts:
+            self._enc.clear()
+            pos = self.draft.pos_max(0) + 1
+            while parts and self._enc.n_tokens + parts[0][1] <= step:
+                row0, n = parts.pop(0)
+                if direct:
+                    self._enc.add_layer_inputs(self.target, self.info.target_layers, row0, n, pos, 0, outputs=True)
+                else:
+                    self._enc.add_embd_rows(feats[done + self._enc.n_tokens:done + self._enc.n_tokens + n], pos, 0,
+                                            outputs=True)
+                pos += n
+            self.draft.encode(self._enc)
+            g[done:done + self._enc.n_tokens] = self.draft.nextn_view(self._enc.n_tokens)
+            done += self._enc.n_tokens
+        self._enc.clear()
+        return g
 
     def _features(self, pending) -> np.ndarray:
         """The target's features of the pending rows, [rows, 3 * n_embd_target], in llama.cpp's order."""
