@@ -7,7 +7,8 @@ elsewhere they skip, saying why.
   hybrid (capped planes with a lead: the snapshot map runs in the CUDA kernel);
 - with a lead layout the scheduler really puts the gated delta-net on the GPU (GGML_SCHED_DEBUG);
 - patch 0011: chained MTP drafts on the GPU equal one decode per step (qwen35, qwen35moe, and a
-  Gemma 4 assistant reading the target's cache).
+  Gemma 4 assistant reading the target's cache);
+- draft-simple, draft-eagle3, a comma list and ngram-cache with the models on the GPU.
 
 The C test's harness also runs here without a GPU (CPU against CPU), so a broken harness shows.
 """
@@ -203,3 +204,25 @@ def test_gemma4_drafter_chained_and_not_equal_on_gpu(n_max, gpu_build, fixture_d
         with Engine.open(cfg) as eng:
             logs.append(_ggspec_drafts(eng, PROMPT, n_max, forced=True)[0])
     assert logs[0] == logs[1]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pair, spec_type, n_max", [("tiny-coder-simple", "draft-simple", 3),
+                                                    ("tiny-coder-eagle3", "draft-eagle3", 4),
+                                                    ("tiny-coder-simple", "ngram-mod,draft-simple", 4),
+                                                    ("tiny-coder", "ngram-cache", 8)])
+def test_every_type_is_lossless_on_gpu(pair, spec_type, n_max, gpu_build):
+    """draft-simple, EAGLE3 (its encoder and decoder on the device too), a comma list and
+    ngram-cache with the target (and draft) on the GPU: lossless up to genuine near-ties."""
+    from ggspec.pairs import get_entry, resolve
+
+    files = resolve(get_entry(pair))
+    cfg = PairConfig(target=files.target, draft=files.draft if spec_type != "ngram-cache" else None,
+                     spec_type=spec_type, n_max=n_max, ctx=EXACT, n_gpu_layers=-1, n_gpu_layers_draft=-1,
+                     ngram_mod_n_match=4, ngram_mod_n_min=2, ngram_mod_n_max=8)
+    with Engine.open(cfg) as sp:  # (the primes list: a prompt ngram-cache drafts on)
+        runs = list(run_prompts(sp, [*GPU_PROMPTS, PROMPTS[19]], N_PREDICT))
+    diverged = _divergences(runs)
+    print(spec_type, "".join(f"\n  {d}" for d in diverged))
+    assert all(r.divergence.benign for r in runs if r.divergence), "\n".join(diverged)
+    assert merge(r.spec_stats for r in runs).accepted > 0
