@@ -7,8 +7,9 @@ scripts/types_table.sh saved under docs/types/ (every number is in one of those 
 Per type: at parallel 1, ggspec's decode t/s and speedup over its own plain runs (paired), llama.cpp's
 loop (llama-speculative-simple) from the same bench run and its speedup over llama.cpp's plain runs,
 the ratio of the two loops and τ of both; at parallel 4 (-np 4, 4 clients), the aggregate t/s of
-`ggspec serve` and llama-server with the same type, the median of the paired ratios, and both
-acceptance rates.
+`ggspec serve` and llama-server with the same type, the median of the paired ratios, each against
+its own plain server, and both acceptance rates. The tiny-coder rows first, then the real Gemma 3
+270M's (REAL=1 scripts/types_table.sh: the draft-free types).
 """
 
 from __future__ import annotations
@@ -50,15 +51,15 @@ def _p4(path: Path) -> str:
 
 
 def table(folder: Path) -> str:
-    out = ["| type | ggspec t/s | vs plain | llama.cpp t/s | vs plain | ggspec ÷ llama.cpp | τ ggspec / llama.cpp "
+    out = ["| type, model | ggspec t/s | vs plain | llama.cpp t/s | vs plain | ggspec ÷ llama.cpp | τ ggspec / llama.cpp "
            "| serve -np 4 t/s | llama-server t/s | ggspec ÷ llama-server | vs plain, ggspec / llama-server "
            "| accept ggspec / llama-server |",
            "|" + "---|" * 12]
-    for kind in ORDER:
-        p1 = folder / f"{kind}-p1.json"
-        if not p1.is_file():
-            continue
-        out.append(f"| {kind} " + _p1(p1) + _p4(folder / f"{kind}-p4.json"))
+    for suffix, model in (("", "tiny-coder"), ("-gemma", "Gemma 3 270M")):
+        for kind in ORDER:
+            p1 = folder / f"{kind}{suffix}-p1.json"
+            if p1.is_file():
+                out.append(f"| {kind}, {model} " + _p1(p1) + _p4(folder / f"{kind}{suffix}-p4.json"))
     return "\n".join(out)
 
 

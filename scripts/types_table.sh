@@ -8,15 +8,23 @@
 #
 #   scripts/types_table.sh [TYPE...]      (default: all ten)
 #
-# Knobs: N (64 tokens), REPS (2), SERVE=0 skips the parallel-4 runs.
+# Knobs: N (64 tokens), REPS (2), SERVE=0 skips the parallel-4 runs; REAL=1 runs the draft-free
+# types on the real Gemma 3 270M instead (the registry pair, -t 2; results named TYPE-gemma-*).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=docs/types
 N=${N:-64}
 REPS=${REPS:-2}
 SERVE=${SERVE:-1}
+REAL=${REAL:-0}
 THREADS=1
 TYPES=${*:-draft-simple draft-eagle3 draft-dflash draft-dspark draft-mtp ngram-simple ngram-map-k ngram-map-k4v ngram-mod ngram-cache}
+SUFFIX=""
+if [ "$REAL" = 1 ]; then
+    THREADS=2
+    SUFFIX=-gemma
+    TYPES=${*:-ngram-simple ngram-map-k ngram-map-k4v ngram-mod ngram-cache}
+fi
 mkdir -p "$OUT"
 
 source scripts/bench_common.sh  # bench NAME ARGS...
@@ -52,15 +60,22 @@ serve_args() {
 
 for t in $TYPES; do
     a=$(args "$t")
+    if [ "$REAL" = 1 ]; then  # the same types and sizes on the real model
+        a=${a/-m models\/tiny\/tiny-coder.gguf/--pair gemma-3-270m}
+    fi
     if [ -z "$a" ]; then
         echo "== $t: no trained tiny-coder model for this type (see its tests)" >&2
         continue
     fi
     # shellcheck disable=SC2086
-    bench "$t-p1" $a --native
+    bench "$t$SUFFIX-p1" $a --native
     if [ "$SERVE" = 1 ]; then
-        echo "== $t: serve_bench.py $(serve_args "$t") -np 4 --concurrency 4" >&2
-        eval python scripts/serve_bench.py $(serve_args "$t") -np 4 --concurrency 4 --reps "$REPS" \
-            --requests-per-client 6 --max-tokens "$N" --json "$OUT/$t-p4.json" | tee "$OUT/$t-p4.md" || true  # (llama-server may fail: still a row)
+        s=$(serve_args "$t")
+        if [ "$REAL" = 1 ]; then
+            s="${s/--pair tiny-coder/--pair gemma-3-270m} -t 2"
+        fi
+        echo "== $t: serve_bench.py $s -np 4 --concurrency 4" >&2
+        eval python scripts/serve_bench.py $s -np 4 --concurrency 4 --reps "$REPS" \
+            --requests-per-client 6 --max-tokens "$N" --json "$OUT/$t$SUFFIX-p4.json" | tee "$OUT/$t$SUFFIX-p4.md" || true  # (llama-server may fail: still a row)
     fi
 done
