@@ -29,7 +29,7 @@ import numpy as np
 from ggspec.errors import InputError
 from ggspec.runtime import Batch, Context
 from ggspec.speculative.dflash import top_k_confidence
-from ggspec.speculative.proposer import Draft
+from ggspec.speculative.proposer import Draft, model_draft
 from ggspec.speculative.sampling import Candidates, candidates
 from ggspec.speculative.verifier import DRAFT
 
@@ -152,7 +152,7 @@ class DraftModelProposer:
         for seq, t in zip(seqs, tokens):
             # cells from id_last on: it and every drafted token but one that reached n (never decoded)
             self._wrote[seq.seq_id] = (seq.pos, [seq.id_last, *t[:n - 1]])
-        return [self._draft(t, d) for t, d in zip(tokens, dists)]
+        return [model_draft(t, d, self.n_min) for t, d in zip(tokens, dists)]
 
     def _catch_up(self, seqs) -> None:
         """Decode what each sequence's cells lack, up to and with id_last, whose logits are the
@@ -182,11 +182,6 @@ class DraftModelProposer:
         for seq in seqs:
             self._held[seq.seq_id] = seq.pos  # id_last's cell counts as the draft's (_wrote)
 
-    def _draft(self, tokens: list[int], dists: list[Candidates]) -> Draft:
-        if len(tokens) < self.n_min:  # llama.cpp drops a draft shorter than n_min
-            return Draft(np.empty(0, dtype=np.int32))
-        probs = Candidates.stack(dists) if dists else None
-        return Draft(np.asarray(tokens, dtype=np.int32), probs)
 
     # --- lifetime ---------------------------------------------------------------------------------
 

@@ -39,7 +39,7 @@ from ggspec.errors import InputError, LlamaError
 from ggspec.runtime import Batch, Context
 from ggspec.speculative.archs import FINAL_STATE_ARCHS, LAYER_INPUT_ARCHS
 from ggspec.speculative.dflash import top_k_confidence
-from ggspec.speculative.proposer import Draft, Span
+from ggspec.speculative.proposer import Draft, Span, model_draft
 from ggspec.speculative.sampling import Candidates, candidates
 from ggspec.speculative.verifier import DRAFT
 
@@ -235,7 +235,7 @@ class Eagle3Proposer:
         self._batch.clear()
         for seq in seqs:
             self.draft.remove(seq.pos, seq.seq_id)  # the drafts' pairs; the committed ones stay
-        return [self._draft(t, d) for t, d in zip(tokens, dists)]
+        return [model_draft(t, d, self.n_min) for t, d in zip(tokens, dists)]
 
     def _write_pairs(self, seqs) -> None:
         """Each sequence's pending pairs (token k + 1, g_k) up to its last committed position, in
@@ -274,10 +274,6 @@ class Eagle3Proposer:
         addr = g.ctypes.data
         self._batch.add_tokens_h(tokens, addr, addr + self.n_embd * 4, start, seq.seq_id, self.n_embd, outputs=outputs)
 
-    def _draft(self, tokens: list[int], dists: list[Candidates]) -> Draft:
-        if len(tokens) < self.n_min:
-            return Draft(np.empty(0, dtype=np.int32))
-        return Draft(np.asarray(tokens, dtype=np.int32), Candidates.stack(dists) if dists else None)
 
     # --- lifetime ---------------------------------------------------------------------------------
 

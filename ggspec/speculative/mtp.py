@@ -46,7 +46,7 @@ import numpy as np
 from ggspec.errors import InputError, LlamaError
 from ggspec.runtime import Batch, Context
 from ggspec.speculative.dflash import top_k_confidence
-from ggspec.speculative.proposer import Draft, Span
+from ggspec.speculative.proposer import Draft, Span, model_draft
 from ggspec.speculative.sampling import Candidates, candidates
 from ggspec.speculative.verifier import DRAFT
 
@@ -264,7 +264,7 @@ class MTPProposer:
         if not self.shared_kv:
             for seq in seqs:
                 self.mtp.remove(seq.pos, seq.seq_id)  # the draft's cells; the catch-up rewrites them
-        return [self._draft(t, d) for t, d in zip(tokens, dists)]
+        return [model_draft(t, d, self.n_min) for t, d in zip(tokens, dists)]
 
     def _propose_chained(self, seqs, n: int) -> list[Draft]:
         """All n steps of every sequence in one decode: n rows per sequence, step-major (row
@@ -294,16 +294,11 @@ class MTPProposer:
             if self.p_min > 0:  # the unchained loop stops at the first low-confidence step
                 low = np.flatnonzero(conf[:, s] < self.p_min)
                 tokens = tokens[:low[0]] if len(low) else tokens
-            drafts.append(self._draft(tokens.tolist(), []))
+            drafts.append(model_draft(tokens.tolist(), [], self.n_min))
             if not self.shared_kv:
                 self.mtp.remove(seq.pos, seq.seq_id)
         return drafts
 
-    def _draft(self, tokens: list[int], dists: list[Candidates]) -> Draft:
-        if len(tokens) < self.n_min:  # llama.cpp drops a draft shorter than n_min
-            return Draft(np.empty(0, dtype=np.int32))
-        probs = Candidates.stack(dists) if dists else None
-        return Draft(np.asarray(tokens, dtype=np.int32), probs)
 
     # --- lifetime ---------------------------------------------------------------------------------
 

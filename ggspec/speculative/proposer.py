@@ -80,3 +80,11 @@ class Proposer(Protocol):
 
     def close(self) -> None:
         """Free owned llama.cpp objects."""
+
+
+def model_draft(tokens: list[int], dists: list[Candidates], n_min: int) -> Draft:
+    """A model drafter's result for one sequence (draft-simple, draft-eagle3, draft-mtp): dropped
+    when shorter than n_min (llama.cpp's rule); sampled drafts carry their rows' distributions."""
+    if len(tokens) < n_min:
+        return Draft(np.empty(0, dtype=np.int32))
+    return Draft(np.asarray(tokens, dtype=np.int32), Candidates.stack(dists) if dists else None)
