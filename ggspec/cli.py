@@ -143,6 +143,7 @@ def run(
     ngram_mod_n_max: opts.NgramModNMax = opts.NGRAM_MOD[1],
     ngram_mod_n_min: opts.NgramModNMin = opts.NGRAM_MOD[2],
     spec_select: opts.SpecSelect = "first",
+    plan_pool: opts.PlanPool = opts.PLAN_POOL,
     parallel: opts.PARALLEL.one = None,
     n_ctx: opts.N_CTX.one = None,
     n_batch: Annotated[int, typer.Option("-b", "--batch-size", help="Logical batch size.")] = 512,
@@ -189,7 +190,7 @@ def run(
                          ngram_size_n=ngram_size_n, ngram_size_m=ngram_size_m, ngram_map_size_n=ngram_map_size_n,
                          ngram_map_size_m=ngram_map_size_m, ngram_map_min_hits=ngram_map_min_hits,
                          ngram_mod_n_match=ngram_mod_n_match, ngram_mod_n_max=ngram_mod_n_max,
-                         ngram_mod_n_min=ngram_mod_n_min, spec_select=spec_select, threads=threads,
+                         ngram_mod_n_min=ngram_mod_n_min, spec_select=spec_select, plan_pool=plan_pool, threads=threads,
                          n_gpu_layers=n_gpu_layers, rpc=rpc, split_mode=split_mode, tensor_split=tensor_split,
                          mirror_output=mirror_output, rpc_timeout=rpc_timeout,
                          sampling=opts.SamplerSettings(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed))
@@ -200,22 +201,24 @@ def run(
     _run(cfg, prompts, n_predict, ignore_eos, prompt_file, check)
 
 
-def _pair_config(shared: opts.Shared, *, plain: bool, n_gpu_layers_draft: int | None, n_max: int | None,
+def _pair_config(shared: opts.Shared, *, plain: bool, n_gpu_layers_draft: int | None, n_max: str | None,
                  parallel: int, n_ctx: int | None, n_batch: int, n_ubatch: int, type_k: str | None,
                  type_v: str | None, flash_attn: str, inject: str | None, rs_planes: str | None, rs_lead: str | None):
     """`run` and `serve`: the models and the PairConfig of their flags, a flag winning over the
     pair's recommendation; a target-only pair runs plain, with a note."""
     from ggspec.runtime import ContextParams
+    from ggspec.speculative.models import parse_n_max
     from ggspec.speculative.planes import PlaneOptions
 
+    cap, adaptive = parse_n_max(n_max) if n_max is not None else (None, False)
     target, draft, rec = shared.resolve_models(plain=plain)
     if draft is None and shared.needs_draft and not plain and shared.pair is not None \
             and not opts.target_has_mtp_head(target):  # a target-only pair (its draft is not made yet)
         err.print(f"[yellow]note:[/] pair '{shared.pair}' has no draft model yet: plain decoding", soft_wrap=True)
     return shared.pair_config(
         target, draft, plain=plain, n_gpu_layers_draft=n_gpu_layers_draft,
-        n_max=opts.pick(n_max, rec, "n_max"),  # None: the default, fitted to the draft without a warning
-        parallel=parallel,
+        n_max=opts.pick(cap, rec, "n_max"),  # None: the default, fitted to the draft without a warning
+        adaptive=adaptive, parallel=parallel,
         ctx=ContextParams(n_ctx=opts.pick(n_ctx, rec, "ctx", opts.DEFAULTS["ctx"]), n_batch=n_batch,
                           n_ubatch=n_ubatch, n_threads=shared.threads,
                           type_k=opts.pick(type_k, rec, "ctk", opts.DEFAULTS["ctk"]),
@@ -362,10 +365,13 @@ def _stats_line(s, sp) -> str:
     if not sp.speculative:
         return line + "  (no speculation)"
     sh = s.time_shares()
-    line += (f"  τ {s.tau:.2f} (pooled: committed/steps, {sp.plan.spec_type} n_max {sp.n_max})  "
+    length = f"auto ≤ {sp.n_max}" if sp.draft_length is not None else f"n_max {sp.n_max}"
+    line += (f"  τ {s.tau:.2f} (pooled: committed/steps, {sp.plan.spec_type} {length})  "
              f"accept {100 * s.acceptance_rate:.1f}%  "
              f"time: draft {100 * sh['draft']:.0f}% verify {100 * sh['verify']:.0f}% "
              f"inject {100 * sh['inject']:.0f}% overhead {100 * sh['overhead']:.0f}%")
+    if s.k_hist:
+        line += f"  auto: {s.k_summary} of steps"
     if sp.target_model.is_recurrent:
         line += (f"  replay {100 * s.replay_share:.0f}% of steps ({100 * sh['replay']:.0f}% of time)  "
                  f"planes: {sp.plane_layout}, {sp.recurrent_bytes() / 1024:.0f} KiB recurrent state")
@@ -442,6 +448,7 @@ def serve(
     ngram_mod_n_max: opts.NgramModNMax = opts.NGRAM_MOD[1],
     ngram_mod_n_min: opts.NgramModNMin = opts.NGRAM_MOD[2],
     spec_select: opts.SpecSelect = "first",
+    plan_pool: opts.PlanPool = opts.PLAN_POOL,
     parallel: Annotated[int, typer.Option(
         "-np", "--parallel", help="Slots: requests decoded together (continuous batching); -c is split among them.")] = 4,
     n_ctx: opts.N_CTX.one = None,
@@ -488,7 +495,7 @@ def serve(
                          ngram_size_n=ngram_size_n, ngram_size_m=ngram_size_m, ngram_map_size_n=ngram_map_size_n,
                          ngram_map_size_m=ngram_map_size_m, ngram_map_min_hits=ngram_map_min_hits,
                          ngram_mod_n_match=ngram_mod_n_match, ngram_mod_n_max=ngram_mod_n_max,
-                         ngram_mod_n_min=ngram_mod_n_min, spec_select=spec_select, threads=threads,
+                         ngram_mod_n_min=ngram_mod_n_min, spec_select=spec_select, plan_pool=plan_pool, threads=threads,
                          n_gpu_layers=n_gpu_layers, rpc=rpc, split_mode=split_mode, tensor_split=tensor_split,
                          mirror_output=mirror_output, rpc_timeout=rpc_timeout, sampling=sampling)
     cfg = _pair_config(shared, plain=no_spec, n_gpu_layers_draft=n_gpu_layers_draft, n_max=n_max,
@@ -600,6 +607,7 @@ def bench(
     ngram_mod_n_max: opts.NgramModNMax = opts.NGRAM_MOD[1],
     ngram_mod_n_min: opts.NgramModNMin = opts.NGRAM_MOD[2],
     spec_select: opts.SpecSelect = "first",
+    plan_pool: opts.PlanPool = opts.PLAN_POOL,
     parallel: opts.PARALLEL.axis = None,
     type_k: opts.TYPE_K.axis = None,
     type_v: opts.TYPE_V.axis = None,
@@ -635,7 +643,7 @@ def bench(
 ) -> None:
     """Benchmark speculative decoding: A/B against --no-spec, or a --matrix of settings."""
     from ggspec.bench import report
-    from ggspec.bench.configs import Axes, split_list
+    from ggspec.bench.configs import Axes, n_max_item, split_list
     from ggspec.bench.prompts import load_prompts
     from ggspec.bench.runner import Settings
     from ggspec.bench.session import BenchSession, Plan, parse_profile
@@ -650,7 +658,7 @@ def bench(
                          ngram_size_n=ngram_size_n, ngram_size_m=ngram_size_m, ngram_map_size_n=ngram_map_size_n,
                          ngram_map_size_m=ngram_map_size_m, ngram_map_min_hits=ngram_map_min_hits,
                          ngram_mod_n_match=ngram_mod_n_match, ngram_mod_n_max=ngram_mod_n_max,
-                         ngram_mod_n_min=ngram_mod_n_min, spec_select=spec_select, threads=threads,
+                         ngram_mod_n_min=ngram_mod_n_min, spec_select=spec_select, plan_pool=plan_pool, threads=threads,
                          n_gpu_layers=n_gpu_layers, rpc=rpc, split_mode=split_mode, tensor_split=tensor_split,
                          mirror_output=mirror_output, rpc_timeout=rpc_timeout,
                          sampling=opts.SamplerSettings(temp=0.0, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed))
@@ -715,7 +723,8 @@ def bench(
             ctk=split_list("-ctk", type_k, (opts.recommended(rec, "ctk"),)),
             ctv=split_list("-ctv", type_v, (opts.recommended(rec, "ctv"),)),
             n_ctx=split_list("-c", n_ctx, (int(opts.recommended(rec, "ctx")),), int),
-            n_max=split_list("--spec-draft-n-max", n_max, (int(opts.recommended(rec, "n_max")),), int),
+            n_max=split_list("--spec-draft-n-max", n_max, (int(opts.recommended(rec, "n_max")),),
+                             lambda t: n_max_item(t, int(opts.recommended(rec, "n_max")))),
             planes=split_list("--spec-draft-rs-planes", rs_planes, (str(opts.recommended(rec, "planes")),)),
             lead=split_list("--spec-draft-rs-planes-lead", rs_lead, (str(opts.recommended(rec, "lead")),)),
             inject=split_list("--spec-dflash-inject", inject, (d["inject"],)),
@@ -736,7 +745,7 @@ def bench(
                             ngram_map_size_n=base.ngram_map_size_n, ngram_map_size_m=base.ngram_map_size_m,
                             ngram_map_min_hits=base.ngram_map_min_hits, ngram_mod_n_match=base.ngram_mod_n_match,
                             ngram_mod_n_max=base.ngram_mod_n_max, ngram_mod_n_min=base.ngram_mod_n_min,
-                            spec_select=base.spec_select,
+                            spec_select=base.spec_select, plan_pool=base.plan_pool,
                             top_k=top_k, top_p=top_p, min_p=min_p, seed=opts.concrete_seed(seed))
         n_max_source = "flag" if n_max is not None else "pair" if "n_max" in rec else "default"
         plan = Plan(settings, axes, native=native, save_path=save, n_max_source=n_max_source)

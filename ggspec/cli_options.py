@@ -27,7 +27,7 @@ DEFAULTS = {"ctk": "f16", "ctv": "f16", "ctx": 4096, "n_max": DEFAULT_N_MAX, "pl
 # PairConfig / ContextParams / request field -> the flag that sets it (errors name the flag)
 FLAGS = {
     "target": "-m", "draft": "-md", "spec_type": "--spec-type", "n_max": "--spec-draft-n-max",
-    "spec_select": "--spec-select", "p_min": "--spec-draft-p-min", "n_min": "--spec-draft-n-min", "draft_chain": "--spec-draft-chain",
+    "spec_select": "--spec-select", "plan_pool": "--plan-pool", "p_min": "--spec-draft-p-min", "n_min": "--spec-draft-n-min", "draft_chain": "--spec-draft-chain",
     "chain_vocab": "--spec-draft-vocab", "parallel": "-np", "inject": "--spec-dflash-inject",
     "n_ctx": "-c", "n_batch": "-b", "n_ubatch": "-ub", "type_k": "-ctk", "type_v": "-ctv",
     "flash_attn": "-fa", "n_threads": "-t", "n_gpu_layers": "-ngl", "n_gpu_layers_draft": "-ngld",
@@ -82,9 +82,10 @@ class Setting:
 
 
 N_MAX = Setting(
-    ("--spec-draft-n-max",), "Most draft tokens per step", "Draft lengths, e.g. 3,7,15 (one beyond the draft's block "
-                                                          "is skipped)",
-    f"the pair's, else {DEFAULT_N_MAX} or the draft's block size - 1 if smaller", int,
+    ("--spec-draft-n-max",), "Most draft tokens per step, or 'auto' (each step verifies as many of them as "
+                             "measured costs and acceptance make worth it, 0 included; 'auto:N' caps it at N)",
+    "Draft lengths, e.g. 3,7,15,auto (one beyond the draft's block is skipped)",
+    f"the pair's, else {DEFAULT_N_MAX} or the draft's block size - 1 if smaller",
     note="; a value beyond the draft's block is clamped with a warning")
 N_CTX = Setting(("-c", "--ctx-size"), "Context size", "Context sizes, e.g. 1024,4096 (with -np > 1, split among the "
                                                       "slots)",
@@ -179,6 +180,11 @@ MinP = Annotated[float, typer.Option("--min-p", help="Sampling: drop tokens belo
                                                      "one's probability (0.0: off).")]
 Seed = Annotated[int, typer.Option("-s", "--seed", help="Sampling seed (4294967295: a random one); with -f, prompt "
                                                         "i uses seed + i.")]
+PLAN_POOL = 8  # prepared plans per context (patch 0012): measured in docs/adaptive.md
+PlanPool = Annotated[int, typer.Option(
+    "--plan-pool", help="Prepared graphs and scheduler plans each context keeps (patch 0012), so the alternating "
+                        "shapes of draft, verify and inject stop re-planning each other away; 0: llama.cpp's one plan "
+                        "(llama.cpp's own tools take LLAMA_SCHED_POOL=N).")]
 Threads = Annotated[int, typer.Option("-t", "--threads", help="CPU threads (use 1 for tiny models on few cores).")]
 GpuLayers = Annotated[Optional[int], typer.Option(
     "-ngl", "--n-gpu-layers", help="Target layers to offload, -1 = all \\[default: all with --rpc, else 0].")]
@@ -252,6 +258,7 @@ class Shared:
     dflash: bool | None = None
     spec_type: str | None = None
     spec_select: str = "first"
+    plan_pool: int = PLAN_POOL
     p_min: float = P_MIN
     n_min: int = N_MIN
     draft_chain: bool = False
@@ -320,6 +327,7 @@ class Shared:
         settings.setdefault("ctx", ContextParams(n_threads=self.threads))
         cfg = PairConfig(target=target, draft=None if plain else draft, dflash=False if plain else self.dflash,
                          spec_type=None if plain else self.spec_type, spec_select=self.spec_select,
+                         plan_pool=self.plan_pool,
                          p_min=self.p_min, n_min=self.n_min,
                          draft_chain=self.draft_chain, chain_vocab=self.chain_vocab,
                          ngram_size_n=self.ngram_size_n, ngram_size_m=self.ngram_size_m,

@@ -39,6 +39,7 @@ class BenchConfig:
     inject: str = ""  # pruned | deferred | immediate (ggspec); immediate | deferred (native)
     parallel: int = 1  # sequences decoded together in one engine (the prompts run this many at a time)
     temp: float = 0.0  # sampling temperature (0: greedy); the other sampler settings are the benchmark's
+    adaptive: bool = False  # --spec-draft-n-max auto (n_max is its cap)
 
     @property
     def key(self) -> str:
@@ -52,7 +53,7 @@ class BenchConfig:
         parts = {"spec": [], "baseline": ["no-spec"], "native": ["llama.cpp"],
                  "native-baseline": ["llama.cpp", "no-spec"]}[self.kind]
         if self.speculative:
-            parts.append(f"n{self.n_max}")
+            parts.append(f"auto{self.n_max}" if self.adaptive else f"n{self.n_max}")
         parts.append(f"{self.ctk}/{self.ctv}")
         if self.n_ctx != Axes.n_ctx[0]:
             parts.append(f"-c {self.n_ctx}")
@@ -101,7 +102,7 @@ class Axes:
     ctk: tuple[str, ...] = ("f16",)
     ctv: tuple[str, ...] = ("f16",)
     n_ctx: tuple[int, ...] = (4096,)
-    n_max: tuple[int, ...] = (15,)
+    n_max: tuple[int | str, ...] = (15,)  # a number, or "auto:N" (the adaptive length capped at N)
     planes: tuple[str, ...] = (UNCAPPED,)
     lead: tuple[str, ...] = ("default",)
     inject: tuple[str, ...] = ("pruned",)
@@ -133,13 +134,29 @@ def split_list(flag: str, text: str | None, default: tuple, cast=str) -> tuple:
     return values
 
 
+def n_max_value(item: int | str) -> tuple[int, bool]:
+    """An item of the draft-length axis: (length or cap, adaptive)."""
+    if isinstance(item, int):
+        return item, False
+    return int(item.removeprefix("auto:")), True
+
+
+def n_max_item(text: str, default: int) -> int | str:
+    """A draft-length axis item as typed: "7" -> 7, "auto" -> "auto:<default>", "auto:5" -> "auto:5"."""
+    from ggspec.speculative.models import parse_n_max  # noqa: PLC0415
+
+    value, adaptive = parse_n_max(text)
+    value = default if value is None else value
+    return f"auto:{value}" if adaptive else value
+
+
 def check_axes(axes: Axes) -> None:
     """Values that are wrong whatever they are combined with: one error before anything runs."""
     # the library's own rules (PairConfig.validate), one value at a time: its errors name the field
     for values, make in ((axes.ctk, lambda v: PairConfig(NO_FILE, ctx=ContextParams(type_k=v))),
                          (axes.ctv, lambda v: PairConfig(NO_FILE, ctx=ContextParams(type_v=v))),
                          (axes.inject, lambda v: PairConfig(NO_FILE, inject=v)),
-                         (axes.n_max, lambda v: PairConfig(NO_FILE, n_max=v)),
+                         (axes.n_max, lambda v: PairConfig(NO_FILE, n_max=n_max_value(v)[0])),
                          (axes.parallel, lambda v: PairConfig(NO_FILE, parallel=v)),
                          (axes.temp, lambda v: PairConfig(NO_FILE, sampling=SamplerSettings(temp=v)))):
         for v in values:
@@ -177,10 +194,11 @@ def expand(axes: Axes, recurrent: bool, n_tokens: int, native: bool = False,
     configs: list[BenchConfig] = []
     skipped: list[Skipped] = []
     if speculative:
-        for ctk, ctv, n_ctx, n_max, planes, lead, inject, par, temp in itertools.product(
+        for ctk, ctv, n_ctx, item, planes, lead, inject, par, temp in itertools.product(
                 axes.ctk, axes.ctv, axes.n_ctx, axes.n_max, axes.planes, axes.lead, injects, axes.parallel, axes.temp):
+            n_max, adaptive = n_max_value(item)
             cfg = BenchConfig("spec", ctk, ctv, n_ctx, n_max, planes if recurrent else "", lead if recurrent else "",
-                              inject, par, max(temp, 0.0))
+                              inject, par, max(temp, 0.0), adaptive)
             reason = _why_invalid(cfg, recurrent, planes, lead, profile_len, n_tokens, n_max_limit)
             if reason:
                 np_ = f" -np {par}" if par != 1 else ""
@@ -214,6 +232,10 @@ def expand(axes: Axes, recurrent: bool, n_tokens: int, native: bool = False,
             if cfg.parallel != 1:
                 skipped.append(Skipped(f"llama.cpp {cfg.label}", "llama.cpp's own loop decodes one sequence: "
                                                                   "--native rows are parallel 1 only"))
+                continue
+            if cfg.adaptive:
+                skipped.append(Skipped(f"llama.cpp {cfg.label}", "llama.cpp's loop has no adaptive draft length: "
+                                                                  "compare with its fixed-length rows"))
                 continue
             if not native_loop:
                 skipped.append(Skipped(f"llama.cpp {cfg.label}", "llama.cpp's own loop rows are run for DFlash "

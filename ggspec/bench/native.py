@@ -40,6 +40,7 @@ _ACCEPTED = re.compile(r"n_accept\s*=\s*(\d+)")
 # llama.cpp's --spec-type names run_cpp accepts are those ggspec runs (SPEC_TYPES): the draft-* types but
 # draft-mtp need a draft file, the n-gram types draft from the context itself (n_max is their m-gram size)
 DRAFTS_ENV = "GGSPEC_BENCH_DRAFTS"  # patch 0009
+_REUSED = re.compile(r"graphs reused\s*=\s*(\d+)")
 _ENV_DROPPED = ("LLAMA_ARG_SPEC_DFLASH_DEFER", "GGSPEC_BENCH_FORCED", DRAFTS_ENV)
 
 
@@ -56,6 +57,8 @@ class CppResult:
     # and the id_last of each call (same order)
     drafts: list[tuple[int, list[int]]] = field(default_factory=list)
     draft_anchors: list[int] = field(default_factory=list)
+    # the graphs each context reused, as llama.cpp's perf lines print them (target first)
+    graphs_reused: list[int] = field(default_factory=list)
 
     def add(self, other: "CppResult") -> None:
         self.n_decoded += other.n_decoded
@@ -217,7 +220,7 @@ def run_cpp(tool: Path, target: Path, draft: Path | None, prompt: str, n: int, n
     drafted, accepted = _DRAFTED.search(proc.stderr), _ACCEPTED.search(proc.stderr)
     return CppResult(_text(proc.stdout, prompt), n_decoded, seconds,
                      int(drafted.group(1)) if drafted else 0, int(accepted.group(1)) if accepted else 0,
-                     drafts, anchors)
+                     drafts, anchors, [int(x) for x in _REUSED.findall(proc.stderr)])
 
 
 def run_plain(tool: Path, target: Path, prompt: str, n: int, *, n_ctx: int = 2048, ctk: str = "f16",

@@ -40,6 +40,8 @@ ROW_FIELDS = (
     # acceptance
     "tau_pooled", "tau_request_mean", "tau_token_weighted", "acceptance_rate", "position_acceptance",
     "accept_hist", "steps",
+    # the adaptive length (auto): steps by drafted tokens verified, and the share at k = 0
+    "k_hist", "k0_share",
     # where the time goes, and the ceiling it implies
     "share_draft", "share_verify", "share_inject", "share_replay", "share_overhead",
     "ms_draft", "ms_verify", "ms_target_1", "s_max",
@@ -169,6 +171,8 @@ def _row(cfg: BenchConfig, category: str, runs: list[Run], by_config: dict, sett
                    tau_token_weighted=_r(sum(t * n for t, n in taus) / weight if weight else math.nan),
                    position_acceptance=[round(p, 4) for p in total.position_acceptance],
                    accept_hist=total.accept_hist, steps=total.spec_steps)
+    if sum(total.k_hist):
+        row.update(k_hist=total.k_hist, k0_share=_r(total.k_hist[0] / sum(total.k_hist)))
     if cfg.kind != "spec":
         return row
 
@@ -271,10 +275,10 @@ def _fields(obj, where: str, types: dict[str, tuple], required: tuple[str, ...])
 
 _STATS_TYPES = {f: (lambda v: _is_num(v) and v >= 0) for f in RunStats.__dataclass_fields__}
 _STATS_TYPES.update({f: (lambda v: isinstance(v, list) and all(is_int(x) and x >= 0 for x in v))
-                     for f in ("accept_hist", "pos_drafted", "pos_accepted")})
+                     for f in ("accept_hist", "pos_drafted", "pos_accepted", "k_hist")})
 _CONFIG_TYPES = {"kind": (str,), "ctk": (str,), "ctv": (str,), "n_ctx": is_int, "n_max": is_int,
                  "planes": (str,), "lead": (str,), "inject": (str,), "parallel": is_int,
-                 "temp": lambda v: _is_num(v) and v >= 0}
+                 "temp": lambda v: _is_num(v) and v >= 0, "adaptive": (bool,)}
 _RUN_TYPES = {"config": (str,), "rep": is_int, "prompt": is_int, "category": (str,), "stats": (dict,),
               "identical": lambda v: v is None or isinstance(v, bool), "paired_with": (str,),
               "divergence": lambda v: v in (None, "near-tie", "real"), "margin": lambda v: v is None or _is_num(v),
@@ -289,7 +293,7 @@ _SETTINGS_TYPES = {"target": (str,), "draft": (str,), "n_predict": is_int, "reps
                    "p_min": _is_num, "draft_chain": (bool,), "chain_vocab": is_int, "ngram_size_n": is_int, "ngram_size_m": is_int,
                    "ngram_map_size_n": is_int, "ngram_map_size_m": is_int, "ngram_map_min_hits": is_int,
                    "ngram_mod_n_match": is_int, "ngram_mod_n_max": is_int, "ngram_mod_n_min": is_int,
-                   "spec_select": (str,), "top_k": is_int,
+                   "spec_select": (str,), "plan_pool": is_int, "top_k": is_int,
                    "top_p": _is_num, "min_p": _is_num, "seed": is_int}
 def _draft_free(spec_type: str | None) -> bool:
     """Whether every type of a saved --spec-type drafts without a draft file (draft-mtp: the
@@ -472,6 +476,15 @@ def _ratio(mean, sd, is_reference: bool) -> str:
     return "" if mean is None else f"{mean:.2f} ± {sd:.2f}"
 
 
+def k_cell(hist: list[int] | None) -> str:
+    """The adaptive length's choices in a cell: '0: 61%, 3: 30%, 7: 9%' (the three most frequent)."""
+    if not hist or not sum(hist):
+        return ""
+    total = sum(hist)
+    top = sorted(sorted(range(len(hist)), key=lambda k: -hist[k])[:3])
+    return ", ".join(f"{k}: {100 * hist[k] / total:.0f}%" for k in top if hist[k])
+
+
 def to_markdown(rows: list[dict], settings: Settings) -> str:
     """llama-bench-like table: the figures people compare; csv / json carry everything. A column
     no row fills (τ and the rest on a target-only benchmark, replay on a dense target) is left out."""
@@ -479,7 +492,7 @@ def to_markdown(rows: list[dict], settings: Settings) -> str:
     par = any((r["parallel"] or 1) > 1 for r in rows)  # parallel levels: aggregate and per-sequence speed
     head = ["configuration", "category", "decode t/s" + (" (aggregate)" if par else "")] + (
         ["per-seq t/s", "calls/step"] if par else []) + ["speedup"] + (["vs llama.cpp no-spec"] if native else []) + [
-        "τ pooled", "accept", "S_max", "replay", "time: draft/verify/inject/replay/other %", "identical"]
+        "τ pooled", "accept", "auto k (share)", "S_max", "replay", "time: draft/verify/inject/replay/other %", "identical"]
     table = []
     for r in rows:
         label = r["label"] + (f" [forced: {r['acceptance_profile']}]" if r["acceptance_profile"] else "")
@@ -493,6 +506,7 @@ def to_markdown(rows: list[dict], settings: Settings) -> str:
             *([_ratio(r["native_speedup_mean"], r["native_speedup_sd"], r["kind"] == "native-baseline")] if native else []),
             _fmt(r["tau_pooled"], ".2f"),
             "" if r["acceptance_rate"] is None else f"{100 * r['acceptance_rate']:.0f}%",
+            k_cell(r.get("k_hist")),
             _fmt(r["s_max"], ".2f"),
             "" if r["replay_share"] is None or r["planes"] is None else f"{100 * r['replay_share']:.0f}%",
             shares, identical_cell(r),
@@ -509,6 +523,9 @@ def to_markdown(rows: list[dict], settings: Settings) -> str:
     if any(r.get("near_ties") or r.get("real_divergences") for r in rows):
         note += ("; a near-tie is an output that first differs where the target's own top-2 margin is below the "
                  "0.2-nat gate (batched rounding flipped a tie: benign), REAL one that differs anywhere else")
+    if any(r.get("k_hist") for r in rows):
+        note += ("; auto k = the adaptive length's verified drafts per step (the three most frequent, k 0: "
+                 "plain decoding steps)")
     if any(r["tau_pooled"] is not None for r in rows):
         note += ("; τ pooled = committed tokens / speculative steps (bonus token included); "
                  "S_max = τ·T_target(1) / (T_draft + T_verify)")

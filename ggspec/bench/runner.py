@@ -68,6 +68,7 @@ class Settings:
     ngram_mod_n_max: int = PairConfig.ngram_mod_n_max
     ngram_mod_n_min: int = PairConfig.ngram_mod_n_min
     spec_select: str = PairConfig.spec_select  # several types: whose draft a step verifies
+    plan_pool: int = 0  # prepared plans per ggspec context (patch 0012; llama.cpp's tools: LLAMA_SCHED_POOL)
     # sampler settings of the rows with a temperature (BenchConfig.temp); prompt i draws with seed + i
     top_k: int = SamplerSettings.top_k
     top_p: float = SamplerSettings.top_p
@@ -204,10 +205,10 @@ class Runner:
                      speculative: bool = True) -> PairConfig:
         s = self.s
         return PairConfig(target=Path(s.target), draft=Path(s.draft) if speculative and s.draft else None,
-                          spec_type=s.spec_type if speculative else None, spec_select=s.spec_select, p_min=s.p_min,
+                          spec_type=s.spec_type if speculative else None, spec_select=s.spec_select, plan_pool=s.plan_pool, p_min=s.p_min,
                           draft_chain=s.draft_chain and speculative, chain_vocab=s.chain_vocab if speculative else 0,
                           **self._ngram_sizes(max(cfg.n_max if cfg else n_max, 1)),
-                          n_max=cfg.n_max if cfg else n_max, ctx=ctx, parallel=cfg.parallel if cfg else 1,
+                          n_max=cfg.n_max if cfg else n_max, adaptive=cfg.adaptive if cfg else False, ctx=ctx, parallel=cfg.parallel if cfg else 1,
                           sampling=s.sampling(cfg.temp if cfg else 0.0),
                           planes=cfg.plane_options if cfg else PlaneOptions(), inject=(cfg.inject if cfg else "") or "pruned",
                           placement=s.placement, n_gpu_layers=s.n_gpu_layers, n_gpu_layers_draft=s.n_gpu_layers)

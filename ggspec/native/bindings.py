@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ggspec.native import build, paths
 
-SHIM_ABI_VERSION = 6
+SHIM_ABI_VERSION = 7
 GGML_LOG_LEVEL_ERROR = 4
 
 # llama.cpp logs a great deal to stderr. We keep its recent lines (errors explain NULL returns)
@@ -139,6 +139,9 @@ def _declare_shim(lib: ctypes.CDLL) -> None:
     f32p = POINTER(c_float)
     i32p = POINTER(c_int32)
     _declare(lib, "ggspec_set_embeddings_layer_inp", [c_void_p, c_uint32, c_bool], None)
+    # patch 0012: the prepared-plan pool
+    _declare(lib, "ggspec_set_plan_pool", [c_void_p, c_uint32, c_uint32], None)
+    _declare(lib, "ggspec_get_plan_stats", [c_void_p, i32p, i32p, i32p], None)
     _declare(lib, "ggspec_get_embeddings_layer_inp", [c_void_p, c_uint32], f32p)
     _declare(lib, "ggspec_model_target_layer_ids", [c_void_p], i32p)
     _declare(lib, "ggspec_model_target_layer_ids_n", [c_void_p], c_uint32)

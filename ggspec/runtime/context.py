@@ -138,6 +138,10 @@ class Context(OwnedHandle):
         self._get_logits.argtypes, self._get_logits.restype = [ctypes.c_void_p], ctypes.c_void_p
         self._logits_key: tuple[int | None, int] = (None, -1)  # (buffer address, rows) of _logits
         self._logits = np.empty((0, model.n_vocab), dtype=np.float32)
+        # the same for a layer's extracted inputs (raw addresses: held DFlash rows copy one row a step)
+        self._get_layer_inp = type(self.quick.llama_get_logits)(("ggspec_get_embeddings_layer_inp", self.quick))
+        self._get_layer_inp.argtypes = [ctypes.c_void_p, ctypes.c_uint32]
+        self._get_layer_inp.restype = ctypes.c_void_p
         self._layer_inputs_on: frozenset[int] = frozenset()  # layers whose inputs decodes extract
         self._extracted: frozenset[int] = frozenset()  # ... and which the last decode did extract
 
@@ -209,18 +213,24 @@ class Context(OwnedHandle):
         if row0 < 0 or row0 + n_rows > self._n_rows:
             raise LlamaError(f"rows {row0}..{row0 + n_rows - 1} requested, the last decode had {self._n_rows}")
 
-    def layer_inputs(self, layer_ids, n_rows: int) -> np.ndarray:
-        """Inputs of the given layers for the last decode's first `n_rows` batch rows,
+    def layer_inputs(self, layer_ids, n_rows: int, row0: int = 0) -> np.ndarray:
+        """Inputs of the given layers for the last decode's batch rows row0..row0+n_rows-1,
         concatenated per row: shape (n_rows, len(layer_ids) * n_embd), float32, copied."""
-        self.check_layer_inputs(layer_ids, 0, n_rows)
+        self.check_layer_inputs(layer_ids, row0, n_rows)
         n_embd = self.model.n_embd
         out = np.empty((n_rows, len(layer_ids) * n_embd), dtype=np.float32)
+        if n_rows == 0:
+            return out
+        width, base = n_embd * 4, out.ctypes.data  # bytes of one layer's row; where the copy goes
         for k, il in enumerate(layer_ids):
-            ptr = self.lc._lib.ggspec_get_embeddings_layer_inp(self.ptr, int(il))
-            if not ptr:
+            src = self._get_layer_inp(self.ptr, il)
+            if not src:
                 raise LlamaError(f"target layer {il} input was not extracted")
-            src = np.ctypeslib.as_array(ptr, shape=(n_rows, n_embd))
-            out[:, k * n_embd:(k + 1) * n_embd] = src
+            if n_rows == 1:
+                ctypes.memmove(base + k * width, src + row0 * width, width)
+            else:
+                out[:, k * n_embd:(k + 1) * n_embd] = np.ctypeslib.as_array(
+                    ctypes.cast(src + row0 * width, ctypes.POINTER(ctypes.c_float)), shape=(n_rows, n_embd))
         return out
 
     # --- the draft's "nextn" output rows (DFlash2 selector lattice, DSpark confidence) ------------
@@ -304,6 +314,20 @@ class Context(OwnedHandle):
             raise LlamaError(f"no recurrent state plane holds the state before position {p0}")
         if not self.quick.llama_memory_seq_rm(self.memory, seq_id, p0, -1):
             raise LlamaError(f"llama.cpp refused to remove positions >= {p0} of sequence {seq_id}")
+
+    # --- prepared plans (patch 0012) ----------------------------------------------------------------
+
+    def set_plan_pool(self, plans: int, max_tokens: int = 64) -> None:
+        """Keep up to `plans` prepared graphs and scheduler plans for ubatches of at most
+        `max_tokens` tokens (0: off, llama.cpp's one plan), so alternating shapes (draft, verify,
+        inject) stop re-planning each other away."""
+        self.lc._lib.ggspec_set_plan_pool(self.ptr, int(plans), int(max_tokens))
+
+    def plan_stats(self) -> tuple[int, int, int]:
+        """(graphs reused, of which from a parked plan, graphs built) since the context was made."""
+        out = [ctypes.c_int32() for _ in range(3)]
+        self.lc._lib.ggspec_get_plan_stats(self.ptr, *(ctypes.byref(x) for x in out))
+        return tuple(int(x.value) for x in out)
 
     # --- recurrent state planes (patch 0002) -----------------------------------------------------
 

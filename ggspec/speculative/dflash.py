@@ -161,6 +161,8 @@ class DFlashProposer:
         # decode overwrites them: the engine calls flush() right before every target decode.
         self._rows: dict[int, tuple[int, int, int]] = {}
         self._drop_from: dict[int, int] = {}  # deferred mode: rejected rows to remove after a flush
+        # rows copied to host memory by hold(), per sequence: (first position, rows), oldest first
+        self._held: dict[int, list[tuple[int, np.ndarray]]] = {}
 
     def _setup_draft(self) -> None:
         """Extra outputs the variant reads (DFlash needs none)."""
@@ -168,6 +170,7 @@ class DFlashProposer:
     # --- feature rows of target positions ---------------------------------------------------------
 
     def begin(self, seq, cached: int = 0) -> None:
+        self._held.pop(seq.seq_id, None)
         self.draft.remove(cached, seq.seq_id)  # the previous sequence's positions past the shared prefix
 
     def observe(self, spans: list[Span]) -> None:
@@ -191,29 +194,52 @@ class DFlashProposer:
         elif self.draft.pos_max(seq.seq_id) >= drop_from:  # immediate: the rows are in the cache already
             self.draft.remove(drop_from, seq.seq_id)
 
-    def flush(self) -> None:
-        """Inject every captured row into the draft cache: one call for all sequences (more only
-        when the rows exceed the draft's n_ubatch)."""
-        if not self._rows:
-            return
-        pending = [(seq_id, row0, pos0, n) for seq_id, (row0, pos0, n) in self._rows.items() if n > 0]
+    def hold(self) -> None:
+        """No draft comes before the next target decode: copy the captured rows to host memory,
+        where the next flush finds them, instead of calling the draft now (the adaptive length's
+        steps that verify no draft)."""
+        for seq_id, (row0, pos0, n) in self._rows.items():
+            drop = self._drop_from.pop(seq_id, None)  # deferred mode: the rejected rows go now
+            n = n if drop is None else min(n, drop - pos0)
+            if n > 0:
+                rows = self.target.layer_inputs(self.info.target_layers, n, row0)
+                self._held.setdefault(seq_id, []).append((pos0, rows))
         self._rows.clear()
-        room = self.draft.n_ubatch  # a non-causal call with more rows than n_ubatch aborts llama.cpp
+
+    def flush(self) -> None:
+        """Inject every captured row (and every held one) into the draft cache: one call for all
+        sequences (more only when the rows exceed the draft's n_ubatch)."""
+        if not self._rows and not self._held:
+            return
+        held, self._held = self._held, {}
+        live = [(seq_id, row0, pos0, n) for seq_id, (row0, pos0, n) in self._rows.items() if n > 0]
+        self._rows.clear()
         self._batch.clear()
-        for seq_id, row0, pos0, n in pending:
-            off = 0
-            while off < n:
-                take = min(n - off, room - self._batch.n_tokens)
-                self._batch.add_layer_inputs(self.target, self.info.target_layers, row0 + off, take, pos0 + off, seq_id)
-                off += take
-                if self._batch.n_tokens == room:
-                    self.draft.decode(self._batch)
-                    self._batch.clear()
+        for seq_id, parts in held.items():
+            for pos0, rows in parts:
+                self._put(len(rows), lambda off, take: self._batch.add_embd_rows(rows[off:off + take], pos0 + off,
+                                                                                 seq_id))
+        layers = self.info.target_layers
+        for seq_id, row0, pos0, n in live:
+            self._put(n, lambda off, take: self._batch.add_layer_inputs(self.target, layers, row0 + off, take,
+                                                                        pos0 + off, seq_id))
         if self._batch.n_tokens:
             self.draft.decode(self._batch)
         for seq_id, drop_from in self._drop_from.items():
             self.draft.remove(drop_from, seq_id)
         self._drop_from.clear()
+
+    def _put(self, n: int, add) -> None:
+        """Add n rows to the injection batch through add(offset, count), decoding whenever it is
+        full: a non-causal call with more rows than n_ubatch aborts llama.cpp."""
+        room, off = self.draft.n_ubatch, 0
+        while off < n:
+            take = min(n - off, room - self._batch.n_tokens)
+            add(off, take)
+            off += take
+            if self._batch.n_tokens == room:
+                self.draft.decode(self._batch)
+                self._batch.clear()
 
     # --- drafting --------------------------------------------------------------------------------
 
@@ -285,6 +311,7 @@ class DFlashProposer:
         flush, which may be fewer than `keep`."""
         self._rows.pop(seq.seq_id, None)
         self._drop_from.pop(seq.seq_id, None)
+        self._held.pop(seq.seq_id, None)
         if keep <= 0:
             self.draft.drop_sequence(seq.seq_id)
             return 0
@@ -295,6 +322,7 @@ class DFlashProposer:
         """Forget captured rows and empty the draft cache."""
         self._rows.clear()
         self._drop_from.clear()
+        self._held.clear()
         self.draft.clear()
 
     def close(self) -> None:

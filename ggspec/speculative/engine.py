@@ -29,6 +29,7 @@ import numpy as np
 from ggspec.errors import ClosedError, InputError, LlamaError
 from ggspec.runtime import Batch, Context
 from ggspec.speculative.dflash import make_dflash_proposer
+from ggspec.speculative.draft_length import DraftLength
 from ggspec.speculative.models import DraftPlan, Models, PairConfig, resolve_n_max
 from ggspec.speculative.ngram_cache import N_DRAFT as NGRAM_CACHE_N_DRAFT
 from ggspec.speculative.planes import AutoLead, default_lead
@@ -45,6 +46,13 @@ NO_DRAFT = Draft(EMPTY)
 
 def _seq_id(seq: Sequence) -> int:
     return seq.seq_id
+
+
+def _cut(d: Draft, k: int) -> Draft:
+    """The first k tokens of a draft (with their distributions)."""
+    if len(d) <= k:
+        return d
+    return Draft(d.tokens[:k], None if d.probs is None else d.probs[:k])
 
 
 def _span(id_last: int, drafts: np.ndarray, width: int | None) -> np.ndarray:
@@ -134,6 +142,7 @@ class Engine:
         if self.speculative and models.target.is_recurrent:
             cfg.planes.check(self.n_max)
         check_options(cfg, self.n_max, self.speculative, draft_model=self.plan.info is not None)
+        self.draft_length = self._make_draft_length() if cfg.adaptive and self.speculative else None
         self.sampling = cfg.sampling  # what a sequence added without its own settings gets
         self.verifier: Verifier = verifier or SequenceVerifier()
         self.auto_lead: AutoLead | None = None
@@ -146,10 +155,14 @@ class Engine:
         try:
             self._set_planes()
             self._make_proposer()
+            for ctx in (self.target, self.draft_ctx):
+                if ctx is not None and cfg.plan_pool:
+                    ctx.set_plan_pool(cfg.plan_pool)
             self._batch = Batch(self.target)
         except BaseException:
             self.close()
             raise
+        self._holding = False  # this step drafts nothing and the proposer keeps rows for later (_flush)
         self._free_ids = list(range(self.parallel))
         self.prompt_cache = prompt_cache and not models.target.is_recurrent
         if self.prompt_cache and "draft-eagle3" in self.plan.kinds:
@@ -219,6 +232,13 @@ class Engine:
         if own is None:
             return resolve_n_max(cfg.n_max, plan.max_draft, self.warnings)
         return resolve_n_max(cfg.n_max if given and cfg.n_max is not None else own, None, self.warnings)
+
+    def _make_draft_length(self) -> DraftLength:
+        """The adaptive rule (`--spec-draft-n-max auto`), told what the proposer's costs grow with."""
+        kinds = self.plan.kinds
+        fixed = self.plan.info is not None or any(part.info is not None for part in self.plan.parts)
+        return DraftLength(self.n_max, cheap=all(k.startswith("ngram") for k in kinds), fixed_block=fixed,
+                           equal_spans=self.models.target.is_recurrent, n_min=self.cfg.n_min)
 
     def _make_proposer(self) -> None:
         kinds, cfg = self.plan.kinds, self.cfg
@@ -372,6 +392,8 @@ class Engine:
         self.active.append(seq)
         if seq.speculate:
             self.proposer.begin(seq, cached)
+            if self.draft_length is not None:
+                self.draft_length.begin(seq)
         elif self.proposer is not None:
             self.proposer.release(seq)  # its draft cells would go stale
         return seq
@@ -440,6 +462,8 @@ class Engine:
         """Free a sequence's slot. With the prompt cache its cells stay, up to its last decoded
         position, for a later prompt that starts the same way."""
         self.active.remove(seq)
+        if self.draft_length is not None:
+            self.draft_length.forget(seq)
         keep = min(seq.pos, len(seq.history) - 1) if self.prompt_cache and seq.started else 0
         if self.proposer is not None:  # the draft's cells must hold the same positions as the target's
             keep = self.proposer.release(seq, keep) if seq.speculate else 0
@@ -497,20 +521,22 @@ class Engine:
         """The only place the target decodes: the proposer flushes what it captured from the
         previous decode first (those rows are overwritten now), then hears about the new rows.
         Returns the seconds spent flushing."""
-        t = 0.0
-        if self.proposer is not None:
-            t0 = time.perf_counter()
-            self.proposer.flush()
-            t = time.perf_counter() - t0
+        t = self._flush()
         self.target.decode(batch)
         if self.proposer is not None and spans:
             self.proposer.observe(spans)  # only speculating sequences' spans are passed
         return t
 
     def _flush(self) -> float:
+        """Hand what the proposer captured to the draft (seconds spent); in a step that does not
+        draft, a proposer that can keep the rows in host memory until it drafts again does
+        (`hold`: the adaptive length's k = 0 steps then cost no draft-context call)."""
         t0 = time.perf_counter()
         if self.proposer is not None:
-            self.proposer.flush()
+            if self._holding:
+                self.proposer.hold()
+            else:
+                self.proposer.flush()
         return time.perf_counter() - t0
 
     def _prefill(self, seq: Sequence) -> Step:
@@ -572,14 +598,21 @@ class Engine:
         t_start = time.perf_counter()
         calls0 = self._calls()
         n, drafting = self._plan_drafts(live)
+        auto = self.draft_length
+        if auto is not None and drafting:
+            n, drafting = auto.before(live, drafting, n)
+        self._holding = auto is not None and not drafting and hasattr(self.proposer, "hold")
         t_inject = self._flush()
 
         t = time.perf_counter()
         drafts = dict.fromkeys(live, NO_DRAFT)
+        made: dict[Sequence, Draft] = {}  # the drafts as made (the adaptive rule scores them whole)
         if drafting:
             for seq, d in zip(drafting, self.proposer.propose(drafting, n)):
-                cap = seq.left - 1  # drafted past the budget: never verified
-                drafts[seq] = d if len(d) <= cap else Draft(d.tokens[:cap], None if d.probs is None else d.probs[:cap])
+                made[seq] = _cut(d, seq.left - 1)  # drafted past the budget: never verified
+            verified = auto.after(live, made) if auto is not None else {}
+            for seq, d in made.items():
+                drafts[seq] = _cut(d, verified[seq]) if auto is not None else d
         t_draft = time.perf_counter() - t
 
         # verify: every sequence's span [id_last, d1..dn] in one target decode
@@ -590,6 +623,7 @@ class Engine:
                 seq.done = True
                 live.remove(seq)
             if not live:
+                self._holding = False
                 return []
         batch = self._batch.clear()
         spans, blocks, row = [], [], 0
@@ -626,6 +660,9 @@ class Engine:
 
         t_total = time.perf_counter() - t_start
         self._count(t_total, self._calls() - calls0)
+        if auto is not None:
+            auto.measured(len(live), len(drafting), n, t_draft, row, t_verify, t_total - t_draft - t_verify)
+        self._holding = False
         replayed = {seq for seq, _ in replays}
         result = []
         for seq, out, sp in zip(live, outcomes, spans):
@@ -637,6 +674,10 @@ class Engine:
                 step.margins.append(top2_margin(logits[sp.row0]))
             if self.auto_lead is not None and d:
                 self.auto_lead.observe(out.accepted, d)
+            if auto is not None and seq.speculate:
+                step.k = d
+                m = made.get(seq)
+                auto.committed(seq, seq.pos, None if m is None else m.tokens, d, out.accepted)
             seq.pos += out.accepted + 1
             self._commit_tokens(seq, step, out.tokens)
             self.stats.tokens += len(step.tokens)

@@ -49,6 +49,12 @@ class PairConfig:
     # draft tokens per step; None: DEFAULT_N_MAX fitted to the draft's block without a warning
     # (a value someone asked for is clamped with one)
     n_max: int | None = None
+    # `--spec-draft-n-max auto`: each step chooses how many of the drafts (at most n_max) each
+    # sequence verifies, from measured costs and acceptance (draft_length.py)
+    adaptive: bool = False
+    # prepared plans each context keeps (patch 0012; 0: llama.cpp's one): the alternating shapes of
+    # draft, verify and inject stop re-planning each other away
+    plan_pool: int = 0
     p_min: float = 0.0  # stop a draft where the draft's confidence falls below this (0: never)
     n_min: int = 0  # draft-simple, draft-mtp: a shorter draft is dropped (llama.cpp's --spec-draft-n-min)
     draft_chain: bool = False  # draft-mtp: all draft steps in one decode (patch 0011)
@@ -77,6 +83,8 @@ class PairConfig:
         """Option values that are wrong whatever the files are."""
         if self.n_max is not None and self.n_max < 1:
             raise InputError(f"the draft length must be at least 1 (got {self.n_max})", field="n_max")
+        if not 0 <= self.plan_pool <= 64:
+            raise InputError(f"the prepared plans must be 0..64 (got {self.plan_pool})", field="plan_pool")
         if self.chain_vocab < 0:
             raise InputError(f"the draft vocabulary must be at least 0 tokens (got {self.chain_vocab})",
                              field="chain_vocab")
@@ -290,6 +298,23 @@ def check_mtp(target: GGUFMeta) -> None:
     if target.n_nextn != 1:
         raise InputError(f"the target has {target.n_nextn} MTP blocks: ggspec runs single-head MTP only "
                          "(llama.cpp's chain-head mode is not ported yet)", field="spec_type")
+
+
+def parse_n_max(text: str) -> tuple[int | None, bool]:
+    """`--spec-draft-n-max` as written: "7" -> (7, False), "auto" -> (None, True) (the type's
+    default length as the cap), "auto:7" -> (7, True)."""
+    word, _, cap = text.strip().partition(":")
+    if word == "auto":
+        if not cap:
+            return None, True
+        text = cap
+    try:
+        value = int(text)
+    except ValueError:
+        raise InputError(f"{text}: expected a number of draft tokens, 'auto' or 'auto:N'", field="n_max") from None
+    if value < 1:
+        raise InputError(f"the draft length must be at least 1 (got {value})", field="n_max")
+    return value, word == "auto"
 
 
 def resolve_n_max(requested: int | None, max_draft: int | None, warnings: list[str]) -> int:

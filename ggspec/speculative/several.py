@@ -30,39 +30,11 @@ import time
 
 import numpy as np
 
+from ggspec.speculative.costs import Acceptance, ema
 from ggspec.speculative.proposer import Draft, Proposer
 
 SELECT_RULES = ("first", "cost")
 _EMPTY = np.empty(0, dtype=np.int32)
-DECAY = 0.99  # per scored draft: the acceptance counts follow the text's current kind
-EMA = 0.1  # the measured costs' smoothing
-
-
-class Acceptance:
-    """A type's running acceptance: per draft position, how often it was reached and accepted."""
-
-    def __init__(self, n: int) -> None:
-        self.tried = np.zeros(n)
-        self.accepted = np.zeros(n)
-
-    def add(self, length: int, matched: int, known: int) -> None:
-        """A draft of `length` tokens whose first `matched` were right, of which the first `known`
-        positions could be checked (a verify checks matched + 1, the committed tokens as many)."""
-        self.tried *= DECAY
-        self.accepted *= DECAY
-        reached = min(length, matched + 1, known, len(self.tried))
-        self.tried[:reached] += 1
-        self.accepted[:min(matched, reached)] += 1
-
-    def expected(self, length: int) -> float:
-        """Expected committed tokens of a draft this long: the target's own token plus each
-        drafted one that survives (a 1/2 prior where nothing was seen)."""
-        rates = (self.accepted[:length] + 1) / (self.tried[:length] + 2)
-        return 1.0 + float(np.cumprod(rates).sum())
-
-
-def _ema(old: float | None, new: float) -> float:
-    return new if old is None else old + EMA * (new - old)
 
 
 class SeveralProposer:
@@ -108,7 +80,7 @@ class SeveralProposer:
 
     def commit(self, seq, pos0: int, n_committed: int, other: bool = False) -> None:
         if self._t_proposed is not None:  # the first commit after a propose: the verify just ran
-            self.t_verify = _ema(self.t_verify, time.perf_counter() - self._t_proposed)
+            self.t_verify = ema(self.t_verify, time.perf_counter() - self._t_proposed)
             self._t_proposed = None
         sid = seq.seq_id
         verified = self._verified.pop(sid, None)
@@ -149,7 +121,7 @@ class SeveralProposer:
     def _call(self, i: int, seqs, n: int) -> list[Draft]:
         t0 = time.perf_counter()
         drafts = self.proposers[i].propose(seqs, min(n, self.caps[i]))
-        self.t_call[i] = _ema(self.t_call[i], time.perf_counter() - t0)
+        self.t_call[i] = ema(self.t_call[i], time.perf_counter() - t0)
         return drafts
 
     def _first(self, seqs, n: int) -> list[Draft]:

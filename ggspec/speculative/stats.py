@@ -23,6 +23,7 @@ class Step:
     t_replay: float = 0.0  # seconds re-decoding committed tokens no recurrent plane kept
     replayed: bool = False
     t_total: float = 0.0  # wall time of the whole step
+    k: int | None = None  # the adaptive length (auto): drafted tokens it verified this step
     margins: list[float] = field(default_factory=list)  # top-2 logit gap per token (optional)
 
     @property
@@ -55,6 +56,7 @@ class RunStats:
     accept_hist: list[int] = field(default_factory=list)  # steps by number of accepted drafts
     pos_drafted: list[int] = field(default_factory=list)  # steps that drafted a token at position i
     pos_accepted: list[int] = field(default_factory=list)  # ... and had it accepted
+    k_hist: list[int] = field(default_factory=list)  # the adaptive length: steps by drafted tokens verified
 
     def add(self, step: Step) -> None:
         if step.kind == "prefill":
@@ -73,14 +75,14 @@ class RunStats:
         self.t_replay += step.t_replay
         self.replays += step.replayed
         self.t_overhead += step.t_overhead
+        if step.k is not None:
+            bump(self.k_hist, step.k)
         if step.kind == "spec":
             self.spec_steps += 1
             self.drafted += step.drafted
             self.accepted += step.accepted
             self.committed_spec += step.accepted + 1
-            if len(self.accept_hist) <= step.accepted:
-                self.accept_hist.extend([0] * (step.accepted + 1 - len(self.accept_hist)))
-            self.accept_hist[step.accepted] += 1
+            bump(self.accept_hist, step.accepted)
             count_positions(self.pos_drafted, step.drafted)
             count_positions(self.pos_accepted, step.accepted)
 
@@ -106,6 +108,14 @@ class RunStats:
     def position_acceptance(self) -> list[float]:
         """P(draft position i is accepted | it was drafted), i = 0..n_max-1."""
         return [a / d if d else 0.0 for a, d in zip(self.pos_accepted + [0] * len(self.pos_drafted), self.pos_drafted)]
+
+    @property
+    def k_summary(self) -> str:
+        """The adaptive length's choices: 'k 0: 61 %, 3: 30 %, 7: 9 %' ("" without it)."""
+        total = sum(self.k_hist)
+        if not total:
+            return ""
+        return "k " + ", ".join(f"{k}: {100 * c / total:.0f} %" for k, c in enumerate(self.k_hist) if c)
 
     @property
     def replay_share(self) -> float:
@@ -140,6 +150,13 @@ def merge(runs) -> RunStats:
             else:
                 setattr(total, f.name, mine + theirs)
     return total
+
+
+def bump(counts: list[int], i: int) -> None:
+    """counts[i] += 1, growing the list as needed."""
+    if len(counts) <= i:
+        counts.extend([0] * (i + 1 - len(counts)))
+    counts[i] += 1
 
 
 def count_positions(counts: list[int], n: int) -> None:

@@ -1,0 +1,304 @@
+"""`--spec-draft-n-max auto`: how many drafted tokens each sequence verifies, chosen every step.
+
+A step that verifies k_s drafted tokens of every sequence s commits, in expectation,
+  sum over s of (1 + g_s(1) + ... + g_s(k_s)),   g_s(i) = the chance that drafts 1..i all survive
+(running, decaying per-position counts of the sequence's own drafts; costs.Acceptance), and costs
+  draft(n) + verify(rows) + rest,
+the measured seconds of the draft call for a length n = max k_s (none when every k_s is 0), of a
+target decode of rows = sum (k_s + 1), and of the rest of a step (injection, replays, Python).
+The rule takes the k_s that maximise committed tokens per second. Since each g_s falls with i, the
+best use of j verify rows beyond the sequences' own is the j largest g_s(i) of all sequences: one
+sorted pass gives every j, and the step picks the best j, k = 0 for everyone (plain decoding)
+included. Hybrid targets with several sequences verify equal spans (engine._span_width), so there
+every sequence gets the same k.
+
+What the rule does not change: a DFlash-family block keeps its length n (its drafts depend on it,
+so only how many of them are verified changes); the n-gram types draft at their full length
+whatever k is (it costs microseconds, and the tokens past k are scored against the text); a model
+drafter is asked for max k_s tokens (their first k are what a longer draft would start with).
+Every choice is made from the past only, so greedy output equals plain greedy and sampled output
+keeps its distribution whatever k is.
+
+Learning: every draft is scored against the committed text as it arrives, also past the verified
+k (a verify that accepts all k leaves the rest to the tokens that follow), so the counts cover
+every drafted position. A sequence at k = 0 with a model drafter makes no drafts and learns
+nothing; it looks again (drafts without verifying) after PROBE_FIRST steps and waits twice as
+long after each look, up to what keeps looks at LOOK_SHARE of the time (the measured cost of a look
+against a plain step's; at most WAIT_MAX steps). A look whose every drafted token proves right (the
+text repeats) brings the wait back to PROBE_FIRST, as does a step that verifies drafts again. A
+sequence starts from what the last sequence to finish learned (its counts scaled to PRIOR_WEIGHT
+drafts, and its wait: the same workload usually continues), the first one from an even prior.
+
+Costs: the first WARM_UP steps draft at the full length, as many more verify nothing, so both ends
+are measured; costs of shapes not seen yet are read off the line through the nearest ones seen
+(costs.ShapeCosts). Plain and speculative steps are measured apart: a draft call evicts the
+target's weights from the caches, so the target decode after it is slower (on the tiny pair, a
+one-row decode after a draft call costs 1.3-2x one after another decode), and only a step with a
+draft has injection to do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ggspec.speculative.costs import Acceptance, ShapeCosts, ema
+
+PROBE_FIRST = 4  # steps at k = 0 before a sequence with a model drafter looks at its drafts again
+LOOK_SHARE = 0.01  # what looks may cost, as a share of the time of plain steps
+WAIT_MAX = 256  # the longest wait between two looks, whatever the costs
+PROBE_LEN = 4  # a look's length for drafters whose cost grows with the length
+PRIOR_WEIGHT = 4.0  # drafts' worth of the last finished sequence's counts a new sequence starts from
+REPLAN = 16  # steps without new counts before the rule is computed again (costs drift)
+REPLAN_MIN = 4  # steps between two computations of the rule (each costs tens of microseconds)
+WARM_UP = 2  # steps at the full length, then as many without drafts, before the rule decides
+
+
+@dataclass
+class _Track:
+    """What the rule keeps of one sequence."""
+
+    acceptance: Acceptance
+    pending: list = field(default_factory=list)  # [pos0, tokens, first unchecked index, a look?] to score
+    k: int = -1  # the length chosen at its last step (-1: none yet)
+    waited: int = 0  # steps at k = 0 since its last look
+    wait: int = PROBE_FIRST
+    fresh: bool = True  # counts changed since the rule was last computed
+
+
+class DraftLength:
+    """Chooses, per step, which sequences draft, the length asked, and each one's verified k."""
+
+    def __init__(self, n_max: int, *, cheap: bool, fixed_block: bool, equal_spans: bool, n_min: int = 0) -> None:
+        """`cheap`: drafting costs next to nothing (n-gram types: always draft, choose k after);
+        `fixed_block`: the draft's length must stay n (DFlash family); `equal_spans`: several
+        sequences verify spans of one length (hybrid targets); `n_min`: a model drafter drops
+        drafts shorter than this, so it is never asked for fewer."""
+        self.n_max = n_max
+        self.cheap = cheap
+        self.fixed_block = fixed_block
+        self.equal_spans = equal_spans
+        self.n_min = n_min
+        # verify decodes by rows, of plain steps (no draft verified, no draft call in this step or
+        # the one before: a draft call also slows the next target call, its caches gone) and of
+        # speculative ones; and the rest of each kind of step (injection, replays, Python)
+        self.plain = ShapeCosts()
+        self.spec = ShapeCosts()
+        self.rest_plain: float | None = None
+        self.rest_spec: float | None = None
+        self.draft: dict[int, ShapeCosts] = {}  # by sequences drafting, then by length asked
+        self._called = False  # the last step made a model draft call
+        self.tracks: dict[int, _Track] = {}
+        self.looks = 0  # drafts made only to learn (k = 0)
+        self._steps = 0
+        self._since = 0  # steps since the rule was last computed
+        self._plan: dict[int, int] = {}  # seq_id -> k, for the drafts of this step
+        self._learned: tuple | None = None  # (tried, accepted, wait) a new sequence starts from
+
+    # --- sequences --------------------------------------------------------------------------------
+
+    def begin(self, seq) -> None:
+        acceptance = Acceptance(self.n_max)
+        track = _Track(acceptance)
+        if self._learned is not None:  # (and the wait between looks it had reached)
+            acceptance.tried, acceptance.accepted, track.wait = self._learned[0].copy(), self._learned[1].copy(), \
+                self._learned[2]
+        self.tracks[seq.seq_id] = track
+        self._plan.pop(seq.seq_id, None)
+
+    def forget(self, seq) -> None:
+        t = self.tracks.pop(seq.seq_id, None)
+        if t is not None and t.acceptance.tried[0] > 0:
+            scale = min(1.0, PRIOR_WEIGHT / t.acceptance.tried[0])
+            self._learned = (t.acceptance.tried * scale, t.acceptance.accepted * scale, t.wait if t.k == 0 else PROBE_FIRST)
+
+    # --- before the draft call ----------------------------------------------------------------------
+
+    def before(self, live: list, eligible: list, n: int) -> tuple[int, list]:
+        """The length to ask of the proposer and the sequences to draft for (0, []: no draft call).
+        `eligible`: the sequences that may draft this step, `n` the engine's block for them."""
+        for seq in eligible:
+            self._score(seq)
+        self._steps += 1
+        if self.cheap:  # drafting is free: draft everywhere, choose k once the drafts are known (after)
+            return n, eligible
+        if self._steps <= 2 * WARM_UP:  # measure both ends first: the full length, then none
+            full = self._steps <= WARM_UP
+            self._plan = dict.fromkeys((seq.seq_id for seq in eligible), n if full else 0)
+            return (n, eligible) if full else self._looks(eligible, n)
+        if self._keep(eligible):
+            self._since += 1
+            ks = [self._plan[seq.seq_id] for seq in eligible]
+            if not any(ks):
+                return self._looks(eligible, n)
+            return (n if self.fixed_block else max(max(ks), self.n_min)), eligible
+        self._since = 0
+        ks = self._choose(live, eligible, n, [n] * len(eligible))
+        for seq in eligible:
+            self.tracks[seq.seq_id].fresh = False
+        self._plan = {seq.seq_id: k for seq, k in zip(eligible, ks)}
+        if not any(ks):
+            return self._looks(eligible, n)
+        ask = n if self.fixed_block else max(max(ks), self.n_min)
+        return ask, eligible  # (sequences at k = 0 ride along: their drafts are scored, not verified)
+
+    def _keep(self, eligible: list) -> bool:
+        """Whether this step keeps the last choice: the rule is computed again when new counts came
+        in (at most every REPLAN_MIN steps) or REPLAN steps passed (costs drift), and for a
+        sequence it has not chosen for yet."""
+        if any(seq.seq_id not in self._plan for seq in eligible) or self._since >= REPLAN:
+            return False
+        return self._since < REPLAN_MIN or not any(self.tracks[seq.seq_id].fresh for seq in eligible)
+
+    def _looks(self, eligible: list, n: int) -> tuple[int, list]:
+        """No sequence verifies drafts this step: draft only for those whose wait is over."""
+        due = []
+        for seq in eligible:
+            t = self.tracks[seq.seq_id]
+            t.waited += 1
+            if t.waited >= t.wait:
+                t.waited = 0
+                t.wait = min(2 * t.wait, self._longest_wait())
+                due.append(seq)
+        if not due:
+            return 0, []
+        self.looks += len(due)
+        return self._look_len(n), due
+
+    def _look_len(self, n: int) -> int:
+        return n if self.fixed_block else min(n, max(PROBE_LEN, self.n_min))
+
+    def _longest_wait(self) -> int:
+        """The wait between looks that keeps them at LOOK_SHARE of the time of plain steps."""
+        plain = self._plain_cost(1)
+        look = float(self._draft_cost(1, [self._look_len(self.n_max)])[0]) + (self.rest_spec or 0.0) \
+            - (self.rest_plain or 0.0)
+        if plain <= 0 or look <= 0:
+            return PROBE_FIRST
+        return int(min(WAIT_MAX, max(PROBE_FIRST, look / (LOOK_SHARE * plain))))
+
+    # --- after the draft call -----------------------------------------------------------------------
+
+    def after(self, live: list, drafts: dict) -> dict:
+        """Each drafting sequence's verified length (drafts: seq -> Draft, as the proposer made them)."""
+        if self.cheap:
+            seqs = [seq for seq, d in drafts.items() if len(d)]
+            ks = self._choose(live, seqs, self.n_max, [len(drafts[seq]) for seq in seqs]) if seqs else []
+            return {**dict.fromkeys(drafts, 0), **dict(zip(seqs, ks))}
+        return {seq: min(len(d), self._plan.get(seq.seq_id, 0)) for seq, d in drafts.items()}
+
+    def _choose(self, live: list, seqs: list, n: int, lengths: list[int]) -> list[int]:
+        """The rule of the module docstring: k for each of `seqs`, whose drafts can be this long."""
+        n_live, m = len(live), max(1, n)
+        gains = np.zeros((len(seqs), m))
+        for e, (seq, length) in enumerate(zip(seqs, lengths)):
+            room = max(0, min(length, m, seq.left - 1))  # drafts past the budget are never verified
+            gains[e, :room] = self.tracks[seq.seq_id].acceptance.gains(room)
+        draft_always = self._draft_cost(len(seqs), [n])[0] if self.cheap else 0.0  # (made either way)
+        plain = n_live / (self._plain_cost(n_live) + draft_always)
+        if self.equal_spans and n_live > 1:  # one k for every sequence
+            ks = np.arange(1, m + 1)
+            value = n_live + np.cumsum(gains.sum(axis=0))
+            cost = self._spec_cost(n_live * (ks + 1), n_live) + self._draft_cost(len(seqs), ks)
+            j = int(np.argmax(value / cost))
+            k = int(ks[j]) if value[j] / cost[j] > plain else 0
+            return [min(k, int(np.count_nonzero(g))) for g in gains]
+        flat = gains.ravel()
+        order = np.argsort(-flat, kind="stable")
+        order = order[flat[order] > 0]
+        if not len(order):
+            return [0] * len(seqs)
+        value = n_live + np.cumsum(flat[order])
+        need = np.maximum.accumulate(order % m) + 1  # the draft length each prefix needs
+        cost = self._spec_cost(n_live + np.arange(1, len(order) + 1), n_live) + self._draft_cost(len(seqs), need)
+        ratio = value / cost
+        j = int(np.argmax(ratio))
+        if ratio[j] <= plain:
+            return [0] * len(seqs)
+        return np.bincount(order[:j + 1] // m, minlength=len(seqs)).tolist()
+
+    def _plain_cost(self, n_live: int) -> float:
+        """Seconds of a step that verifies no draft (the speculative steps' costs where no plain
+        step was measured yet)."""
+        costs, rest = (self.plain, self.rest_plain) if self.plain else (self.spec, self.rest_spec)
+        return float(costs.at([n_live])[0]) + (rest or 0.0)
+
+    def _spec_cost(self, rows: np.ndarray, n_live: int) -> np.ndarray:
+        """Seconds of the verify and the rest of a step verifying `rows` rows, without its draft
+        call; below the smallest verify measured, read off the line to the plain steps' cost."""
+        rest = self.rest_spec if self.rest_spec is not None else (self.rest_plain or 0.0)
+        if self.plain and self.spec and min(self.spec.seconds) > n_live:
+            line = ShapeCosts()
+            line.seconds = {**self.spec.seconds, n_live: float(self.plain.at([n_live])[0])}
+            return line.at(rows) + rest
+        return (self.spec if self.spec else self.plain).at(rows) + rest
+
+    def _draft_cost(self, n_seqs: int, lengths) -> np.ndarray:
+        """Seconds of a draft call for these lengths (the fixed block's, whatever the length)."""
+        lengths = np.asarray(lengths)
+        return self._draft_costs(n_seqs).at(np.full(lengths.shape, self.n_max) if self.fixed_block else lengths)
+
+    def _draft_costs(self, n_seqs: int, exact: bool = False) -> ShapeCosts:
+        """The draft call's costs with this many sequences drafting (unless `exact`, the nearest
+        count's when this one was never measured)."""
+        if exact or n_seqs in self.draft or not self.draft:
+            return self.draft.setdefault(n_seqs, ShapeCosts(proportional=not (self.cheap or self.fixed_block)))
+        return self.draft[min(self.draft, key=lambda c: abs(c - n_seqs))]
+
+    # --- after the verify ---------------------------------------------------------------------------
+
+    def measured(self, n_live: int, n_drafting: int, n: int, t_draft: float, rows: int, t_verify: float,
+                 t_rest: float) -> None:
+        """One step's costs: the draft call (n_drafting sequences, length n; 0: none), the verify
+        decode of `rows` rows (n_live sequences) and the rest of the step."""
+        called = n_drafting > 0 and not self.cheap  # a model's draft call
+        if n_drafting:
+            self._draft_costs(n_drafting, exact=True).add(self.n_max if self.fixed_block else n, t_draft)
+        if rows > n_live or called:
+            self.spec.add(rows, t_verify)
+            self.rest_spec = ema(self.rest_spec, t_rest)
+        elif not self._called:
+            self.plain.add(rows, t_verify)
+            self.rest_plain = ema(self.rest_plain, t_rest)
+        self._called = called
+
+    def committed(self, seq, pos0: int, tokens: np.ndarray, k: int, accepted: int) -> None:
+        """A sequence's step is over: its draft (None: it made none) of which k were verified and
+        `accepted` survived. Drafts are scored when the text that decides them is committed."""
+        t = self.tracks[seq.seq_id]
+        if k and t.k == 0:  # the looks paid: look soon again once back at k = 0
+            t.wait = PROBE_FIRST
+        t.k = k
+        if tokens is None or not len(tokens):
+            return
+        if accepted < k or accepted == len(tokens):  # the verify decided it
+            t.acceptance.add(len(tokens), accepted, len(tokens))
+            t.fresh = True
+        else:
+            t.pending.append([pos0, tokens.tolist(), accepted, k == 0])
+
+    def _score(self, seq) -> None:
+        """Score the sequence's pending drafts against the tokens committed after them."""
+        t = self.tracks[seq.seq_id]
+        if not t.pending:
+            return
+        history, still = seq.history, []
+        for item in t.pending:
+            pos0, tokens, start, look = item
+            known = min(len(tokens), len(history) - pos0 - 1)
+            if known <= start:
+                still.append(item)
+                continue
+            matched = start
+            while matched < known and tokens[matched] == history[pos0 + 1 + matched]:
+                matched += 1
+            if look and matched == len(tokens):  # the text repeats: look often again
+                t.wait = PROBE_FIRST
+            if matched < known or known == len(tokens):
+                t.acceptance.add(len(tokens), matched, len(tokens))
+                t.fresh = True
+            else:
+                item[2] = known
+                still.append(item)
+        t.pending = still
