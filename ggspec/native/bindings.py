@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ggspec.native import build, paths
 
-SHIM_ABI_VERSION = 7
+SHIM_ABI_VERSION = 8
 GGML_LOG_LEVEL_ERROR = 4
 
 # llama.cpp logs a great deal to stderr. We keep its recent lines (errors explain NULL returns)
@@ -142,6 +142,9 @@ def _declare_shim(lib: ctypes.CDLL) -> None:
     # patch 0012: the prepared-plan pool
     _declare(lib, "ggspec_set_plan_pool", [c_void_p, c_uint32, c_uint32], None)
     _declare(lib, "ggspec_get_plan_stats", [c_void_p, i32p, i32p, i32p], None)
+    # patch 0013: the lean step
+    _declare(lib, "ggspec_copy_layer_inputs", [c_void_p, c_void_p, c_int32, c_int32, c_int32, c_int32, c_void_p],
+             c_int32)
     _declare(lib, "ggspec_get_embeddings_layer_inp", [c_void_p, c_uint32], f32p)
     _declare(lib, "ggspec_model_target_layer_ids", [c_void_p], i32p)
     _declare(lib, "ggspec_model_target_layer_ids_n", [c_void_p], c_uint32)

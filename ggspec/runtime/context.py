@@ -139,9 +139,7 @@ class Context(OwnedHandle):
         self._logits_key: tuple[int | None, int] = (None, -1)  # (buffer address, rows) of _logits
         self._logits = np.empty((0, model.n_vocab), dtype=np.float32)
         # the same for a layer's extracted inputs (raw addresses: held DFlash rows copy one row a step)
-        self._get_layer_inp = type(self.quick.llama_get_logits)(("ggspec_get_embeddings_layer_inp", self.quick))
-        self._get_layer_inp.argtypes = [ctypes.c_void_p, ctypes.c_uint32]
-        self._get_layer_inp.restype = ctypes.c_void_p
+        self._layer_id_arrays: dict[tuple, ctypes.Array] = {}  # layer ids as C arrays (layer_inputs)
         self._layer_inputs_on: frozenset[int] = frozenset()  # layers whose inputs decodes extract
         self._extracted: frozenset[int] = frozenset()  # ... and which the last decode did extract
 
@@ -221,16 +219,12 @@ class Context(OwnedHandle):
         out = np.empty((n_rows, len(layer_ids) * n_embd), dtype=np.float32)
         if n_rows == 0:
             return out
-        width, base = n_embd * 4, out.ctypes.data  # bytes of one layer's row; where the copy goes
-        for k, il in enumerate(layer_ids):
-            src = self._get_layer_inp(self.ptr, il)
-            if not src:
-                raise LlamaError(f"target layer {il} input was not extracted")
-            if n_rows == 1:
-                ctypes.memmove(base + k * width, src + row0 * width, width)
-            else:
-                out[:, k * n_embd:(k + 1) * n_embd] = np.ctypeslib.as_array(
-                    ctypes.cast(src + row0 * width, ctypes.POINTER(ctypes.c_float)), shape=(n_rows, n_embd))
+        ids = tuple(layer_ids)
+        arr = self._layer_id_arrays.get(ids)
+        if arr is None:
+            arr = self._layer_id_arrays[ids] = (ctypes.c_int32 * len(ids))(*ids)
+        if self.lc._lib.ggspec_copy_layer_inputs(self.ptr, arr, len(ids), n_embd, row0, n_rows, out.ctypes.data):
+            raise LlamaError(f"the inputs of target layers {list(ids)} were not extracted")
         return out
 
     # --- the draft's "nextn" output rows (DFlash2 selector lattice, DSpark confidence) ------------

@@ -9,10 +9,13 @@ by its size).
 
 from __future__ import annotations
 
+from collections import deque
+
 import numpy as np
 
 DECAY = 0.99  # per scored draft: the acceptance counts follow the text's current kind
-EMA = 0.1  # the measured costs' smoothing
+EMA = 0.1  # the smoothing of costs measured as one number
+RECENT = 16  # calls of each size whose times a cost estimate reads
 
 
 def ema(old: float | None, new: float) -> float:
@@ -50,48 +53,59 @@ class Acceptance:
 
 class ShapeCosts:
     """Seconds of one kind of call by its size (rows of a verify, tokens of a draft), measured as
-    the calls happen: each size's smoothed time, from its second call on (a size's first call also
-    builds and allocates its graph: 4x the time on the tiny pair); a size not seen yet is read off the line through
-    the nearest sizes seen (past either end, the line of the two nearest, never below zero). With
-    one size seen, `proportional` calls (a draft of n sequential steps) scale with the size, the
-    others cost the same at every size."""
+    the calls happen: for each size, the lower quartile of its last RECENT calls (robust to the
+    slow ones: a size's first calls also build and allocate graphs, 2-4x the time on the tiny
+    pair, and the machine's other work only ever adds time); a size not seen yet is read off the
+    line through the nearest sizes seen (past either end, the line of the two nearest, never below
+    zero). With one size seen, `proportional` calls (a draft of n sequential steps) scale with the
+    size, the others cost the same at every size."""
 
     def __init__(self, proportional: bool = False) -> None:
         self.proportional = proportional
-        self.seconds: dict[int, float] = {}
-        self._first: set[int] = set()  # sizes whose one measurement so far was their first call
+        self.samples: dict[int, deque] = {}
         self._curve: tuple[np.ndarray, np.ndarray] | None = None
 
     def add(self, size: int, seconds: float) -> None:
-        if size in self._first:  # the second call replaces the first
-            self._first.discard(size)
-            self.seconds[size] = seconds
-        elif size in self.seconds:
-            self.seconds[size] = ema(self.seconds[size], seconds)
-        else:
-            self._first.add(size)
-            self.seconds[size] = seconds
+        recent = self.samples.get(size)
+        if recent is None:
+            recent = self.samples[size] = deque(maxlen=RECENT)
+        recent.append(seconds)
         self._curve = None
 
+    @property
+    def seconds(self) -> dict[int, float]:
+        """Each measured size's estimate."""
+        return {size: sorted(v)[len(v) // 4] for size, v in self.samples.items()}
+
     def __contains__(self, size: int) -> bool:
-        return size in self.seconds
+        return size in self.samples
 
     def __bool__(self) -> bool:
-        return bool(self.seconds)
+        return bool(self.samples)
 
-    def at(self, sizes) -> np.ndarray:
-        """Estimated seconds at each size (nothing measured: zeros)."""
+    def at(self, sizes, extra: dict[int, float] | None = None) -> np.ndarray:
+        """Estimated seconds at each size (nothing measured: zeros); `extra`: more (size, seconds)
+        points for the line, where no size was measured."""
         sizes = np.asarray(sizes, dtype=np.float64)
-        if not self.seconds:
+        if extra:
+            points = {**extra, **self.seconds}
+            xs = np.array(sorted(points), dtype=np.float64)
+            return _read(xs, np.array([points[int(x)] for x in xs]), sizes, self.proportional)
+        if not self.samples:
             return np.zeros_like(sizes)
         if self._curve is None:
-            xs = np.array(sorted(self.seconds), dtype=np.float64)
-            self._curve = xs, np.array([self.seconds[int(x)] for x in xs])
-        xs, ys = self._curve
-        if len(xs) == 1:
-            return ys[0] * sizes / xs[0] if self.proportional else np.full_like(sizes, ys[0])
-        out = np.interp(sizes, xs, ys)
-        lo, hi = sizes < xs[0], sizes > xs[-1]
-        out[lo] = ys[0] + (sizes[lo] - xs[0]) * (ys[1] - ys[0]) / (xs[1] - xs[0])
-        out[hi] = ys[-1] + (sizes[hi] - xs[-1]) * (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
-        return np.maximum(out, 0.0)
+            points = self.seconds
+            xs = np.array(sorted(points), dtype=np.float64)
+            self._curve = xs, np.array([points[int(x)] for x in xs])
+        return _read(*self._curve, sizes, self.proportional)
+
+
+def _read(xs: np.ndarray, ys: np.ndarray, sizes: np.ndarray, proportional: bool) -> np.ndarray:
+    """The piecewise line through (xs, ys) at `sizes` (ShapeCosts.at)."""
+    if len(xs) == 1:
+        return ys[0] * sizes / xs[0] if proportional else np.full_like(sizes, ys[0])
+    out = np.interp(sizes, xs, ys)
+    lo, hi = sizes < xs[0], sizes > xs[-1]
+    out[lo] = ys[0] + (sizes[lo] - xs[0]) * (ys[1] - ys[0]) / (xs[1] - xs[0])
+    out[hi] = ys[-1] + (sizes[hi] - xs[-1]) * (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+    return np.maximum(out, 0.0)

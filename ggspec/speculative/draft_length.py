@@ -22,19 +22,24 @@ keeps its distribution whatever k is.
 Learning: every draft is scored against the committed text as it arrives, also past the verified
 k (a verify that accepts all k leaves the rest to the tokens that follow), so the counts cover
 every drafted position. A sequence at k = 0 with a model drafter makes no drafts and learns
-nothing; it looks again (drafts without verifying) after PROBE_FIRST steps and waits twice as
-long after each look, up to what keeps looks at LOOK_SHARE of the time (the measured cost of a look
-against a plain step's; at most WAIT_MAX steps). A look whose every drafted token proves right (the
-text repeats) brings the wait back to PROBE_FIRST, as does a step that verifies drafts again. A
+nothing, as a bandit's unplayed arm: after PROBE_FIRST steps it probes, a step at the best k > 0
+(the drafts and what verifying them costs are what the rule lacks, and the probe's own tokens
+count), and waits twice as long after each probe, up to what keeps probes at PROBE_SHARE of the
+time beyond plain decoding (at most WAIT_MAX steps). A probe whose every drafted token proves right
+(the text repeats) brings the wait back to PROBE_FIRST, as does the rule choosing k > 0 again. A
 sequence starts from what the last sequence to finish learned (its counts scaled to PRIOR_WEIGHT
 drafts, and its wait: the same workload usually continues), the first one from an even prior.
 
 Costs: the first WARM_UP steps draft at the full length, as many more verify nothing, so both ends
-are measured; costs of shapes not seen yet are read off the line through the nearest ones seen
+are measured (the first half of those steps not: an engine's first calls of each shape build and
+allocate graphs, 2-4x the time of later ones); costs of shapes not seen yet are read off the line through the nearest ones seen
 (costs.ShapeCosts). Plain and speculative steps are measured apart: a draft call evicts the
 target's weights from the caches, so the target decode after it is slower (on the tiny pair, a
 one-row decode after a draft call costs 1.3-2x one after another decode), and only a step with a
-draft has injection to do.
+draft has injection to do; for the same reason the first speculative step after plain ones is
+not measured as one (a stretch of them costs less: on the tiny pair a DFlash draft call costs 3x
+as much after plain steps as after another draft call). A probe's injection also carries what the
+steps before it held, so a probe counts only towards what probes cost.
 """
 
 from __future__ import annotations
@@ -45,14 +50,13 @@ import numpy as np
 
 from ggspec.speculative.costs import Acceptance, ShapeCosts, ema
 
-PROBE_FIRST = 4  # steps at k = 0 before a sequence with a model drafter looks at its drafts again
-LOOK_SHARE = 0.01  # what looks may cost, as a share of the time of plain steps
-WAIT_MAX = 256  # the longest wait between two looks, whatever the costs
-PROBE_LEN = 4  # a look's length for drafters whose cost grows with the length
+PROBE_FIRST = 4  # steps at k = 0 before a sequence with a model drafter probes its drafts again
+PROBE_SHARE = 0.01  # what probes may cost beyond plain decoding, as a share of its time
+WAIT_MAX = 256  # the longest wait between two probes, whatever the costs
 PRIOR_WEIGHT = 4.0  # drafts' worth of the last finished sequence's counts a new sequence starts from
-REPLAN = 16  # steps without new counts before the rule is computed again (costs drift)
+REPLAN = 64  # steps without new counts before the rule is computed again (costs drift slowly)
 REPLAN_MIN = 4  # steps between two computations of the rule (each costs tens of microseconds)
-WARM_UP = 2  # steps at the full length, then as many without drafts, before the rule decides
+WARM_UP = 8  # steps at the full length, then as many without drafts, before the rule decides
 
 
 @dataclass
@@ -60,9 +64,10 @@ class _Track:
     """What the rule keeps of one sequence."""
 
     acceptance: Acceptance
-    pending: list = field(default_factory=list)  # [pos0, tokens, first unchecked index, a look?] to score
+    pending: list = field(default_factory=list)  # [pos0, tokens, first unchecked index, a probe's?] to score
     k: int = -1  # the length chosen at its last step (-1: none yet)
-    waited: int = 0  # steps at k = 0 since its last look
+    waited: int = 0  # steps at k = 0 since its last probe
+    probe: bool = False  # this step probes it
     wait: int = PROBE_FIRST
     fresh: bool = True  # counts changed since the rule was last computed
 
@@ -90,9 +95,14 @@ class DraftLength:
         self.draft: dict[int, ShapeCosts] = {}  # by sequences drafting, then by length asked
         self._called = False  # the last step made a model draft call
         self.tracks: dict[int, _Track] = {}
-        self.looks = 0  # drafts made only to learn (k = 0)
+        self.probes = 0  # steps the rule did not choose, verifying drafts to measure them
         self._steps = 0
         self._since = 0  # steps since the rule was last computed
+        # a stretch of steps at k = 0 that need no rule (no probe due, nothing to score): its length
+        # left, the sequences it is for, and the steps it has had (added to the waits when it ends)
+        self._quiet = self._quiet_seqs = self._quiet_steps = 0
+        self.probe_cost: float | None = None  # seconds a probe costs beyond plain decoding (measured)
+        self._probing = False  # this step probes
         self._plan: dict[int, int] = {}  # seq_id -> k, for the drafts of this step
         self._learned: tuple | None = None  # (tried, accepted, wait) a new sequence starts from
 
@@ -101,7 +111,7 @@ class DraftLength:
     def begin(self, seq) -> None:
         acceptance = Acceptance(self.n_max)
         track = _Track(acceptance)
-        if self._learned is not None:  # (and the wait between looks it had reached)
+        if self._learned is not None:  # (and the wait between probes it had reached)
             acceptance.tried, acceptance.accepted, track.wait = self._learned[0].copy(), self._learned[1].copy(), \
                 self._learned[2]
         self.tracks[seq.seq_id] = track
@@ -118,30 +128,47 @@ class DraftLength:
     def before(self, live: list, eligible: list, n: int) -> tuple[int, list]:
         """The length to ask of the proposer and the sequences to draft for (0, []: no draft call).
         `eligible`: the sequences that may draft this step, `n` the engine's block for them."""
+        self._steps += 1
+        if self._quiet and len(eligible) == self._quiet_seqs:  # a stretch at k = 0 with nothing to do
+            self._quiet -= 1
+            self._quiet_steps += 1
+            return 0, []
+        if self._quiet_steps:
+            self._wake(eligible)
         for seq in eligible:
             self._score(seq)
-        self._steps += 1
         if self.cheap:  # drafting is free: draft everywhere, choose k once the drafts are known (after)
             return n, eligible
         if self._steps <= 2 * WARM_UP:  # measure both ends first: the full length, then none
             full = self._steps <= WARM_UP
             self._plan = dict.fromkeys((seq.seq_id for seq in eligible), n if full else 0)
-            return (n, eligible) if full else self._looks(eligible, n)
+            return (n, eligible) if full else self._probe(eligible, n)
         if self._keep(eligible):
             self._since += 1
             ks = [self._plan[seq.seq_id] for seq in eligible]
             if not any(ks):
-                return self._looks(eligible, n)
+                return self._probe(eligible, n)
             return (n if self.fixed_block else max(max(ks), self.n_min)), eligible
         self._since = 0
         ks = self._choose(live, eligible, n, [n] * len(eligible))
-        for seq in eligible:
-            self.tracks[seq.seq_id].fresh = False
+        for seq, k in zip(eligible, ks):
+            t = self.tracks[seq.seq_id]
+            t.fresh = False
+            if k:  # back to verifying drafts: probe soon again once back at k = 0
+                t.wait = PROBE_FIRST
         self._plan = {seq.seq_id: k for seq, k in zip(eligible, ks)}
         if not any(ks):
-            return self._looks(eligible, n)
+            return self._probe(eligible, n)
         ask = n if self.fixed_block else max(max(ks), self.n_min)
         return ask, eligible  # (sequences at k = 0 ride along: their drafts are scored, not verified)
+
+    def _wake(self, eligible: list) -> None:
+        """The end of a quiet stretch: its steps count as waited and as steps since the rule."""
+        for seq in eligible:
+            t = self.tracks[seq.seq_id]
+            t.waited += self._quiet_steps
+        self._since += self._quiet_steps
+        self._quiet = self._quiet_steps = 0
 
     def _keep(self, eligible: list) -> bool:
         """Whether this step keeps the last choice: the rule is computed again when new counts came
@@ -151,8 +178,10 @@ class DraftLength:
             return False
         return self._since < REPLAN_MIN or not any(self.tracks[seq.seq_id].fresh for seq in eligible)
 
-    def _looks(self, eligible: list, n: int) -> tuple[int, list]:
-        """No sequence verifies drafts this step: draft only for those whose wait is over."""
+    def _probe(self, eligible: list, n: int) -> tuple[int, list]:
+        """No sequence verifies drafts by the rule this step: those whose wait is over probe, at
+        the length the rule finds best among those that verify drafts (what the drafts and the
+        steps that verify them cost now is what the rule lacks, and a probe's own tokens count)."""
         due = []
         for seq in eligible:
             t = self.tracks[seq.seq_id]
@@ -162,21 +191,26 @@ class DraftLength:
                 t.wait = min(2 * t.wait, self._longest_wait())
                 due.append(seq)
         if not due:
+            tracks = [self.tracks[seq.seq_id] for seq in eligible]
+            if not any(t.pending for t in tracks):  # until the next probe or computation, steps need no rule
+                self._quiet = max(0, min(min(t.wait - t.waited for t in tracks), REPLAN - self._since) - 1)
+                self._quiet_seqs = len(eligible)
             return 0, []
-        self.looks += len(due)
-        return self._look_len(n), due
-
-    def _look_len(self, n: int) -> int:
-        return n if self.fixed_block else min(n, max(PROBE_LEN, self.n_min))
+        self.probes += len(due)
+        ks = self._choose(eligible, due, n, [n] * len(due), probe=True)
+        self._plan.update((seq.seq_id, k) for seq, k in zip(due, ks))
+        for seq in due:
+            self.tracks[seq.seq_id].probe = True
+        self._probing = True
+        return (n if self.fixed_block else max(max(ks), self.n_min, 1)), due
 
     def _longest_wait(self) -> int:
-        """The wait between looks that keeps them at LOOK_SHARE of the time of plain steps."""
+        """The wait between probes that keeps them at PROBE_SHARE of the time of plain steps."""
         plain = self._plain_cost(1)
-        look = float(self._draft_cost(1, [self._look_len(self.n_max)])[0]) + (self.rest_spec or 0.0) \
-            - (self.rest_plain or 0.0)
-        if plain <= 0 or look <= 0:
+        probe = self.probe_cost if self.probe_cost is not None else float(self._draft_cost(1, [self.n_max])[0])
+        if plain <= 0 or probe <= 0:
             return PROBE_FIRST
-        return int(min(WAIT_MAX, max(PROBE_FIRST, look / (LOOK_SHARE * plain))))
+        return int(min(WAIT_MAX, max(PROBE_FIRST, probe / (PROBE_SHARE * plain))))
 
     # --- after the draft call -----------------------------------------------------------------------
 
@@ -188,8 +222,9 @@ class DraftLength:
             return {**dict.fromkeys(drafts, 0), **dict(zip(seqs, ks))}
         return {seq: min(len(d), self._plan.get(seq.seq_id, 0)) for seq, d in drafts.items()}
 
-    def _choose(self, live: list, seqs: list, n: int, lengths: list[int]) -> list[int]:
-        """The rule of the module docstring: k for each of `seqs`, whose drafts can be this long."""
+    def _choose(self, live: list, seqs: list, n: int, lengths: list[int], probe: bool = False) -> list[int]:
+        """The rule of the module docstring: k for each of `seqs`, whose drafts can be this long.
+        `probe`: the best choice that verifies drafts, even where plain decoding is worth more."""
         n_live, m = len(live), max(1, n)
         gains = np.zeros((len(seqs), m))
         for e, (seq, length) in enumerate(zip(seqs, lengths)):
@@ -202,7 +237,7 @@ class DraftLength:
             value = n_live + np.cumsum(gains.sum(axis=0))
             cost = self._spec_cost(n_live * (ks + 1), n_live) + self._draft_cost(len(seqs), ks)
             j = int(np.argmax(value / cost))
-            k = int(ks[j]) if value[j] / cost[j] > plain else 0
+            k = int(ks[j]) if probe or value[j] / cost[j] > plain else 0
             return [min(k, int(np.count_nonzero(g))) for g in gains]
         flat = gains.ravel()
         order = np.argsort(-flat, kind="stable")
@@ -214,7 +249,7 @@ class DraftLength:
         cost = self._spec_cost(n_live + np.arange(1, len(order) + 1), n_live) + self._draft_cost(len(seqs), need)
         ratio = value / cost
         j = int(np.argmax(ratio))
-        if ratio[j] <= plain:
+        if ratio[j] <= plain and not probe:
             return [0] * len(seqs)
         return np.bincount(order[:j + 1] // m, minlength=len(seqs)).tolist()
 
@@ -228,10 +263,8 @@ class DraftLength:
         """Seconds of the verify and the rest of a step verifying `rows` rows, without its draft
         call; below the smallest verify measured, read off the line to the plain steps' cost."""
         rest = self.rest_spec if self.rest_spec is not None else (self.rest_plain or 0.0)
-        if self.plain and self.spec and min(self.spec.seconds) > n_live:
-            line = ShapeCosts()
-            line.seconds = {**self.spec.seconds, n_live: float(self.plain.at([n_live])[0])}
-            return line.at(rows) + rest
+        if self.plain and self.spec and min(self.spec.samples) > n_live:
+            return self.spec.at(rows, extra={n_live: float(self.plain.at([n_live])[0])}) + rest
         return (self.spec if self.spec else self.plain).at(rows) + rest
 
     def _draft_cost(self, n_seqs: int, lengths) -> np.ndarray:
@@ -249,16 +282,26 @@ class DraftLength:
     # --- after the verify ---------------------------------------------------------------------------
 
     def measured(self, n_live: int, n_drafting: int, n: int, t_draft: float, rows: int, t_verify: float,
-                 t_rest: float) -> None:
+                 t_rest: float, n_committed: int) -> None:
         """One step's costs: the draft call (n_drafting sequences, length n; 0: none), the verify
-        decode of `rows` rows (n_live sequences) and the rest of the step."""
+        decode of `rows` rows (n_live sequences), the rest of the step, and the tokens it committed."""
         called = n_drafting > 0 and not self.cheap  # a model's draft call
-        if n_drafting:
+        if self._steps <= WARM_UP // 2:  # the engine's first steps build and allocate their graphs
+            self._called = called
+            return
+        warm = self._called or self.cheap  # the step before drafted too: the caches hold both models
+        if n_drafting and (warm or not self._draft_costs(n_drafting)):
             self._draft_costs(n_drafting, exact=True).add(self.n_max if self.fixed_block else n, t_draft)
-        if rows > n_live or called:
-            self.spec.add(rows, t_verify)
-            self.rest_spec = ema(self.rest_spec, t_rest)
-        elif not self._called:
+        if self._probing:  # also injected what the steps before it held: what it cost beyond plain decoding
+            self._probing = False
+            if self.plain:
+                extra = t_draft + t_verify + t_rest - n_committed * self._plain_cost(n_live) / n_live
+                self.probe_cost = ema(self.probe_cost, max(extra, 0.05 * self._plain_cost(n_live)))
+        elif rows > n_live:  # drafts verified; the first step of a stretch pays for cold caches
+            if warm or not self.spec:
+                self.spec.add(rows, t_verify)
+                self.rest_spec = ema(self.rest_spec, t_rest)
+        elif not self._called and not called:
             self.plain.add(rows, t_verify)
             self.rest_plain = ema(self.rest_plain, t_rest)
         self._called = called
@@ -267,16 +310,19 @@ class DraftLength:
         """A sequence's step is over: its draft (None: it made none) of which k were verified and
         `accepted` survived. Drafts are scored when the text that decides them is committed."""
         t = self.tracks[seq.seq_id]
-        if k and t.k == 0:  # the looks paid: look soon again once back at k = 0
-            t.wait = PROBE_FIRST
-        t.k = k
+        probe, t.probe = t.probe, False
+        t.k = 0 if probe else k  # (the rule's own choice: a probe leaves it at 0)
+        if probe:
+            self._plan[seq.seq_id] = 0
         if tokens is None or not len(tokens):
             return
         if accepted < k or accepted == len(tokens):  # the verify decided it
             t.acceptance.add(len(tokens), accepted, len(tokens))
             t.fresh = True
+            if probe and accepted == len(tokens):  # the text repeats: probe often again
+                t.wait = PROBE_FIRST
         else:
-            t.pending.append([pos0, tokens.tolist(), accepted, k == 0])
+            t.pending.append([pos0, tokens.tolist(), accepted, probe])
 
     def _score(self, seq) -> None:
         """Score the sequence's pending drafts against the tokens committed after them."""
@@ -285,7 +331,7 @@ class DraftLength:
             return
         history, still = seq.history, []
         for item in t.pending:
-            pos0, tokens, start, look = item
+            pos0, tokens, start, probe = item
             known = min(len(tokens), len(history) - pos0 - 1)
             if known <= start:
                 still.append(item)
@@ -293,7 +339,7 @@ class DraftLength:
             matched = start
             while matched < known and tokens[matched] == history[pos0 + 1 + matched]:
                 matched += 1
-            if look and matched == len(tokens):  # the text repeats: look often again
+            if probe and matched == len(tokens):  # the text repeats: probe often again
                 t.wait = PROBE_FIRST
             if matched < known or known == len(tokens):
                 t.acceptance.add(len(tokens), matched, len(tokens))

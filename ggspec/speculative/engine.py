@@ -601,7 +601,7 @@ class Engine:
         auto = self.draft_length
         if auto is not None and drafting:
             n, drafting = auto.before(live, drafting, n)
-        self._holding = auto is not None and not drafting and hasattr(self.proposer, "hold")
+        self._holding = auto is not None and not drafting and callable(getattr(self.proposer, "hold", None))
         t_inject = self._flush()
 
         t = time.perf_counter()
@@ -661,7 +661,8 @@ class Engine:
         t_total = time.perf_counter() - t_start
         self._count(t_total, self._calls() - calls0)
         if auto is not None:
-            auto.measured(len(live), len(drafting), n, t_draft, row, t_verify, t_total - t_draft - t_verify)
+            auto.measured(len(live), len(drafting), n, t_draft, row, t_verify, t_total - t_draft - t_verify,
+                          sum(out.accepted + 1 for out in outcomes))
         self._holding = False
         replayed = {seq for seq, _ in replays}
         result = []
