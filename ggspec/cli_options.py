@@ -180,7 +180,7 @@ MinP = Annotated[float, typer.Option("--min-p", help="Sampling: drop tokens belo
                                                      "one's probability (0.0: off).")]
 Seed = Annotated[int, typer.Option("-s", "--seed", help="Sampling seed (4294967295: a random one); with -f, prompt "
                                                         "i uses seed + i.")]
-PLAN_POOL = 8  # prepared plans per context (patch 0012): measured in docs/adaptive.md
+PLAN_POOL = PairConfig.plan_pool  # prepared plans per context (patch 0012): measured in docs/adaptive.md
 PlanPool = Annotated[int, typer.Option(
     "--plan-pool", help="Prepared graphs and scheduler plans each context keeps (patch 0012), so the alternating "
                         "shapes of draft, verify and inject stop re-planning each other away; 0: llama.cpp's one plan "

@@ -57,8 +57,9 @@ class ShapeCosts:
     slow ones: a size's first calls also build and allocate graphs, 2-4x the time on the tiny
     pair, and the machine's other work only ever adds time); a size not seen yet is read off the
     line through the nearest sizes seen (past either end, the line of the two nearest, never below
-    zero). With one size seen, `proportional` calls (a draft of n sequential steps) scale with the
-    size, the others cost the same at every size."""
+    zero). `proportional` calls (a draft of n sequential steps) read sizes below those seen off the
+    line to nothing at size 0 (the line of two close sizes would say a short draft costs as much
+    as a long one); the others cost, with one size seen, the same at every size."""
 
     def __init__(self, proportional: bool = False) -> None:
         self.proportional = proportional
@@ -87,6 +88,8 @@ class ShapeCosts:
         """Estimated seconds at each size (nothing measured: zeros); `extra`: more (size, seconds)
         points for the line, where no size was measured."""
         sizes = np.asarray(sizes, dtype=np.float64)
+        if self.proportional and self.samples:  # below the sizes seen: towards nothing at size 0
+            extra = {0: 0.0, **(extra or {})}
         if extra:
             points = {**extra, **self.seconds}
             xs = np.array(sorted(points), dtype=np.float64)
@@ -101,7 +104,9 @@ class ShapeCosts:
 
 
 def _read(xs: np.ndarray, ys: np.ndarray, sizes: np.ndarray, proportional: bool) -> np.ndarray:
-    """The piecewise line through (xs, ys) at `sizes` (ShapeCosts.at)."""
+    """The piecewise line through (xs, ys) at `sizes` (ShapeCosts.at). A larger call never costs
+    less: a size measured dearer than a larger one (a few slow calls) takes the larger one's cost."""
+    ys = np.minimum.accumulate(ys[::-1])[::-1]
     if len(xs) == 1:
         return ys[0] * sizes / xs[0] if proportional else np.full_like(sizes, ys[0])
     out = np.interp(sizes, xs, ys)

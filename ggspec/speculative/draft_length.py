@@ -56,6 +56,7 @@ WAIT_MAX = 256  # the longest wait between two probes, whatever the costs
 PRIOR_WEIGHT = 4.0  # drafts' worth of the last finished sequence's counts a new sequence starts from
 REPLAN = 64  # steps without new counts before the rule is computed again (costs drift slowly)
 REPLAN_MIN = 4  # steps between two computations of the rule (each costs tens of microseconds)
+COST_REFRESH = 16  # steps between two readings of the cost tables
 WARM_UP = 8  # steps at the full length, then as many without drafts, before the rule decides
 
 
@@ -102,6 +103,7 @@ class DraftLength:
         # left, the sequences it is for, and the steps it has had (added to the waits when it ends)
         self._quiet = self._quiet_seqs = self._quiet_steps = 0
         self.probe_cost: float | None = None  # seconds a probe costs beyond plain decoding (measured)
+        self._table: tuple | None = None  # (key, step, costs) the rule last read (_tables)
         self._probing = False  # this step probes
         self._plan: dict[int, int] = {}  # seq_id -> k, for the drafts of this step
         self._learned: tuple | None = None  # (tried, accepted, wait) a new sequence starts from
@@ -230,12 +232,12 @@ class DraftLength:
         for e, (seq, length) in enumerate(zip(seqs, lengths)):
             room = max(0, min(length, m, seq.left - 1))  # drafts past the budget are never verified
             gains[e, :room] = self.tracks[seq.seq_id].acceptance.gains(room)
-        draft_always = self._draft_cost(len(seqs), [n])[0] if self.cheap else 0.0  # (made either way)
-        plain = n_live / (self._plain_cost(n_live) + draft_always)
+        plain_cost, spec, draft = self._tables(n_live, len(seqs), m)  # spec[r - n_live]: r rows; draft[length]
+        plain = n_live / (plain_cost + (draft[min(n, m)] if self.cheap else 0.0))  # (n-gram drafts: made either way)
         if self.equal_spans and n_live > 1:  # one k for every sequence
             ks = np.arange(1, m + 1)
             value = n_live + np.cumsum(gains.sum(axis=0))
-            cost = self._spec_cost(n_live * (ks + 1), n_live) + self._draft_cost(len(seqs), ks)
+            cost = spec[n_live * ks] + draft[ks]
             j = int(np.argmax(value / cost))
             k = int(ks[j]) if probe or value[j] / cost[j] > plain else 0
             return [min(k, int(np.count_nonzero(g))) for g in gains]
@@ -246,12 +248,24 @@ class DraftLength:
             return [0] * len(seqs)
         value = n_live + np.cumsum(flat[order])
         need = np.maximum.accumulate(order % m) + 1  # the draft length each prefix needs
-        cost = self._spec_cost(n_live + np.arange(1, len(order) + 1), n_live) + self._draft_cost(len(seqs), need)
-        ratio = value / cost
+        ratio = value / (spec[1:len(order) + 1] + draft[need])
         j = int(np.argmax(ratio))
         if ratio[j] <= plain and not probe:
             return [0] * len(seqs)
         return np.bincount(order[:j + 1] // m, minlength=len(seqs)).tolist()
+
+    def _tables(self, n_live: int, n_seqs: int, m: int) -> tuple[float, np.ndarray, np.ndarray]:
+        """The costs the rule reads, computed again every COST_REFRESH steps (they drift slowly,
+        and reading them off the measured shapes is most of the rule's time): a plain step's, a
+        speculative step's by its verify rows (from the sequences' own rows to all of them at
+        length m), and the draft call's by its length (0..m)."""
+        key = (n_live, n_seqs, m)
+        if self._table is not None and self._table[0] == key and self._steps - self._table[1] < COST_REFRESH:
+            return self._table[2]
+        rows = np.arange(n_live, n_live * (m + 1) + 1)
+        tables = (self._plain_cost(n_live), self._spec_cost(rows, n_live), self._draft_cost(n_seqs, np.arange(m + 1)))
+        self._table = (key, self._steps, tables)
+        return tables
 
     def _plain_cost(self, n_live: int) -> float:
         """Seconds of a step that verifies no draft (the speculative steps' costs where no plain
@@ -261,9 +275,9 @@ class DraftLength:
 
     def _spec_cost(self, rows: np.ndarray, n_live: int) -> np.ndarray:
         """Seconds of the verify and the rest of a step verifying `rows` rows, without its draft
-        call; below the smallest verify measured, read off the line to the plain steps' cost."""
+        call; the plain steps' verify is the line's point at the sequences' own rows."""
         rest = self.rest_spec if self.rest_spec is not None else (self.rest_plain or 0.0)
-        if self.plain and self.spec and min(self.spec.samples) > n_live:
+        if self.plain and self.spec and n_live not in self.spec:
             return self.spec.at(rows, extra={n_live: float(self.plain.at([n_live])[0])}) + rest
         return (self.spec if self.spec else self.plain).at(rows) + rest
 

@@ -54,7 +54,7 @@ class PairConfig:
     adaptive: bool = False
     # prepared plans each context keeps (patch 0012; 0: llama.cpp's one): the alternating shapes of
     # draft, verify and inject stop re-planning each other away
-    plan_pool: int = 0
+    plan_pool: int = 8
     p_min: float = 0.0  # stop a draft where the draft's confidence falls below this (0: never)
     n_min: int = 0  # draft-simple, draft-mtp: a shorter draft is dropped (llama.cpp's --spec-draft-n-min)
     draft_chain: bool = False  # draft-mtp: all draft steps in one decode (patch 0011)
