@@ -82,11 +82,11 @@ class Setting:
 
 
 N_MAX = Setting(
-    ("--spec-draft-n-max",), "Most draft tokens per step, or 'auto' (each step verifies as many of them as "
-                             "measured costs and acceptance make worth it, 0 included; 'auto:N' caps it at N)",
+    ("--spec-draft-n-max",), "Most draft tokens per step",
     "Draft lengths, e.g. 3,7,15,auto (one beyond the draft's block is skipped)",
     f"the pair's, else {DEFAULT_N_MAX} or the draft's block size - 1 if smaller",
-    note="; a value beyond the draft's block is clamped with a warning")
+    note="; a value beyond the draft's block is clamped with a warning; 'auto': each step verifies as many "
+         "drafts as measured costs and acceptance make worth it (0 included), 'auto:N' at most N")
 N_CTX = Setting(("-c", "--ctx-size"), "Context size", "Context sizes, e.g. 1024,4096 (with -np > 1, split among the "
                                                       "slots)",
                 f"the pair's, else {DEFAULTS['ctx']}", int, note="; with -np > 1, split evenly among the slots")

@@ -45,7 +45,7 @@ def test_shim_functions_resolve(lc):
     lib = lc._lib
     from ggspec.native.bindings import SHIM_ABI_VERSION
 
-    assert lib.ggspec_shim_abi_version() == SHIM_ABI_VERSION == 6
+    assert lib.ggspec_shim_abi_version() == SHIM_ABI_VERSION == 8
     for name in ("ggspec_set_embeddings_layer_inp", "ggspec_get_embeddings_layer_inp",
                  "ggspec_model_target_layer_ids", "ggspec_model_target_layer_ids_n",
                  "ggspec_set_embeddings_nextn", "ggspec_get_embeddings_nextn",
@@ -53,7 +53,8 @@ def test_shim_functions_resolve(lc):
                  "ggspec_batch_add_tokens", "ggspec_batch_add_embd_rows", "ggspec_batch_add_layer_inputs",
                  "ggspec_set_rs_planes", "ggspec_rs_kept_counts", "ggspec_rs_can_rollback",
                  "ggspec_set_mtp_chain", "ggspec_mtp_chain_result", "ggspec_model_set_draft_vocab",
-                 "ggspec_batch_add_tokens_h"):
+                 "ggspec_batch_add_tokens_h", "ggspec_set_plan_pool", "ggspec_get_plan_stats",
+                 "ggspec_copy_layer_inputs"):
         assert hasattr(lib, name), f"{name} is missing from libllama"
         assert getattr(lib, name).argtypes is not None, f"{name} was not declared (ggspec.native.bindings)"
 

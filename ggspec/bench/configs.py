@@ -128,7 +128,8 @@ def split_list(flag: str, text: str | None, default: tuple, cast=str) -> tuple:
     try:
         values = tuple(cast(t) for t in items)
     except ValueError:
-        raise InputError(f"{flag} {text}: expected a comma list of numbers") from None
+        also = " (or auto, auto:N)" if flag == "--spec-draft-n-max" else ""
+        raise InputError(f"{flag} {text}: expected a comma list of numbers{also}") from None
     if len(set(values)) != len(values):
         raise InputError(f"{flag} {text}: a value is listed twice")
     return values
@@ -142,10 +143,16 @@ def n_max_value(item: int | str) -> tuple[int, bool]:
 
 
 def n_max_item(text: str, default: int) -> int | str:
-    """A draft-length axis item as typed: "7" -> 7, "auto" -> "auto:<default>", "auto:5" -> "auto:5"."""
+    """A draft-length axis item as typed: "7" -> 7, "auto" -> "auto:<default>", "auto:5" -> "auto:5"
+    (ValueError otherwise: split_list's one line)."""
     from ggspec.speculative.models import parse_n_max  # noqa: PLC0415
 
-    value, adaptive = parse_n_max(text)
+    if not text.strip().startswith("auto"):
+        return int(text)  # (its range is checked with the other axes)
+    try:
+        value, adaptive = parse_n_max(text)
+    except InputError:
+        raise ValueError(text) from None
     value = default if value is None else value
     return f"auto:{value}" if adaptive else value
 

@@ -111,11 +111,10 @@ class DraftLength:
     # --- sequences --------------------------------------------------------------------------------
 
     def begin(self, seq) -> None:
-        acceptance = Acceptance(self.n_max)
-        track = _Track(acceptance)
-        if self._learned is not None:  # (and the wait between probes it had reached)
-            acceptance.tried, acceptance.accepted, track.wait = self._learned[0].copy(), self._learned[1].copy(), \
-                self._learned[2]
+        track = _Track(Acceptance(self.n_max))
+        if self._learned is not None:  # what the last sequence to finish learned, and its wait
+            tried, accepted, track.wait = self._learned
+            track.acceptance.tried, track.acceptance.accepted = tried.copy(), accepted.copy()
         self.tracks[seq.seq_id] = track
         self._plan.pop(seq.seq_id, None)
 

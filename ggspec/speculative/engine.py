@@ -155,9 +155,7 @@ class Engine:
         try:
             self._set_planes()
             self._make_proposer()
-            for ctx in (self.target, self.draft_ctx):
-                if ctx is not None and cfg.plan_pool:
-                    ctx.set_plan_pool(cfg.plan_pool)
+            self._set_plan_pools()
             self._batch = Batch(self.target)
         except BaseException:
             self.close()
@@ -232,6 +230,19 @@ class Engine:
         if own is None:
             return resolve_n_max(cfg.n_max, plan.max_draft, self.warnings)
         return resolve_n_max(cfg.n_max if given and cfg.n_max is not None else own, None, self.warnings)
+
+    def _set_plan_pools(self) -> None:
+        """Prepared plans for every context (patch 0012), except across devices: the pinned
+        tensor-split (meta) backend aborts when a graph runs on another scheduler than the one
+        that split it (GGML_ASSERT bcj.nodes[i], ggml-backend-meta.cpp), so split runs keep one plan."""
+        cfg = self.cfg
+        if not cfg.plan_pool:
+            return
+        if cfg.placement.rpc or cfg.placement.split_mode != "none":
+            return
+        for ctx in (self.target, self.draft_ctx):
+            if ctx is not None:
+                ctx.set_plan_pool(cfg.plan_pool)
 
     def _make_draft_length(self) -> DraftLength:
         """The adaptive rule (`--spec-draft-n-max auto`), told what the proposer's costs grow with."""
