@@ -226,3 +226,23 @@ def test_every_type_is_lossless_on_gpu(pair, spec_type, n_max, gpu_build):
     print(spec_type, "".join(f"\n  {d}" for d in diverged))
     assert all(r.divergence.benign for r in runs if r.divergence), "\n".join(diverged)
     assert merge(r.spec_stats for r in runs).accepted > 0
+
+
+@pytest.mark.gpu
+def test_plan_pool_and_adaptive_length_on_gpu(gpu_build, tiny_coder_pair):
+    """Patch 0012's parked plans with the target and the DFlash draft on the device (CUDA graphs
+    per scheduler): the same greedy text as without them, graphs reused from the pool, and the
+    adaptive length lossless there too."""
+    from dataclasses import replace
+
+    base = _gpu_config(tiny_coder_pair)
+    texts = {}
+    for name, cfg in (("no pool", replace(base, plan_pool=0)), ("pool", replace(base, plan_pool=8)),
+                      ("auto", replace(base, plan_pool=8, adaptive=True))):
+        with Engine.open(cfg) as sp:
+            runs = list(run_prompts(sp, GPU_PROMPTS, N_PREDICT))
+            texts[name] = [r.spec for r in runs]
+            assert all(r.divergence is None or r.divergence.benign for r in runs)
+            if name == "pool":
+                assert sp.draft_ctx.plan_stats()[1] > 0
+    assert texts["pool"] == texts["no pool"]
