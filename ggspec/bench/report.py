@@ -22,7 +22,7 @@ from ggspec.bench.runner import Run, Settings
 from ggspec.errors import InputError
 from ggspec.files import atomic_write, describe_bad_text, read_text
 from ggspec.runtime.devices import Placement, parse_endpoint
-from ggspec.speculative.stats import RunStats, merge
+from ggspec.speculative.stats import RunStats, k_shares, merge
 from ggspec.speculative.models import NO_DRAFT_MODEL, spec_types
 from ggspec.testing.forced import PROFILES
 from ggspec.values import is_int, is_number
@@ -477,12 +477,8 @@ def _ratio(mean, sd, is_reference: bool) -> str:
 
 
 def k_cell(hist: list[int] | None) -> str:
-    """The adaptive length's choices in a cell: '0: 61%, 3: 30%, 7: 9%' (the three most frequent)."""
-    if not hist or not sum(hist):
-        return ""
-    total = sum(hist)
-    top = sorted(sorted(range(len(hist)), key=lambda k: -hist[k])[:3])
-    return ", ".join(f"{k}: {100 * hist[k] / total:.0f}%" for k in top if hist[k])
+    """The adaptive length's choices in a cell: '0: 61 %, 3: 30 %, 7: 9 %' (the three most frequent)."""
+    return k_shares(hist or [], top=3)
 
 
 def to_markdown(rows: list[dict], settings: Settings) -> str:

@@ -138,7 +138,6 @@ class Context(OwnedHandle):
         self._get_logits.argtypes, self._get_logits.restype = [ctypes.c_void_p], ctypes.c_void_p
         self._logits_key: tuple[int | None, int] = (None, -1)  # (buffer address, rows) of _logits
         self._logits = np.empty((0, model.n_vocab), dtype=np.float32)
-        # the same for a layer's extracted inputs (raw addresses: held DFlash rows copy one row a step)
         self._layer_id_arrays: dict[tuple, ctypes.Array] = {}  # layer ids as C arrays (layer_inputs)
         self._layer_inputs_on: frozenset[int] = frozenset()  # layers whose inputs decodes extract
         self._extracted: frozenset[int] = frozenset()  # ... and which the last decode did extract

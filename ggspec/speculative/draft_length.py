@@ -147,21 +147,23 @@ class DraftLength:
         if self._keep(eligible):
             self._since += 1
             ks = [self._plan[seq.seq_id] for seq in eligible]
-            if not any(ks):
-                return self._probe(eligible, n)
-            return (n if self.fixed_block else max(max(ks), self.n_min)), eligible
-        self._since = 0
-        ks = self._choose(live, eligible, n, [n] * len(eligible))
-        for seq, k in zip(eligible, ks):
-            t = self.tracks[seq.seq_id]
-            t.fresh = False
-            if k:  # back to verifying drafts: probe soon again once back at k = 0
-                t.wait = PROBE_FIRST
-        self._plan = {seq.seq_id: k for seq, k in zip(eligible, ks)}
+        else:
+            self._since = 0
+            ks = self._choose(live, eligible, n, [n] * len(eligible))
+            for seq, k in zip(eligible, ks):
+                t = self.tracks[seq.seq_id]
+                t.fresh = False
+                if k:  # back to verifying drafts: probe soon again once back at k = 0
+                    t.wait = PROBE_FIRST
+            self._plan = {seq.seq_id: k for seq, k in zip(eligible, ks)}
         if not any(ks):
             return self._probe(eligible, n)
-        ask = n if self.fixed_block else max(max(ks), self.n_min)
-        return ask, eligible  # (sequences at k = 0 ride along: their drafts are scored, not verified)
+        return self._ask(n, ks), eligible  # (sequences at k = 0 ride along: their drafts are scored, not verified)
+
+    def _ask(self, n: int, ks: list[int]) -> int:
+        """The draft length to ask for verified lengths ks: a DFlash block stays n, a model drafter
+        drafts the longest k (never fewer than its n_min)."""
+        return n if self.fixed_block else max(max(ks), self.n_min, 1)
 
     def _wake(self, eligible: list) -> None:
         """The end of a quiet stretch: its steps count as waited and as steps since the rule."""
@@ -203,7 +205,7 @@ class DraftLength:
         for seq in due:
             self.tracks[seq.seq_id].probe = True
         self._probing = True
-        return (n if self.fixed_block else max(max(ks), self.n_min, 1)), due
+        return self._ask(n, ks), due
 
     def _longest_wait(self) -> int:
         """The wait between probes that keeps them at PROBE_SHARE of the time of plain steps."""

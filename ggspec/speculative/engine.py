@@ -621,9 +621,9 @@ class Engine:
         if drafting:
             for seq, d in zip(drafting, self.proposer.propose(drafting, n)):
                 made[seq] = _cut(d, seq.left - 1)  # drafted past the budget: never verified
-            verified = auto.after(live, made) if auto is not None else {}
+            verified = auto.after(live, made) if auto is not None else None
             for seq, d in made.items():
-                drafts[seq] = _cut(d, verified[seq]) if auto is not None else d
+                drafts[seq] = d if verified is None else _cut(d, verified[seq])
         t_draft = time.perf_counter() - t
 
         # verify: every sequence's span [id_last, d1..dn] in one target decode
