@@ -140,3 +140,26 @@ def check_writable(path: Path, what: str) -> None:
         probe.unlink()
     except OSError as exc:
         raise InputError(f"{what}: cannot write there ({exc.strerror or exc})") from None
+
+
+HOME_MARK = "$GGSPEC_HOME"  # how bench documents name ggspec's home, wherever it is
+
+
+def portable_path(path: Path) -> str:
+    """A model file's path as bench documents store it: relative to the repository for files in
+    it (a clone elsewhere reads the same document), `$GGSPEC_HOME/...` for pulled and made models,
+    absolute otherwise (the user's own files, on their machine)."""
+    path = Path(path).resolve()
+    for base, mark in ((paths.REPO_ROOT, None), (paths.ggspec_home().resolve(), HOME_MARK)):
+        if path.is_relative_to(base):
+            rel = path.relative_to(base).as_posix()
+            return f"{mark}/{rel}" if mark else rel
+    return str(path)
+
+
+def local_path(text: str) -> Path:
+    """The file a bench document's path names on this machine (portable_path's inverse)."""
+    if text.startswith(HOME_MARK + "/"):
+        return paths.ggspec_home() / text[len(HOME_MARK) + 1:]
+    path = Path(text)
+    return path if path.is_absolute() else paths.REPO_ROOT / path

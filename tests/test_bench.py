@@ -461,3 +461,38 @@ def test_expand_parallel_levels():
     with pytest.raises(InputError, match=r"1\.\.256 \(got 0\)") as exc:  # PairConfig's own rule
         expand(Axes(parallel=(0,)), recurrent=False, n_tokens=10)
     assert exc.value.field == "parallel"
+
+
+def test_bench_documents_store_portable_model_paths(tmp_path, monkeypatch):
+    """Model paths in bench documents: repository-relative for files in it (a clone elsewhere reads
+    the same document), `$GGSPEC_HOME/...` for pulled and made models, absolute otherwise."""
+    from pathlib import Path
+
+    from ggspec.files import local_path, portable_path
+    from ggspec.native.paths import REPO_ROOT
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("GGSPEC_HOME", str(home))
+    shipped = REPO_ROOT / "models" / "tiny" / "tiny-coder.gguf"
+    pulled = home / "models" / "x.gguf"
+    own = tmp_path / "mine" / "y.gguf"
+    assert portable_path(shipped) == "models/tiny/tiny-coder.gguf"
+    assert portable_path(pulled) == "$GGSPEC_HOME/models/x.gguf"
+    assert portable_path(own) == str(own)
+    for path in (shipped, pulled, own):
+        assert local_path(portable_path(path)) == path
+    assert local_path("models/tiny/tiny-coder.gguf").is_file()
+    assert Path(portable_path(Path("models/tiny/tiny-coder.gguf"))) == Path("models/tiny/tiny-coder.gguf")
+
+
+def test_committed_documents_name_no_machine_folders():
+    """What is committed must read the same on any machine: no absolute folders of the machine
+    a measurement ran on, in the bench documents, the catalog or the docs."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    files = [*root.glob("docs/**/*.json"), *root.glob("docs/**/*.md"), root / "models.toml", root / "README.md"]
+    machine = re.compile(r"(?<![\w.~$])/(?:work|root|home|tmp)/\w")
+    found = [f"{p.relative_to(root)}: {m.group(0)}" for p in files for m in machine.finditer(p.read_text())]
+    assert not found, found

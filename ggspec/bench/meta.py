@@ -8,6 +8,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ggspec.files import cached_sha256 as file_sha256
+from ggspec.files import portable_path
 from ggspec.native.bindings import current_build
 
 
@@ -37,9 +38,9 @@ def collect(target: Path, draft: Path | None, threads: int) -> dict:
         "build": info.key,
         "build_options": info.options,
         "patches": info.patches,
-        "target": str(target),
+        "target": portable_path(target),  # (repository- or $GGSPEC_HOME-relative where it can be)
         "target_sha256": file_sha256(target),
-        "draft": str(draft) if draft else "",
+        "draft": portable_path(draft) if draft else "",
         "draft_sha256": file_sha256(draft) if draft else None,
         "machine": machine(),
         "threads": threads,

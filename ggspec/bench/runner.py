@@ -26,6 +26,7 @@ import numpy as np
 from ggspec.bench.configs import BenchConfig
 from ggspec.bench.native import PLAIN_TOOL, TOOL, draft_steps, find_tool, run_cpp, run_plain
 from ggspec.bench.prompts import Prompt
+from ggspec.files import local_path
 from ggspec.runtime import ContextParams
 from ggspec.runtime.context import resolve_flash_attn
 from ggspec.runtime.devices import Placement
@@ -204,7 +205,7 @@ class Runner:
     def _pair_config(self, cfg: BenchConfig | None, ctx: ContextParams, n_max: int = 1,
                      speculative: bool = True) -> PairConfig:
         s = self.s
-        return PairConfig(target=Path(s.target), draft=Path(s.draft) if speculative and s.draft else None,
+        return PairConfig(target=local_path(s.target), draft=local_path(s.draft) if speculative and s.draft else None,
                           spec_type=s.spec_type if speculative else None, spec_select=s.spec_select, plan_pool=s.plan_pool, p_min=s.p_min,
                           draft_chain=s.draft_chain and speculative, chain_vocab=s.chain_vocab if speculative else 0,
                           **self._ngram_sizes(max(cfg.n_max if cfg else n_max, 1)),
@@ -320,7 +321,7 @@ class Runner:
         flash_attn = resolve_flash_attn("auto", self.s.n_gpu_layers, cfg.ctv)
         sampling = replace(self.s.sampling(cfg.temp), seed=self.s.prompt_seed(i))
         if cfg.kind == "native-baseline":
-            res = run_plain(self._tool(PLAIN_TOOL), Path(self.s.target), self.s.prompts[i].text, n, n_ctx=cfg.n_ctx,
+            res = run_plain(self._tool(PLAIN_TOOL), local_path(self.s.target), self.s.prompts[i].text, n, n_ctx=cfg.n_ctx,
                             ctk=cfg.ctk, ctv=cfg.ctv, flash_attn=flash_attn, threads=self.s.threads,
                             sampling=sampling, n_gpu_layers=self.s.n_gpu_layers)
             return RunStats(n_decoded=res.n_decoded, n_generated=res.n_decoded, t_decode=res.seconds), res.text
@@ -331,8 +332,8 @@ class Runner:
             counts = itertools.islice(self._lengths(i, cfg.n_max), n + 1)
             forced.write_text(" ".join(map(str, ref)) + "\n" + " ".join(map(str, counts)) + "\n")
         # draft-mtp: the target's own head, unless the draft is a Gemma 4 drafter
-        draft = Path(self.s.draft) if self.s.draft and self.models.draft is not None else None
-        res = run_cpp(self._tool(TOOL), Path(self.s.target), draft, self.s.prompts[i].text, n, cfg.n_max,
+        draft = local_path(self.s.draft) if self.s.draft and self.models.draft is not None else None
+        res = run_cpp(self._tool(TOOL), local_path(self.s.target), draft, self.s.prompts[i].text, n, cfg.n_max,
                       defer=cfg.inject == "deferred", n_ctx=cfg.n_ctx, ctk=cfg.ctk, ctv=cfg.ctv,
                       flash_attn=flash_attn, threads=self.s.threads, forced=forced,
                       spec_type=self.models.plan.spec_type or "draft-dflash", p_min=self.s.p_min or None,

@@ -18,7 +18,7 @@ from ggspec.bench.meta import collect
 from ggspec.bench.report import check_profile_weights
 from ggspec.bench.runner import Run, Runner, Settings
 from ggspec.errors import GGSpecError, InputError
-from ggspec.files import read_text
+from ggspec.files import local_path, read_text
 from ggspec.testing.forced import PROFILES
 
 
@@ -73,8 +73,8 @@ class BenchSession:
                 self.done_runs = report.runs_from(doc)
                 self._check_same_models()
             else:
-                draft = Path(self.settings.draft) if self.settings.draft else None
-                self.meta = collect(Path(self.settings.target), draft, self.settings.threads)
+                draft = local_path(self.settings.draft) if self.settings.draft else None
+                self.meta = collect(local_path(self.settings.target), draft, self.settings.threads)
                 # a built-in profile is fitted to every n_max (0); a file of weights is one n_max's
                 profile_len = None if not self.settings.profile_weights else (
                     0 if self.settings.profile in PROFILES else len(self.settings.profile_weights))
@@ -117,7 +117,7 @@ class BenchSession:
         for which in ("target", "draft"):
             if not self.meta[which]:  # a target-only benchmark
                 continue
-            path = Path(self.meta[which])
+            path = local_path(self.meta[which])
             try:
                 digest = file_sha256(path)
             except OSError as exc:

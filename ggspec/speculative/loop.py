@@ -1,7 +1,8 @@
 """One sequence at a time: thin generators over the engine, yielding each step with its stats.
 
 `generate_spec` decodes speculatively (output equals `generate_greedy`'s token for token);
-`generate_greedy` is the plain baseline (`--no-spec`) through the same engine and caches.
+`generate_greedy` is the plain baseline (`--no-spec`) through the same engine and caches;
+`decode_plain` runs that baseline to the end, for its text and its speed.
 """
 
 from __future__ import annotations
@@ -54,3 +55,12 @@ def generate_greedy(engine: Engine, prompt, n_predict: int, *, record_margins: b
     carries the target's top-2 logit margin of its token (the losslessness gate's tie check)."""
     seq = engine.add(prompt, n_predict, ignore_eos=ignore_eos, speculate=False, record_margins=record_margins)
     yield from _one(engine, seq)
+
+
+def decode_plain(engine: Engine, prompt, n_predict: int, *, ignore_eos: bool = False, seed: int | None = None):
+    """Plain decoding of one prompt to the end, with the engine's sampler (greedy at
+    temperature 0), on an otherwise idle engine: the finished Sequence (its tokens and stats)."""
+    seq = engine.add(prompt, n_predict, ignore_eos=ignore_eos, speculate=False, seed=seed)
+    for _ in _one(engine, seq):
+        pass
+    return seq
