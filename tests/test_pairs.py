@@ -13,7 +13,7 @@ from ggspec.pairs import check_files, get_entry, load_catalog, resolve
 def test_catalog_has_every_kind():
     catalog = load_catalog()
     kinds = {e.kind for e in catalog.values()}
-    assert {"shipped", "generated", "public", "registry", "dummy"} <= kinds, kinds
+    assert {"shipped", "generated", "public", "registry", "dummy", "hub"} <= kinds, kinds
     for entry in catalog.values():
         assert entry.description, entry.name
         if entry.kind not in ("generated", "dummy"):
