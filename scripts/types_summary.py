@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The README's table of every speculative type beside llama.cpp, read from what
+"""The table of every speculative type beside llama.cpp (docs/measurements/types.md), read from what
 scripts/types_table.sh saved under docs/types/ (every number is in one of those JSON files).
 
     python scripts/types_summary.py docs/types

@@ -4,7 +4,8 @@
 #   parallel 1  `ggspec bench --native`: ggspec's engine and llama-speculative-simple, the same
 #               type and sizes, paired with plain greedy (-n N, REPS repetitions, the 12 prompts);
 #   parallel 4  scripts/serve_bench.py: `ggspec serve` and llama-server, -np 4, 4 clients.
-# Results land in docs/types/ (JSON + markdown); scripts/types_summary.py makes the README table.
+# Results land in docs/types/ (JSON + markdown); scripts/types_summary.py makes the table of
+# docs/measurements/types.md.
 #
 #   scripts/types_table.sh [TYPE...]      (default: all ten)
 #

@@ -2,8 +2,8 @@
 are checked against: llama.cpp's own speculative loop (llama-speculative-simple, `--spec-type
 draft-dflash | draft-dspark | ngram-simple`) with patch 0009's dump of every draft call.
 
-The native tests need the `--tools` build, like the other native tests (README: the test command
-builds `--tools`); without it they fail with find_tool's one-line message.
+The native tests need the `--tools` build, like the other native tests (docs/getting-started.md:
+the test command builds `--tools`); without it they fail with find_tool's one-line message.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 The saved JSON document keeps every measured run, so rows are always recomputed from the runs
 (a resumed matrix reports its old and new runs alike). Schema `ggspec-bench/1`, documented in
-README.md ("`ggspec bench` output"); ROW_FIELDS below is the column order of csv / jsonl.
+docs/commands/bench.md ("Output schema `ggspec-bench/1`"); ROW_FIELDS below is the column order of
+csv / jsonl.
 """
 
 from __future__ import annotations
