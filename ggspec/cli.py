@@ -309,9 +309,9 @@ def _verdict(sp, tokens: list[list[int]], seqs: list, n_predict: int, ignore_eos
     two outputs are identical (--check, when given, says it in its own lines)."""
     from ggspec.speculative.loop import decode_plain
 
-    bench = f"`ggspec bench {bench_args}`" if bench_args else "`ggspec bench`"
+    bench = _bench_command(bench_args)
     if len(seqs) != 1:
-        batched = f"`ggspec bench {bench_args} -np {sp.parallel}`".replace("bench  ", "bench ") if sp.parallel > 1 else bench
+        batched = _bench_command(bench_args, f"-np {sp.parallel}" if sp.parallel > 1 else "")
         return f"speedup vs plain decoding: not measured for several prompts; {batched} measures it"
     seq, s = seqs[0], seqs[0].stats
     if compare is None and s.t_decode > COMPARE_MAX_S:
@@ -322,10 +322,10 @@ def _verdict(sp, tokens: list[list[int]], seqs: list, n_predict: int, ignore_eos
     plain = decode_plain(sp, tokens[0], n_predict if greedy else s.n_generated, ignore_eos=ignore_eos or not greedy)
     if s.decode_tps <= 0 or plain.stats.decode_tps <= 0:
         return "speedup vs plain decoding: not measured (too few tokens decoded after the prompt)"
-    ratio = s.decode_tps / plain.stats.decode_tps
     if not s.spec_steps:  # (say, n-gram drafts that never found a match)
         return (f"speculation never verified a draft in this text: {s.decode_tps:.1f} t/s against "
                 f"{plain.stats.decode_tps:.1f} t/s plain, one run each")
+    ratio = s.decode_tps / plain.stats.decode_tps
     speeds = f"{ratio:.2f}× plain decoding ({s.decode_tps:.1f} vs {plain.stats.decode_tps:.1f} t/s, one run each"
     if greedy and not checked:
         speeds += "; output " + _same_as_plain(sp, tokens[0], seq.tokens, plain.tokens, n_predict, ignore_eos)
@@ -337,17 +337,27 @@ def _verdict(sp, tokens: list[list[int]], seqs: list, n_predict: int, ignore_eos
     return f"speculation lost on this machine: {speeds}; try {_what_to_try(sp)}, or measure with {bench}"
 
 
+def _bench_command(*args: str) -> str:
+    """`ggspec bench` with these arguments (empty ones left out), as the verdict line names it."""
+    return "`" + " ".join(["ggspec bench", *(a for a in args if a)]) + "`"
+
+
 def _same_as_plain(sp, prompt: list[int], spec: list[int], plain: list[int], n_predict: int, ignore_eos: bool) -> str:
-    """'identical to plain greedy', or which kind of difference it is (the target's top-2 margins
-    of a plain greedy decode with margins recorded decide: only a near-tie is benign)."""
+    """'identical to plain greedy', or which kind of difference it is (decided by _plain_divergence:
+    the timed plain decode kept no margins)."""
+    div = None if spec == plain else _plain_divergence(sp, prompt, spec, n_predict, ignore_eos)[1]
+    return "identical to plain greedy" if div is None else div.describe()
+
+
+def _plain_divergence(sp, prompt: list[int], spec: list[int], n_predict: int, ignore_eos: bool):
+    """Decode `prompt` plain greedy with the target's top-2 margins recorded and compare it with the
+    speculative output: (the plain tokens, the first difference or None; a near-tie is benign)."""
     from ggspec.speculative.loop import generate_greedy
     from ggspec.testing.oracle import compare
 
-    if spec == plain:
-        return "identical to plain greedy"
     steps = list(generate_greedy(sp, prompt, n_predict, record_margins=True, ignore_eos=ignore_eos))
-    div = compare([t for st in steps for t in st.tokens], [m for st in steps for m in st.margins], spec)
-    return "identical to plain greedy" if div is None else div.describe()
+    plain = [t for st in steps for t in st.tokens]
+    return plain, compare(plain, [m for st in steps for m in st.margins], spec)
 
 
 def _what_to_try(sp) -> str:
@@ -368,14 +378,9 @@ def _check_lossless(sp, prompts: list[list[int]], outputs: dict[int, list[int]],
     """--check: each prompt decoded plain greedy on the same engine, compared token for token with
     the speculative output; one line per prompt saying which kind any difference is. Whether one
     was a REAL divergence."""
-    from ggspec.speculative.loop import generate_greedy
-    from ggspec.testing.oracle import compare
-
     counts = {"identical": 0, "near-tie": 0, "REAL": 0}
     for i, prompt in enumerate(prompts):
-        steps = list(generate_greedy(sp, prompt, n_predict, record_margins=True, ignore_eos=ignore_eos))
-        plain = [t for st in steps for t in st.tokens]
-        div = compare(plain, [m for st in steps for m in st.margins], outputs[i])
+        plain, div = _plain_divergence(sp, prompt, outputs[i], n_predict, ignore_eos)
         which = f"prompt {i + 1}: " if len(prompts) > 1 else ""
         if div is None:
             counts["identical"] += 1

@@ -52,9 +52,13 @@ class HubFile:
     def ref(self) -> str:
         return self.revision or "main"
 
+    @property
+    def pin(self) -> str:
+        """How listings and messages show the revision: `@COMMIT8`, or ` (main, unpinned)`."""
+        return f"@{self.revision[:8]}" if self.revision else " (main, unpinned)"
+
     def label(self) -> str:
-        pin = f"@{self.revision[:8]}" if self.revision else " (main, unpinned)"
-        return f"{self.repo}/{self.filename}{pin}"
+        return f"{self.repo}/{self.filename}{self.pin}"
 
 
 @dataclass(frozen=True)

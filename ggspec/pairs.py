@@ -353,7 +353,7 @@ def hub_source(entry: PairEntry) -> str:
     """Where a hub entry's files come from, a line per repository: `REPO @COMMIT8` or `REPO (main, unpinned)`."""
     seen: list[str] = []
     for f in entry.hub_files():
-        line = f"{f.repo} @{f.revision[:8]}" if f.revision else f"{f.repo} (main, unpinned)"
+        line = f"{f.repo} {f.pin.strip()}"
         if line not in seen:
             seen.append(line)
     return "\n".join(seen)

@@ -477,11 +477,6 @@ def _ratio(mean, sd, is_reference: bool) -> str:
     return "" if mean is None else f"{mean:.2f} ± {sd:.2f}"
 
 
-def k_cell(hist: list[int] | None) -> str:
-    """The adaptive length's choices in a cell: '0: 61 %, 3: 30 %, 7: 9 %' (the three most frequent)."""
-    return k_shares(hist or [], top=3)
-
-
 def to_markdown(rows: list[dict], settings: Settings) -> str:
     """llama-bench-like table: the figures people compare; csv / json carry everything. A column
     no row fills (τ and the rest on a target-only benchmark, replay on a dense target) is left out."""
@@ -503,7 +498,7 @@ def to_markdown(rows: list[dict], settings: Settings) -> str:
             *([_ratio(r["native_speedup_mean"], r["native_speedup_sd"], r["kind"] == "native-baseline")] if native else []),
             _fmt(r["tau_pooled"], ".2f"),
             "" if r["acceptance_rate"] is None else f"{100 * r['acceptance_rate']:.0f}%",
-            k_cell(r.get("k_hist")),
+            k_shares(r.get("k_hist") or [], top=3),  # the three most frequent choices of auto
             _fmt(r["s_max"], ".2f"),
             "" if r["replay_share"] is None or r["planes"] is None else f"{100 * r['replay_share']:.0f}%",
             shares, identical_cell(r),
