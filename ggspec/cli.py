@@ -935,7 +935,7 @@ def models(
         return
     from rich.table import Table
 
-    from ggspec.pairs import check_files, hub_source, load_catalog
+    from ggspec.catalogue.pairs import check_files, hub_source, load_catalog
 
     table = Table(title="models.toml pairs")
     for col in ("name", "kind", "files", "hub repository", "size", "n_max", "cache", "description"):
@@ -958,7 +958,7 @@ def models(
 def _entry_size(entry, models_dir: Optional[Path]) -> str:
     """The size of a pair's files when present; a dummy pair not made yet: about what it will be,
     and what making it writes (its F16 sources included)."""
-    from ggspec.pairs import check_files, dummy_size, resolve
+    from ggspec.catalogue.pairs import check_files, dummy_size, resolve
 
     if entry.kind == "dummy" and check_files(entry, None) != "made":
         disk, memory = dummy_size(entry)
@@ -982,8 +982,8 @@ def models_make(
     """Write a dummy pair: random weights at a real model's shape (F16, then llama-quantize)."""
     from rich.progress import BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from ggspec.fixtures.scale import Progress as Steps
-    from ggspec.pairs import get_entry, make
+    from ggspec.catalogue.dummy import Progress as Steps
+    from ggspec.catalogue.pairs import get_entry, make
 
     entry = get_entry(name)
 
@@ -1022,7 +1022,7 @@ def models_pull(name: Annotated[str, typer.Argument(
     $GGSPEC_HOME/models, a Hub pair's into the Hugging Face cache ($HF_HOME; HF_TOKEN, HF_ENDPOINT)."""
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
-    from ggspec.pairs import get_entry, pull
+    from ggspec.catalogue.pairs import get_entry, pull
 
     entry = get_entry(name)
     if entry.kind == "hub":
@@ -1050,7 +1050,7 @@ def _pull_hub(entry) -> None:
     while the file is hashed; one line per file at the end."""
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
-    from ggspec.pairs import pull_hub
+    from ggspec.catalogue.pairs import pull_hub
 
     bars: list[Progress] = []
 
@@ -1165,7 +1165,7 @@ def distill(
 
 
 def _pair_target(name: str) -> Path:
-    from ggspec.pairs import get_entry, resolve
+    from ggspec.catalogue.pairs import get_entry, resolve
 
     return resolve(get_entry(name)).target
 
@@ -1206,9 +1206,9 @@ def main() -> None:
     """Entry point: every expected failure becomes one line on stderr and a non-zero exit."""
     import signal
 
+    from ggspec.catalogue.pairs import NotPulledError
     from ggspec.native.bindings import NotBuiltError, interrupt_outside_callbacks
     from ggspec.native.build import BuildError
-    from ggspec.pairs import NotPulledError
 
     guard_std_streams(err)
     fatal.set_handler(_die)  # llama.cpp cannot go on (a ggml abort, a silent RPC worker): one line, exit 1

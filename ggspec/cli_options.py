@@ -295,7 +295,7 @@ class Shared:
         if self.pair is not None:
             if self.model is not None or self.draft is not None:
                 raise InputError("--pair replaces -m/-md: give one or the other")
-            from ggspec.pairs import get_entry, resolve
+            from ggspec.catalogue.pairs import get_entry, resolve
 
             entry = get_entry(self.pair)
             files = resolve(entry, self.models_dir)

@@ -15,8 +15,8 @@ from pathlib import Path
 # runnable from a checkout without installing the package
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from ggspec.catalogue.tiny import KINDS, write_tiny_pair  # noqa: E402
 from ggspec.files import file_sha256  # noqa: E402
-from ggspec.fixtures.tiny import KINDS, write_tiny_pair  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

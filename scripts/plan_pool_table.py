@@ -19,7 +19,7 @@ from dataclasses import replace
 
 from ggspec.bench.native import TOOL, find_tool, run_cpp
 from ggspec.bench.prompts import load_prompts
-from ggspec.pairs import get_entry, resolve
+from ggspec.catalogue.pairs import get_entry, resolve
 from ggspec.runtime import ContextParams
 from ggspec.speculative.engine import Engine
 from ggspec.speculative.loop import generate_spec

@@ -42,7 +42,7 @@ from rich.table import Table
 from ggspec.bench.native import find_tool
 from ggspec.bench.prompts import BUILTIN
 from ggspec.bench.serving import NotReady, free_port, run_load, solo, wait_ready
-from ggspec.pairs import get_entry, resolve
+from ggspec.catalogue.pairs import get_entry, resolve
 
 console = Console(stderr=True)
 

@@ -58,7 +58,7 @@ def main() -> None:
     args = ap.parse_args()
     model = args.model
     if model is None:
-        from ggspec.pairs import get_entry, resolve
+        from ggspec.catalogue.pairs import get_entry, resolve
 
         model = resolve(get_entry(args.pair)).target
     ggspec_cmd = [sys.executable, "-m", "ggspec.cli", "run", "-m", str(model), "--no-spec", "-n", "1", "-p", "Hello"]

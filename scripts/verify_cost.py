@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ggspec.pairs import get_entry, resolve
+from ggspec.catalogue.pairs import get_entry, resolve
 from ggspec.runtime import ContextParams
 from ggspec.runtime.batch import Batch
 from ggspec.runtime.context import Context

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ggspec.fixtures.tiny import ensure_tiny_pair, write_dflash_draft
+from ggspec.catalogue.tiny import ensure_tiny_pair, write_dflash_draft
 from ggspec.native import build as nb
 
 # Held-out style prompts: code and prose, all ASCII so the tiny byte-level vocab covers them.
@@ -91,7 +91,7 @@ REAL_PAIR = "gemma-3-270m"
 def real_target() -> Path:
     """The real pretrained target (Gemma 3 270M Q4_K_M), when `ggspec models pull` has fetched it;
     tests marked `real` skip otherwise (`.ci/run` pulls it)."""
-    from ggspec.pairs import check_files, get_entry, resolve
+    from ggspec.catalogue.pairs import check_files, get_entry, resolve
 
     entry = get_entry(REAL_PAIR)
     if check_files(entry, None) != "ok":
@@ -135,6 +135,6 @@ def gpu_build(build_info) -> nb.BuildInfo:
 @pytest.fixture(scope="session")
 def tiny_coder_pair():
     """The shipped trained dense pair (models/tiny/): its target and draft paths."""
-    from ggspec.pairs import get_entry, resolve
+    from ggspec.catalogue.pairs import get_entry, resolve
 
     return resolve(get_entry("tiny-coder"))

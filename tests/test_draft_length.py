@@ -22,7 +22,7 @@ from test_eagle3 import EAGLE3
 from test_mtp import Recorder
 from ggspec.errors import InputError
 from ggspec.fixtures.mtp_head import ensure_fitted
-from ggspec.fixtures.tiny import ensure_tiny_pair
+from ggspec.catalogue.tiny import ensure_tiny_pair
 from ggspec.runtime import ContextParams
 from ggspec.speculative.costs import Acceptance, ShapeCosts
 from ggspec.speculative.draft_length import PROBE_FIRST, WARM_UP, DraftLength

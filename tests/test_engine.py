@@ -13,7 +13,7 @@ import pytest
 
 from conftest import PROMPTS
 from ggspec.errors import InputError
-from ggspec.pairs import get_entry, resolve
+from ggspec.catalogue.pairs import get_entry, resolve
 from ggspec.runtime import ContextParams
 from ggspec.speculative.engine import CapacityError, Engine
 from ggspec.speculative.loop import generate_greedy

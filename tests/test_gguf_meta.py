@@ -8,8 +8,8 @@ import struct
 import numpy as np
 import pytest
 
+from ggspec.catalogue.tiny import KINDS, ensure_tiny_pair
 from ggspec.errors import InputError
-from ggspec.fixtures.tiny import KINDS, ensure_tiny_pair
 from ggspec.runtime.gguf_meta import SHORT_ARRAY, GGUFArray, read_meta
 
 

@@ -175,8 +175,8 @@ def test_chained_mtp_drafts_equal_unchained_on_gpu(n_max, kind, gpu_build, fixtu
     qwen35 and qwen35moe (routed + shared experts in the MTP block)."""
     from test_mtp import PROMPT, _ggspec_drafts
 
+    from ggspec.catalogue.tiny import ensure_tiny_pair
     from ggspec.fixtures.mtp_head import ensure_fitted
-    from ggspec.fixtures.tiny import ensure_tiny_pair
 
     target = ensure_fitted(fixture_dir, ensure_tiny_pair(fixture_dir, kind).target)
     logs = []
@@ -214,7 +214,7 @@ def test_gemma4_drafter_chained_and_not_equal_on_gpu(n_max, gpu_build, fixture_d
 def test_every_type_is_lossless_on_gpu(pair, spec_type, n_max, gpu_build):
     """draft-simple, EAGLE3 (its encoder and decoder on the device too), a comma list and
     ngram-cache with the target (and draft) on the GPU: lossless up to genuine near-ties."""
-    from ggspec.pairs import get_entry, resolve
+    from ggspec.catalogue.pairs import get_entry, resolve
 
     files = resolve(get_entry(pair))
     cfg = PairConfig(target=files.target, draft=files.draft if spec_type != "ngram-cache" else None,

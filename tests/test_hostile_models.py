@@ -17,7 +17,7 @@ import pytest
 from conftest import run_cli
 from llama_tree import graph_sources
 
-from ggspec.fixtures.tiny import ensure_tiny_pair
+from ggspec.catalogue.tiny import ensure_tiny_pair
 
 TIMEOUT = 60
 

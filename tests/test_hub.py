@@ -17,9 +17,9 @@ from urllib.parse import unquote
 
 import pytest
 
+from ggspec.catalogue.pairs import PairEntry, _entry, hub_source, load_catalog
 from ggspec.errors import InputError
 from ggspec.native.paths import REPO_ROOT
-from ggspec.pairs import PairEntry, _entry, hub_source, load_catalog
 
 TINY = REPO_ROOT / "models" / "tiny"
 TARGET, DRAFT = "tiny-coder.gguf", "tiny-coder-dflash-b8.gguf"
@@ -428,8 +428,8 @@ def test_the_shipped_catalogs_hub_pairs_are_well_formed():
 
 
 def test_the_cache_folder_follows_huggingface_hub(tmp_path):
-    """ggspec.hub.cache_dir() reads the same variables, in the same order, as huggingface_hub does."""
-    code = "from huggingface_hub import constants; from ggspec.hub import cache_dir; print(constants.HF_HUB_CACHE); " \
+    """ggspec.catalogue.hub.cache_dir() reads the same variables, in the same order, as huggingface_hub does."""
+    code = "from huggingface_hub import constants; from ggspec.catalogue.hub import cache_dir; print(constants.HF_HUB_CACHE); " \
            "print(cache_dir())"
     for env in ({"HF_HOME": str(tmp_path / "home")}, {"HF_HUB_CACHE": str(tmp_path / "c"), "HF_HOME": "/x"},
                 {"XDG_CACHE_HOME": str(tmp_path / "xdg")}):
@@ -442,7 +442,7 @@ def test_the_cache_folder_follows_huggingface_hub(tmp_path):
 def test_a_full_disk_during_the_download_is_one_line():
     import errno
 
-    from ggspec.hub import HubFile, explain_os_error
+    from ggspec.catalogue.hub import HubFile, explain_os_error
 
     line = explain_os_error(HubFile("o/n", "t.gguf"), OSError(errno.ENOSPC, "No space left on device"))
     assert "disk full" in line and "o/n/t.gguf (main, unpinned)" in line

@@ -69,7 +69,7 @@ def test_modes_give_identical_drafts_and_output(kind, request, build_info):
 
 def test_trained_pair_drafts_identical_across_modes(build_info):
     """On the trained pair the drafts carry information: same proposals in every mode."""
-    from ggspec.pairs import get_entry, resolve
+    from ggspec.catalogue.pairs import get_entry, resolve
 
     files = resolve(get_entry("tiny-coder"))
     results = {mode: _run(files, mode, PROMPTS[:3]) for mode in INJECT_MODES}

@@ -22,7 +22,7 @@ from conftest import PROMPTS, run_cli
 from ggspec.bench.native import TOOL, find_tool, run_cpp
 from ggspec.errors import InputError
 from ggspec.fixtures.mtp_head import ensure_fitted
-from ggspec.fixtures.tiny import ensure_tiny_pair
+from ggspec.catalogue.tiny import ensure_tiny_pair
 from ggspec.runtime import ContextParams
 from ggspec.speculative.draft_vocab import draft_vocab_ids, frequency_order
 from ggspec.speculative.engine import Engine

@@ -26,7 +26,7 @@ from test_mtp import (CTX, N, PROMPT, Recorder, _compare, _ggspec_drafts, _serve
 from ggspec.bench.native import TOOL, find_tool, run_cpp
 from ggspec.errors import InputError
 from ggspec.fixtures.gemma4 import DRAFTER, ensure_gemma4_pair, write_gemma4_drafter
-from ggspec.fixtures.tiny import ensure_tiny_pair
+from ggspec.catalogue.tiny import ensure_tiny_pair
 from ggspec.speculative.engine import Engine
 from ggspec.speculative.draft_vocab import draft_vocab_ids
 from ggspec.speculative.loop import generate_greedy, generate_spec

@@ -7,7 +7,7 @@ import pytest
 from conftest import run_cli
 from ggspec.errors import InputError
 from ggspec.files import file_sha256
-from ggspec.pairs import check_files, get_entry, load_catalog, resolve
+from ggspec.catalogue.pairs import check_files, get_entry, load_catalog, resolve
 
 
 def test_catalog_has_every_kind():

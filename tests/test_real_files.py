@@ -7,7 +7,7 @@ import pytest
 
 from conftest import PROMPTS, REAL_PAIR, run_cli
 from ggspec.errors import InputError
-from ggspec.fixtures.tiny import KINDS, ensure_tiny_pair, write_dflash_draft
+from ggspec.catalogue.tiny import KINDS, ensure_tiny_pair, write_dflash_draft
 from ggspec.runtime import ContextParams
 from ggspec.runtime.gguf_meta import GGUFArray, read_meta
 
@@ -97,13 +97,13 @@ def test_a_pair_that_is_not_pulled_says_what_to_run(tmp_path, build_info):
 
 
 def test_registry_entries_are_wellformed():
-    from ggspec.pairs import get_entry
+    from ggspec.catalogue.pairs import get_entry
 
     entry = get_entry(REAL_PAIR)
     assert entry.kind == "registry" and entry.draft is None and len(entry.target_sha256) == 64
     assert all("==" in p for p in entry.packages), "registry packages are pinned"
     with pytest.raises(InputError):
-        from ggspec.pairs import pull
+        from ggspec.catalogue.pairs import pull
 
         pull(get_entry("tiny-coder"))
 
@@ -113,7 +113,7 @@ def test_a_target_without_layer_inputs_is_refused_before_loading(fixture_dir, tm
     is checked against the patched build's list first (see ggspec.speculative.archs)."""
     import gguf
 
-    from ggspec.fixtures.tiny import tiny_vocab
+    from ggspec.catalogue.tiny import tiny_vocab
 
     path = tmp_path / "exaone.gguf"  # a dense arch neither upstream nor patch 0006 extracts from
     w = gguf.GGUFWriter(str(path), "exaone")

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from conftest import run_cli
-from ggspec.fixtures.tiny import write_dflash_draft
+from ggspec.catalogue.tiny import write_dflash_draft
 
 PROBE = str(Path(__file__).with_name("rpc_probe.py"))
 PROMPT = "def parse(path):"

@@ -7,7 +7,7 @@ import pytest
 
 from ggspec.errors import LlamaError
 from ggspec.files import file_sha256
-from ggspec.fixtures.tiny import write_tiny_pair
+from ggspec.catalogue.tiny import write_tiny_pair
 from ggspec.runtime import Batch, Context, ContextParams, Model
 from ggspec.speculative.verifier import accept_greedy
 from ggspec.speculative.loop import generate_spec

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from scipy.stats import chi2_contingency
 
+from ggspec.catalogue.pairs import get_entry, resolve
 from ggspec.errors import InputError
-from ggspec.pairs import get_entry, resolve
 from ggspec.runtime import ContextParams
 from ggspec.speculative.engine import Engine
 from ggspec.speculative.models import Models, PairConfig

@@ -18,9 +18,9 @@ import pytest
 from conftest import PROMPTS, run_cli
 from ggspec.errors import InputError
 from ggspec.files import file_sha256
-from ggspec.fixtures import scale
-from ggspec.fixtures.shapes import load_shapes
-from ggspec.pairs import catalog_path, check_files, get_entry, make, resolve
+from ggspec.catalogue import dummy
+from ggspec.catalogue.shapes import load_shapes
+from ggspec.catalogue.pairs import catalog_path, check_files, get_entry, make, resolve
 from ggspec.runtime.gguf_meta import read_meta
 
 SHAPES = load_shapes(catalog_path())
@@ -33,11 +33,11 @@ DENSE, HYBRID = "dummy-qwen3-0.6b", "dummy-qwen3.5-0.8b"
 def test_plans_have_the_published_parameter_counts():
     """z-lab/Qwen3.5-4B-DFlash: 634,425,856 parameters in 69 tensors (its SOURCE_LOCK); Qwen3's
     model cards: 0.6B = 0.44B non-embedding, 4B = 3.6B non-embedding."""
-    draft = scale.draft_plan(SHAPES["qwen3.5-4b-dflash"])
+    draft = dummy.draft_plan(SHAPES["qwen3.5-4b-dflash"])
     assert sum(t.n for t in draft) == 634_425_856 and len(draft) == 69
     for name, non_embedding in (("qwen3-0.6b", 0.44e9), ("qwen3-4b", 3.6e9)):
         s = SHAPES[name]
-        total = sum(t.n for t in scale.target_plan(s))
+        total = sum(t.n for t in dummy.target_plan(s))
         assert total - s.vocab_size * s.hidden_size == pytest.approx(non_embedding, rel=0.02), name
 
 
@@ -97,8 +97,8 @@ def test_gemma4_shapes_make_files_that_run_in_both_loops(tmp_path, tool):
     d = replace(SHAPES["gemma-4-e2b-assistant"], name="g4a", target="g4", backbone_hidden_size=256,
                 **(narrow | {"hidden_size": 128, "intermediate_size": 256}))
     target, drafter = tmp_path / "t.gguf", tmp_path / "d.gguf"
-    scale.write_f16(target, t, None, seed=0)
-    scale.write_f16(drafter, d, t, seed=0)
+    dummy.write_f16(target, t, None, seed=0)
+    dummy.write_f16(drafter, d, t, seed=0)
     assert read_meta(drafter).arch_key("embedding_length_out") == 256
     assert read_meta(target).arch_key("feed_forward_length") == [512] * 5 + [1024] * 5  # double-wide shared layers
     with Engine.open(PairConfig(target=target, draft=drafter, n_max=3, ctx=CTX)) as eng:
@@ -117,21 +117,21 @@ def test_writer_is_deterministic_and_streams(tmp_path):
     s = _small("qwen3-0.6b", 1)
     a, b, c = tmp_path / "a.gguf", tmp_path / "b.gguf", tmp_path / "c.gguf"
     tracemalloc.start()
-    scale.write_f16(a, s, None, seed=0)
+    dummy.write_f16(a, s, None, seed=0)
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert a.stat().st_size > 300e6 and peak < 200e6, peak
-    scale.write_f16(b, s, None, seed=0)
-    scale.write_f16(c, s, None, seed=1)
+    dummy.write_f16(b, s, None, seed=0)
+    dummy.write_f16(c, s, None, seed=1)
     assert file_sha256(a) == file_sha256(b) != file_sha256(c)
 
 
 def test_a_pair_that_does_not_fit_is_refused_up_front(tmp_path, monkeypatch):
     monkeypatch.setenv("GGSPEC_HOME", str(tmp_path))
-    monkeypatch.setattr(scale, "_mem_available", lambda: 4 << 30)
-    with pytest.raises(scale.MakeError, match=r"needs about \d+\.\d GiB of memory to run; this machine has 4\.0 GiB"):
+    monkeypatch.setattr(dummy, "_mem_available", lambda: 4 << 30)
+    with pytest.raises(dummy.MakeError, match=r"needs about \d+\.\d GiB of memory to run; this machine has 4\.0 GiB"):
         make(get_entry("dummy-qwen3-4b@f16"))
-    assert not scale.is_made(scale.model_path(SHAPES["qwen3-4b"], 0, "f16"))  # nothing was written
+    assert not dummy.is_made(dummy.model_path(SHAPES["qwen3-4b"], 0, "f16"))  # nothing was written
 
 
 def test_type_suffix_and_not_made_messages(tmp_path, monkeypatch):

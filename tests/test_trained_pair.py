@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ggspec.pairs import get_entry, resolve
+from ggspec.catalogue.pairs import get_entry, resolve
 from ggspec.runtime import ContextParams
 from ggspec.testing.oracle import run_prompts
 from ggspec.speculative.engine import Engine

