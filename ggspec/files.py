@@ -1,16 +1,16 @@
-"""Small file helpers shared by the catalog, the registry pulls, the fixtures and the benchmarks."""
+"""Small file helpers shared by the catalogue, the fixtures and the benchmarks: hashing (cached by size and
+mtime), user text files, portable paths; the atomic writes underneath are ggspec.native.atomic's."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 from ggspec.errors import InputError
 from ggspec.native import paths
+from ggspec.native.atomic import atomic_write, temp_sibling
 
 
 def file_sha256(path: Path, on_bytes: Callable[[int], None] | None = None) -> str:
@@ -64,25 +64,6 @@ def cached_sha256(path: Path, on_bytes: Callable[[int], None] | None = None) -> 
     digest = file_sha256(path, on_bytes)
     remember_sha256(path, digest)
     return digest
-
-
-def temp_sibling(path: Path) -> Path:
-    """A unique temporary name in the same directory (same file system: os.replace is atomic)."""
-    return path.parent / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
-
-
-def atomic_write(path: Path, build: Callable[[Path], None]) -> Path:
-    """Write via a temp file in the same directory, then rename: readers never see half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_sibling(path)  # not mkstemp: its 0600 mode would stick to the final file
-    try:
-        build(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
 
 
 # --- user files: one line of error, never a traceback ------------------------------------------------

@@ -228,7 +228,7 @@ def test_context_beyond_memory_says_what_fits(pairs):
 def test_memory_estimate(pairs):
     from ggspec.errors import InputError
     from ggspec.runtime.gguf_meta import read_meta
-    from ggspec.runtime.preflight import check_memory, kv_cache_bytes, recurrent_bytes
+    from ggspec.runtime.memory import check_memory, kv_cache_bytes, recurrent_bytes
 
     dense = read_meta(pairs["dense"].target)
     # 4 layers x 256 cells x (K + V: 2 KV heads x 32) x 2 bytes (f16); contexts are padded to 256

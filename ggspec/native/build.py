@@ -24,12 +24,9 @@ from dataclasses import asdict, dataclass, field, replace
 from functools import cache
 from pathlib import Path
 
-from ggspec.files import atomic_write
 from ggspec.native import paths
-
-
-class BuildError(RuntimeError):
-    """A build step failed; the message is one line meant for the user."""
+from ggspec.native.atomic import atomic_write
+from ggspec.native.errors import BuildError
 
 
 def _warn(message: str) -> None:
@@ -314,7 +311,7 @@ def toolkit_args(options: BuildOptions) -> list[str]:
     """Where the CUDA toolkit is, for the configure step only: its path is not part of the key."""
     if not options.cuda:
         return []
-    from ggspec.native import cuda  # imports BuildError from here
+    from ggspec.native import cuda  # only CUDA builds need the toolkit search
 
     return cuda.find_toolkit().cmake_args()
 

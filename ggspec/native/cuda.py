@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ggspec.native import paths
-from ggspec.native.build import BuildError
+from ggspec.native.errors import BuildError
 
 HOW_TO_GET = "pip install 'ggspec[cuda]' (NVIDIA's CUDA 13.0 wheels), or install NVIDIA's CUDA toolkit with cuBLAS"
 

@@ -13,7 +13,8 @@ from ggspec.runtime import watchdog
 from ggspec.runtime.handle import OwnedHandle
 from ggspec.native.bindings import held_gil, last_log_error
 from ggspec.runtime.model import Model
-from ggspec.runtime.preflight import GGML_MAX_N_THREADS, MAX_CTX, check_memory
+from ggspec.runtime.memory import check_memory
+from ggspec.runtime.preflight import GGML_MAX_N_THREADS, MAX_CTX
 from ggspec.values import is_int
 
 # -ctk / -ctv names, as llama.cpp's common args spell them, to ggml_type ids.

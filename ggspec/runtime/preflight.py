@@ -9,15 +9,13 @@ key and the bad value. Values llama.cpp refuses cleanly itself (it throws, the l
 and ggspec reports it) or tolerates (an out-of-range pad token id is disabled with a warning)
 are left alone unless a clearer message costs nothing.
 
-`check_model(meta, what)` checks one file; `check_memory(...)` checks that the KV caches and
-recurrent state a context size asks for fit the memory that is free.
+`check_model(meta, what)` checks one file. Whether a context size fits the memory that is free is
+ggspec.runtime.memory's estimate, not an assert of llama.cpp's.
 """
 
 from __future__ import annotations
 
 import math
-import os
-from collections.abc import Iterable
 from typing import Any
 
 from ggspec.errors import InputError
@@ -69,13 +67,6 @@ GATED_DELTA_NET_ARCHS: frozenset[str] = frozenset({"qwen35", "qwen35moe", "qwen3
 # Architectures without attention heads (a head count of 0 is legal there).
 _NO_HEADS_ARCHS: frozenset[str] = frozenset({"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7",
                                              "wavtokenizer-dec", "clip"})
-
-# Cache types (CACHE_TYPES in ggspec.runtime.context) -> bytes per element
-CACHE_TYPE_BYTES: dict[str, float] = {
-    "f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32, "q4_1": 20 / 32,
-    "q5_0": 22 / 32, "q5_1": 24 / 32, "iq4_nl": 18 / 32,
-}
-
 
 class _File:
     """One file's metadata with error messages that name its role, the key and the value."""
@@ -337,136 +328,3 @@ def _check_dflash(f: _File, n_layer: int) -> None:
             key, v = f.uint(suffix)
             if v == 0:
                 f.fail(key, v, "must be at least 1 for a DSpark draft")
-
-
-# --- options against memory --------------------------------------------------------------------
-
-def _layers_kv(meta: GGUFMeta) -> Iterable[tuple[int, int, bool]]:
-    """(K width, V width, sliding-window?) of every layer that has a KV cache."""
-    f = _File(meta, "model")
-    n = meta.n_layer
-    if not n or f.a in _NO_HEADS_ARCHS:
-        return []
-    try:
-        _, heads = f.per_layer("attention.head_count", n)
-        _, heads_kv = f.per_layer("attention.head_count_kv", n)
-    except InputError:
-        return []
-    heads = heads or [0] * n
-    heads_kv = heads_kv or heads
-    n_head = max(heads) or 1
-    _, head_k = f.uint("attention.key_length", meta.n_embd // n_head)
-    _, head_v = f.uint("attention.value_length", meta.n_embd // n_head)
-    _, head_k_swa = f.uint("attention.key_length_swa", head_k)
-    _, head_v_swa = f.uint("attention.value_length_swa", head_v)
-    rec = meta.arch_key("attention.recurrent_layers")
-    interval = meta.arch_key("full_attention_interval")
-    swa = meta.arch_key("attention.sliding_window_pattern")
-    has_swa = is_int(meta.arch_key("attention.sliding_window")) and meta.arch_key("attention.sliding_window") > 0
-    out = []
-    for il in range(n):
-        if isinstance(rec, list) and il < len(rec) and rec[il]:
-            continue
-        if meta.arch in GATED_DELTA_NET_ARCHS and not isinstance(rec, list):
-            k = interval if is_int(interval) and interval > 0 else 4
-            if il < meta.n_layer_main and (il + 1) % k:
-                continue
-        if isinstance(swa, list):
-            is_swa = has_swa and il < len(swa) and bool(swa[il])
-        else:  # a period: every n-th layer is global (llama_hparams::set_swa_pattern)
-            period = swa if is_int(swa) else _SWA_PERIODS.get(meta.arch, 1)
-            is_swa = has_swa and (period == 0 or il % period < period - 1)
-        hk, hv = (head_k_swa, head_v_swa) if is_swa else (head_k, head_v)
-        out.append(((hk or 0) * heads_kv[il], (hv or 0) * heads_kv[il], is_swa))
-    return out
-
-
-# load_swa_pattern defaults where a file gives no attention.sliding_window_pattern (1: no SWA layers)
-# (the count of sliding-window layers is what matters here, so dense-first patterns count the same)
-_SWA_PERIODS = {"gemma2": 2, "gemma3": 6, "gemma3n": 5, "gemma-embedding": 6, "gpt-oss": 2, "cohere2": 4,
-                "cohere2moe": 4, "afmoe": 4, "exaone4": 4, "exaone-moe": 4, "llama4": 4, "mellum": 4,
-                "muse-glimmer": 4, "olmo2": 4, "smallthinker": 4, "laguna": 4, "plamo3": 8}
-
-
-def kv_cache_bytes(meta: GGUFMeta, n_ctx: int, type_k: str, type_v: str, n_ubatch: int = 512) -> int:
-    """An estimate (from above) of the KV cache llama.cpp allocates for one sequence of n_ctx cells.
-    Sliding-window layers keep at most the window plus one ubatch."""
-    n_ctx = -(-n_ctx // 256) * 256  # llama.cpp pads the context to 256
-    window = meta.arch_key("attention.sliding_window")
-    bk, bv = CACHE_TYPE_BYTES.get(type_k, 4.0), CACHE_TYPE_BYTES.get(type_v, 4.0)
-    total = 0.0
-    for k, v, is_swa in _layers_kv(meta):
-        cells = min(n_ctx, window + n_ubatch) if is_swa and is_int(window) else n_ctx
-        total += cells * (k * bk + v * bv)
-    return int(total)
-
-
-def recurrent_bytes(meta: GGUFMeta, planes: int) -> int:
-    """Recurrent state of one sequence with `planes` state planes (gated delta-net hybrids)."""
-    if meta.arch not in GATED_DELTA_NET_ARCHS:
-        return 0
-    def g(suffix: str) -> int:
-        v = meta.arch_key(suffix)
-        return v if is_int(v) and v > 0 else 0
-
-    d_conv, d_state, n_group, d_inner = g("ssm.conv_kernel"), g("ssm.state_size"), g("ssm.group_count"), g("ssm.inner_size")
-    rec = meta.arch_key("attention.recurrent_layers")
-    n_rec = sum(bool(x) for x in rec) if isinstance(rec, list) else meta.n_layer_main * 3 // 4
-    per_layer = (max(d_conv - 1, 0) * (d_inner + 2 * n_group * d_state) + d_state * d_inner) * 4
-    return n_rec * per_layer * max(planes, 1)
-
-
-def attention_buffer_bytes(meta: GGUFMeta, n_ctx: int, n_ubatch: int) -> int:
-    """The largest attention buffers of one ubatch against the whole cache, which the scheduler
-    reserves up front: the KQ mask and (flash attention off, the CPU default) the KQ scores of
-    every head, f32."""
-    n_ctx = -(-n_ctx // 256) * 256
-    f = _File(meta, "model")
-    if not _layers_kv(meta):
-        return 0
-    try:
-        _, heads = f.per_layer("attention.head_count", meta.n_layer)
-    except InputError:
-        return 0
-    return n_ctx * n_ubatch * 4 * (1 + max(heads or [0]))
-
-
-def mem_available() -> int | None:
-    """MemAvailable from /proc/meminfo in bytes (None where there is no such file)."""
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
-def _gib(n: float) -> str:
-    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
-
-
-def check_memory(models: list[tuple[GGUFMeta, int]], n_ctx: int, type_k: str, type_v: str, n_ubatch: int,
-                 available: int | None = None) -> None:
-    """Refuse a context size whose KV caches (+ recurrent state planes) cannot fit in the memory
-    that is free, before llama.cpp spends a minute allocating it and dies of bad_alloc.
-    `models`: (metadata, recurrent planes) of every model that gets a context on the CPU."""
-    available = mem_available() if available is None else available
-    if not available:
-        return
-
-    def need(c: int) -> int:
-        return sum(kv_cache_bytes(m, c, type_k, type_v, n_ubatch) + recurrent_bytes(m, p)
-                   + attention_buffer_bytes(m, c, n_ubatch) for m, p in models)
-
-    total = need(n_ctx)
-    weights = sum(os.path.getsize(m.path) for m, _ in models if m.path.is_file())
-    if total + weights <= available:
-        return
-    per_cell = max(need(2 * 256) - need(256), 1) / 256
-    fits = int((available - weights - need(256) + 256 * per_cell) // per_cell) // 256 * 256
-    hint = f"a context of at most about {fits} fits" if fits >= 256 else "no context fits beside the weights"
-    raise InputError(f"context size {n_ctx} needs {_gib(total)} for the KV cache, recurrent state and "
-                     f"attention buffers (+ {_gib(weights)} of weights), but only {_gib(available)} of memory "
-                     f"is available: {hint}", field="n_ctx")

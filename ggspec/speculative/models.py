@@ -16,7 +16,8 @@ from ggspec.errors import InputError
 from ggspec.runtime import ContextParams, Model
 from ggspec.runtime.devices import Placement
 from ggspec.runtime.gguf_meta import GGUFMeta, read_meta
-from ggspec.runtime.preflight import check_memory, check_model
+from ggspec.runtime.memory import check_memory
+from ggspec.runtime.preflight import check_model
 from ggspec.speculative.dflash import INJECT_MODES, DFlashInfo, check_compatible, dflash_info, is_dflash
 from ggspec.speculative.eagle3 import Eagle3Info, check_eagle3, eagle3_info, is_eagle3
 from ggspec.speculative.mtp import DRAFTER_ARCHS, MTP_ARCHS, check_drafter, has_mtp_head, is_mtp_drafter
