@@ -81,8 +81,6 @@ BUILTIN: tuple[Prompt, ...] = (
     Prompt("A good unit test has three parts. First,", "prose"),
 )
 
-CATEGORIES = ("code-gen", "code-edit", "code-echo", "prose")
-
 
 def load_prompts(path: Path | None) -> list[Prompt]:
     """The built-in set, or a JSONL file of {"prompt": str, "category": str (optional)}."""

@@ -32,7 +32,6 @@ from ggspec.errors import InputError
 from ggspec.files import cached_sha256, read_text
 from ggspec.native.paths import REPO_ROOT, fixtures_dir
 
-SETTING_KEYS = ("n_max", "ctk", "ctv", "ctx", "planes", "lead")
 DUMMY = "dummy"  # generated = "dummy": a real-shape dummy-weight pair
 
 

@@ -188,7 +188,3 @@ def distill(opts: DistillOptions, log: Log, on_group=None, on_step=None) -> Dist
     report.stages["export"] = StageReport(time.time() - t0, _rss_mb())
     Path(str(opts.output) + ".json").write_text(json.dumps(asdict(report), indent=2, default=str) + "\n")
     return report
-
-
-def with_work_default(opts: DistillOptions) -> DistillOptions:
-    return opts if opts.work else replace(opts, work=Path(str(opts.output) + ".work"))

@@ -134,11 +134,6 @@ class AutoLead:
         """The decayed histogram of accepted counts (the most recent step counts 1)."""
         return np.asarray(self._hist) / (self._gain * self.decay) if self.steps else np.zeros(self.n_max + 1)
 
-    def expected_costs(self) -> np.ndarray:
-        """Expected replay cost per step for every lead 0..planes-2, under the histogram."""
-        total = sum(self._hist)
-        return np.asarray(self._costs) / total if total else np.zeros(self.planes - 1)
-
     def start(self) -> None:
         self.target.set_rs_layout(self.planes, self.lead)
 

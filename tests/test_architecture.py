@@ -1,0 +1,55 @@
+"""The package's shape, checked from its source: no import circles, and no product module that
+needs a test fixture (issue 37: boundaries that show the architecture)."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "ggspec"
+
+
+def _import_cycles():
+    spec = importlib.util.spec_from_file_location("import_cycles", REPO / "scripts" / "import_cycles.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_script_finds_a_cycle(tmp_path):
+    ic = _import_cycles()
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from pkg import b\n")
+    (pkg / "b.py").write_text("def f():\n    from pkg.c import g\n")  # a lazy import counts too
+    (pkg / "c.py").write_text("import pkg.a\n")
+    (pkg / "d.py").write_text("from . import a\n")  # depends on the circle, is not in it
+    assert ic.cycles(ic.import_graph(pkg)) == [["pkg.a", "pkg.b", "pkg.c"]]
+    assert ic.main(["import_cycles.py", str(pkg)]) == 1
+
+
+def test_no_import_cycles():
+    ic = _import_cycles()
+    assert ic.cycles(ic.import_graph(PACKAGE)) == []
+
+
+def test_no_product_module_imports_the_test_fixtures():
+    """ggspec.fixtures holds test-only generators; what the product makes (named pairs, dummy and
+    tiny models) lives in ggspec.catalogue. Lazy imports count: they are still a dependency."""
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.is_relative_to(PACKAGE / "fixtures"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            else:
+                continue
+            if any(n == "ggspec.fixtures" or n.startswith("ggspec.fixtures.") for n in names):
+                offenders.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert offenders == []
