@@ -213,7 +213,8 @@ def test_run_says_how_to_measure_what_it_does_not(build_info, tmp_path):
 def test_a_long_decode_is_not_decoded_again_unasked():
     from types import SimpleNamespace
 
-    from ggspec.cli import COMPARE_MAX_S, _verdict
+    from ggspec.console.verdict import COMPARE_MAX_S
+    from ggspec.console.verdict import verdict as _verdict
 
     seq = SimpleNamespace(stats=SimpleNamespace(t_decode=COMPARE_MAX_S + 1))
     line = _verdict(None, [[1]], [seq], 8, False, None, "-m t.gguf -md d.gguf", False)
@@ -224,7 +225,7 @@ def test_a_long_decode_is_not_decoded_again_unasked():
 def test_what_to_try_leaves_out_the_setting_in_use():
     from types import SimpleNamespace
 
-    from ggspec.cli import _what_to_try
+    from ggspec.console.verdict import what_to_try as _what_to_try
 
     def engine(spec_type, n_max, auto):
         return SimpleNamespace(plan=SimpleNamespace(spec_type=spec_type), n_max=n_max, draft_length=object() if auto else None)

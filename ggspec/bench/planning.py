@@ -1,0 +1,154 @@
+"""From `ggspec bench`'s options to a Plan: a new benchmark's settings and axes, or a --resume.
+
+The checks here word their errors with the flags they are about, as the rest of the bench package
+does (`configs.split_list`, `session.parse_profile`): a benchmark's settings are its flags.
+`resume_conflicts` is the guard of `--resume`: a resumed benchmark runs with its saved settings, so
+any setting given with it is refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ggspec import cli_options as opts
+from ggspec.bench.session import Plan
+from ggspec.errors import InputError
+
+
+@dataclass(frozen=True)
+class AxisFlags:
+    """bench's comma-list options as given (None: not given); each becomes an axis of `Axes`."""
+
+    n_max: str | None = None
+    parallel: str | None = None
+    type_k: str | None = None
+    type_v: str | None = None
+    n_ctx: str | None = None
+    rs_planes: str | None = None
+    rs_lead: str | None = None
+    inject: str | None = None
+    temp: str | None = None
+
+
+def resume_conflicts(shared: opts.Shared, axes: AxisFlags, prompts: Path | None, profile: str | None) -> list[str]:
+    """The flags given together with --resume (each changes a saved setting), in this order."""
+    s, a, sampling = shared, axes, shared.sampling
+    flags = (("-m", s.model), ("-md", s.draft), ("--pair", s.pair), ("--prompts", prompts),
+             ("--spec-type", s.spec_type), ("--spec-draft-n-max", a.n_max),
+             ("--spec-draft-p-min", s.p_min or None), ("-np", a.parallel),
+             ("--spec-draft-chain", s.draft_chain or None),
+             ("--spec-draft-vocab", s.chain_vocab or None),
+             ("--spec-ngram-simple-size-n", s.ngram_size_n != opts.NGRAM_SIZE_N or None),
+             ("--spec-ngram-simple-size-m", s.ngram_size_m != opts.NGRAM_SIZE_M or None),
+             ("--spec-ngram-map-k-size-n", s.ngram_map_size_n != opts.NGRAM_MAP[0] or None),
+             ("--spec-ngram-map-k-size-m", s.ngram_map_size_m != opts.NGRAM_MAP[1] or None),
+             ("--spec-ngram-map-k4v-min-hits", s.ngram_map_min_hits != opts.NGRAM_MAP[2] or None),
+             ("--spec-ngram-mod-n-match", s.ngram_mod_n_match != opts.NGRAM_MOD[0] or None),
+             ("--spec-ngram-mod-n-max", s.ngram_mod_n_max != opts.NGRAM_MOD[1] or None),
+             ("--spec-ngram-mod-n-min", s.ngram_mod_n_min != opts.NGRAM_MOD[2] or None),
+             ("--spec-select", s.spec_select != "first" or None),
+             ("-ctk", a.type_k), ("-ctv", a.type_v), ("-c", a.n_ctx),
+             ("--spec-draft-rs-planes", a.rs_planes), ("--spec-draft-rs-planes-lead", a.rs_lead),
+             ("--spec-dflash-inject", a.inject), ("--acceptance-profile", profile),
+             ("--temp", a.temp), ("--top-k", sampling.top_k != opts.TOP_K or None),
+             ("--top-p", sampling.top_p != opts.TOP_P or None), ("--min-p", sampling.min_p != opts.MIN_P or None),
+             ("--seed", sampling.seed != opts.SEED or None),
+             ("--rpc", s.rpc), ("-sm", s.split_mode), ("-ts", s.tensor_split),
+             ("-ngl", s.n_gpu_layers), ("--dflash/--no-dflash", s.dflash))
+    return [flag for flag, v in flags if v is not None and v is not False]
+
+
+def plan(shared: opts.Shared, axes: AxisFlags, *, resume: Path | None, save: Path | None, prompts: Path | None,
+         profile: str | None, n_predict: int, reps: int, warmup: bool, matrix: bool, native: bool) -> Plan:
+    """The benchmark to run: the one saved in `resume` (no other setting may be given), or a new one."""
+    if resume is not None:
+        given = resume_conflicts(shared, axes, prompts, profile)
+        if given:
+            raise InputError(f"--resume continues with the saved settings: drop {', '.join(given)}")
+        if save is not None and save != resume:
+            raise InputError("--resume saves into the file it continues: drop --save")
+        return resume_plan(resume)
+    if n_predict < 1 or reps < 1:
+        raise InputError("-n and -r must be at least 1")
+    if shared.threads < 1:
+        raise InputError(f"-t {shared.threads}: must be at least 1")
+    return new_plan(shared, axes, prompts=prompts, n_predict=n_predict, reps=reps, warmup=warmup, matrix=matrix,
+                    native=native, profile=profile, save=save)
+
+
+def resume_plan(resume: Path) -> Plan:
+    """The plan that continues the benchmark saved in `resume` (its own settings), saving there."""
+    from ggspec.bench import report
+    from ggspec.files import check_writable
+
+    doc = report.load(resume)
+    settings = report.settings_from(doc, f"--resume {resume}")
+    check_writable(resume, f"--resume {resume}")  # before anything is measured
+    return Plan(settings, None, save_path=resume, resume=doc)
+
+
+def new_plan(shared: opts.Shared, axes: AxisFlags, *, prompts: Path | None, n_predict: int, reps: int,
+             warmup: bool, matrix: bool, native: bool, profile: str | None, save: Path | None) -> Plan:
+    """A new benchmark's plan: the models (draft-mtp detected as `run` does), the checks of what
+    needs a draft, the axes with the pair's recommendations as defaults, and the shared Settings."""
+    from ggspec.bench.configs import Axes, n_max_item, split_list
+    from ggspec.bench.prompts import load_prompts
+    from ggspec.bench.runner import Settings
+    from ggspec.bench.session import parse_profile
+    from ggspec.files import check_writable, portable_path
+
+    if save is not None:
+        check_writable(save, f"--save {save}")  # before anything is measured, not after
+    target, draft_path, rec = shared.resolve_models(plain=True)
+    given_type = shared.spec_type
+    if shared.spec_type is None and (opts.target_has_mtp_head(target) if draft_path is None
+                                     else opts.is_mtp_drafter_file(draft_path)):
+        shared.spec_type = "draft-mtp"  # the head the target ships with or a Gemma 4 drafter, as `run` detects it
+    if draft_path is None and shared.spec_type not in opts.NO_DRAFT_MODEL:
+        if not native:
+            raise InputError("no draft model: give -md FILE, or --native for a target-only benchmark "
+                             "(ggspec's plain greedy against llama.cpp's), or --spec-type ngram-simple")
+        spec_only = [flag for flag, v in (("--spec-draft-n-max", axes.n_max), ("--spec-draft-rs-planes", axes.rs_planes),
+                                          ("--spec-draft-rs-planes-lead", axes.rs_lead),
+                                          ("--spec-dflash-inject", axes.inject), ("--acceptance-profile", profile),
+                                          ("--spec-type", given_type))
+                     if v is not None]
+        if spec_only:
+            raise InputError(f"{', '.join(spec_only)}: speculative settings need a draft model (-md)")
+    if shared.spec_type in opts.NO_DRAFT_MODEL and axes.inject is not None:
+        raise InputError(f"--spec-dflash-inject: {shared.spec_type} has no draft model to inject into")
+    base = shared.pair_config(target, draft_path)  # the options' own checks, each naming its flag
+    d = opts.DEFAULTS
+    n_max = int(opts.recommended(rec, "n_max"))
+    grid = Axes(
+        ctk=split_list("-ctk", axes.type_k, (opts.recommended(rec, "ctk"),)),
+        ctv=split_list("-ctv", axes.type_v, (opts.recommended(rec, "ctv"),)),
+        n_ctx=split_list("-c", axes.n_ctx, (int(opts.recommended(rec, "ctx")),), int),
+        n_max=split_list("--spec-draft-n-max", axes.n_max, (n_max,), lambda t: n_max_item(t, n_max)),
+        planes=split_list("--spec-draft-rs-planes", axes.rs_planes, (str(opts.recommended(rec, "planes")),)),
+        lead=split_list("--spec-draft-rs-planes-lead", axes.rs_lead, (str(opts.recommended(rec, "lead")),)),
+        inject=split_list("--spec-dflash-inject", axes.inject, (d["inject"],)),
+        parallel=split_list("-np", axes.parallel, (d["parallel"],), int),
+        temp=split_list("--temp", axes.temp, (opts.TEMP,), float),
+    )
+    if grid.is_matrix and not matrix:
+        raise InputError(f"the comma lists make {grid.size} combinations: add --matrix to run them")
+    name, weights = parse_profile(profile)
+    if native and base.placement.rpc:
+        raise InputError("--native cannot share the --rpc workers: a worker serves one client at a time")
+    sampling = shared.sampling
+    settings = Settings(target=portable_path(target), draft=portable_path(draft_path) if draft_path else "",
+                        n_predict=n_predict, reps=reps, threads=shared.threads, warmup=warmup, profile=name,
+                        profile_weights=weights, prompts=tuple(load_prompts(prompts)), placement=base.placement,
+                        n_gpu_layers=base.n_gpu_layers, spec_type=base.spec_type, p_min=base.p_min,
+                        draft_chain=base.draft_chain, chain_vocab=base.chain_vocab,
+                        ngram_size_n=base.ngram_size_n, ngram_size_m=base.ngram_size_m,
+                        ngram_map_size_n=base.ngram_map_size_n, ngram_map_size_m=base.ngram_map_size_m,
+                        ngram_map_min_hits=base.ngram_map_min_hits, ngram_mod_n_match=base.ngram_mod_n_match,
+                        ngram_mod_n_max=base.ngram_mod_n_max, ngram_mod_n_min=base.ngram_mod_n_min,
+                        spec_select=base.spec_select, plan_pool=base.plan_pool,
+                        top_k=sampling.top_k, top_p=sampling.top_p, min_p=sampling.min_p,
+                        seed=opts.concrete_seed(sampling.seed))
+    n_max_source = "flag" if axes.n_max is not None else "pair" if "n_max" in rec else "default"
+    return Plan(settings, grid, native=native, save_path=save, n_max_source=n_max_source)

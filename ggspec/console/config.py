@@ -1,0 +1,33 @@
+"""`ggspec run` and `ggspec serve`: the PairConfig of their flags."""
+
+from __future__ import annotations
+
+from ggspec import cli_options as opts
+from ggspec.console import err
+
+
+def pair_config(shared: opts.Shared, *, plain: bool, n_gpu_layers_draft: int | None, n_max: str | None,
+                parallel: int, n_ctx: int | None, n_batch: int, n_ubatch: int, type_k: str | None,
+                type_v: str | None, flash_attn: str, inject: str | None, rs_planes: str | None, rs_lead: str | None):
+    """The models and the PairConfig of the flags, a flag winning over the pair's recommendation;
+    a target-only pair runs plain, with a note."""
+    from ggspec.runtime import ContextParams
+    from ggspec.speculative.models import parse_n_max
+    from ggspec.speculative.planes import PlaneOptions
+
+    cap, adaptive = parse_n_max(n_max) if n_max is not None else (None, False)
+    target, draft, rec = shared.resolve_models(plain=plain)
+    if draft is None and shared.needs_draft and not plain and shared.pair is not None \
+            and not opts.target_has_mtp_head(target):  # a target-only pair (its draft is not made yet)
+        err.print(f"[yellow]note:[/] pair '{shared.pair}' has no draft model yet: plain decoding", soft_wrap=True)
+    return shared.pair_config(
+        target, draft, plain=plain, n_gpu_layers_draft=n_gpu_layers_draft,
+        n_max=opts.pick(cap, rec, "n_max"),  # None: the default, fitted to the draft without a warning
+        adaptive=adaptive, parallel=parallel,
+        ctx=ContextParams(n_ctx=opts.pick(n_ctx, rec, "ctx", opts.DEFAULTS["ctx"]), n_batch=n_batch,
+                          n_ubatch=n_ubatch, n_threads=shared.threads,
+                          type_k=opts.pick(type_k, rec, "ctk", opts.DEFAULTS["ctk"]),
+                          type_v=opts.pick(type_v, rec, "ctv", opts.DEFAULTS["ctv"]), flash_attn=flash_attn),
+        planes=PlaneOptions.parse(opts.pick(rs_planes, rec, "planes"), opts.pick(rs_lead, rec, "lead")),
+        inject=inject if inject is not None else opts.DEFAULTS["inject"],
+    )

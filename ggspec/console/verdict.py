@@ -1,0 +1,107 @@
+"""`ggspec run`'s last line, and `--check`: speculation measured against plain decoding.
+
+The verdict decodes the (single) prompt again, plain, on the same engine right after the
+speculative decode and says whether speculation paid, with what to try when it lost; `--check`
+decodes every prompt plain greedy and says, per prompt, whether the outputs are identical and, where
+not, whether the difference is a benign near-tie or a REAL divergence (ggspec.testing.oracle).
+"""
+
+from __future__ import annotations
+
+from ggspec.console import err
+
+COMPARE_MAX_S = 5.0  # `run` follows a speculative decode this short with a plain one, to say whether it paid
+BREAK_EVEN = 0.05  # closer to 1× than this, one run each, is no difference worth a verdict
+
+
+def verdict(sp, tokens: list[list[int]], seqs: list, n_predict: int, ignore_eos: bool, compare: bool | None,
+            bench_args: str, checked: bool) -> str:
+    """The run's last line: the speedup against plain decoding of the same prompt on the same
+    engine, measured right after (one run each), with what to try when speculation lost; or, for a
+    long decode or several prompts, how to measure it. At temperature 0 it also says whether the
+    two outputs are identical (--check, when given, says it in its own lines)."""
+    from ggspec.speculative.loop import decode_plain
+
+    bench = bench_command(bench_args)
+    if len(seqs) != 1:
+        batched = bench_command(bench_args, f"-np {sp.parallel}" if sp.parallel > 1 else "")
+        return f"speedup vs plain decoding: not measured for several prompts; {batched} measures it"
+    seq, s = seqs[0], seqs[0].stats
+    if compare is None and s.t_decode > COMPARE_MAX_S:
+        return (f"speedup vs plain decoding: not measured (the decode took {s.t_decode:.0f} s; --compare measures "
+                f"it); {bench} measures it side by side with llama.cpp")
+    greedy = sp.sampling.greedy
+    # sampled: plain decoding draws other tokens, so it decodes as many as speculation committed
+    plain = decode_plain(sp, tokens[0], n_predict if greedy else s.n_generated, ignore_eos=ignore_eos or not greedy)
+    if s.decode_tps <= 0 or plain.stats.decode_tps <= 0:
+        return "speedup vs plain decoding: not measured (too few tokens decoded after the prompt)"
+    if not s.spec_steps:  # (say, n-gram drafts that never found a match)
+        return (f"speculation never verified a draft in this text: {s.decode_tps:.1f} t/s against "
+                f"{plain.stats.decode_tps:.1f} t/s plain, one run each")
+    ratio = s.decode_tps / plain.stats.decode_tps
+    speeds = f"{ratio:.2f}× plain decoding ({s.decode_tps:.1f} vs {plain.stats.decode_tps:.1f} t/s, one run each"
+    if greedy and not checked:
+        speeds += "; output " + same_as_plain(sp, tokens[0], seq.tokens, plain.tokens, n_predict, ignore_eos)
+    speeds += ")"
+    if ratio >= 1 + BREAK_EVEN:
+        return f"speculation paid: {speeds}"
+    if ratio > 1 - BREAK_EVEN:
+        return f"speculation broke even: {speeds}; {bench} measures it with repetitions"
+    return f"speculation lost on this machine: {speeds}; try {what_to_try(sp)}, or measure with {bench}"
+
+
+def bench_command(*args: str) -> str:
+    """`ggspec bench` with these arguments (empty ones left out), as the verdict line names it."""
+    return "`" + " ".join(["ggspec bench", *(a for a in args if a)]) + "`"
+
+
+def same_as_plain(sp, prompt: list[int], spec: list[int], plain: list[int], n_predict: int, ignore_eos: bool) -> str:
+    """'identical to plain greedy', or which kind of difference it is (decided by plain_divergence:
+    the timed plain decode kept no margins)."""
+    div = None if spec == plain else plain_divergence(sp, prompt, spec, n_predict, ignore_eos)[1]
+    return "identical to plain greedy" if div is None else div.describe()
+
+
+def plain_divergence(sp, prompt: list[int], spec: list[int], n_predict: int, ignore_eos: bool):
+    """Decode `prompt` plain greedy with the target's top-2 margins recorded and compare it with the
+    speculative output: (the plain tokens, the first difference or None; a near-tie is benign)."""
+    from ggspec.speculative.loop import generate_greedy
+    from ggspec.testing.oracle import compare
+
+    steps = list(generate_greedy(sp, prompt, n_predict, record_margins=True, ignore_eos=ignore_eos))
+    plain = [t for st in steps for t in st.tokens]
+    return plain, compare(plain, [m for st in steps for m in st.margins], spec)
+
+
+def what_to_try(sp) -> str:
+    """Settings that may win where this one lost, in flags, leaving out the one in use."""
+    tries = []
+    if sp.draft_length is None:
+        if sp.n_max > 3 and not sp.plan.spec_type.startswith("ngram"):
+            tries.append("a shorter draft (--spec-draft-n-max 3)")
+        tries.append("--spec-draft-n-max auto (chooses the length, none included, every step)")
+    if not sp.plan.spec_type.startswith("ngram"):
+        tries.append("--spec-type ngram-simple (drafts from the text itself: no draft model to run)")
+    tries.append("--no-spec")
+    return ", ".join(tries[:-1]) + " or " + tries[-1] if len(tries) > 1 else tries[0]
+
+
+def check_lossless(sp, prompts: list[list[int]], outputs: dict[int, list[int]], n_predict: int,
+                   ignore_eos: bool) -> bool:
+    """--check: each prompt decoded plain greedy on the same engine, compared token for token with
+    the speculative output; one line per prompt saying which kind any difference is. Whether one
+    was a REAL divergence."""
+    counts = {"identical": 0, "near-tie": 0, "REAL": 0}
+    for i, prompt in enumerate(prompts):
+        plain, div = plain_divergence(sp, prompt, outputs[i], n_predict, ignore_eos)
+        which = f"prompt {i + 1}: " if len(prompts) > 1 else ""
+        if div is None:
+            counts["identical"] += 1
+            err.print(f"check: {which}identical to plain greedy ({len(plain)} tokens)", soft_wrap=True)
+        else:
+            counts["near-tie" if div.benign else "REAL"] += 1
+            err.print(f"check: {which}{div.describe()}", soft_wrap=True)
+    if len(prompts) > 1:
+        err.print(f"check: {counts['identical']}/{len(prompts)} identical, {counts['near-tie']} benign near-ties, "
+                  f"{counts['REAL']} REAL divergences", soft_wrap=True)
+    return counts["REAL"] > 0
