@@ -64,6 +64,7 @@ def build(
 
 # --- run ------------------------------------------------------------------------------------------
 @app.command()
+@opts.with_type_options
 def run(
     model: opts.Model = None,
     draft: opts.Draft = None,
@@ -83,16 +84,7 @@ def run(
     n_max: opts.N_MAX.one = None,
     p_min: opts.PMin = opts.P_MIN,
     n_min: opts.NMin = opts.N_MIN,
-    draft_chain: opts.DraftChain = False,
-    chain_vocab: opts.DraftVocab = 0,
-    ngram_size_n: opts.NgramSizeN = opts.NGRAM_SIZE_N,
-    ngram_size_m: opts.NgramSizeM = opts.NGRAM_SIZE_M,
-    ngram_map_size_n: opts.NgramMapSizeN = opts.NGRAM_MAP[0],
-    ngram_map_size_m: opts.NgramMapSizeM = opts.NGRAM_MAP[1],
-    ngram_map_min_hits: opts.NgramMapMinHits = opts.NGRAM_MAP[2],
-    ngram_mod_n_match: opts.NgramModNMatch = opts.NGRAM_MOD[0],
-    ngram_mod_n_max: opts.NgramModNMax = opts.NGRAM_MOD[1],
-    ngram_mod_n_min: opts.NgramModNMin = opts.NGRAM_MOD[2],
+    type_options: dict | None = None,  # each draft type's own flags (opts.with_type_options)
     spec_select: opts.SpecSelect = "first",
     plan_pool: opts.PlanPool = opts.PLAN_POOL,
     parallel: opts.PARALLEL.one = None,
@@ -134,6 +126,7 @@ def run(
 
 # --- serve ------------------------------------------------------------------------------------------
 @app.command()
+@opts.with_type_options
 def serve(
     model: opts.Model = None,
     draft: opts.Draft = None,
@@ -158,16 +151,7 @@ def serve(
     n_max: opts.N_MAX.one = None,
     p_min: opts.PMin = opts.P_MIN,
     n_min: opts.NMin = opts.N_MIN,
-    draft_chain: opts.DraftChain = False,
-    chain_vocab: opts.DraftVocab = 0,
-    ngram_size_n: opts.NgramSizeN = opts.NGRAM_SIZE_N,
-    ngram_size_m: opts.NgramSizeM = opts.NGRAM_SIZE_M,
-    ngram_map_size_n: opts.NgramMapSizeN = opts.NGRAM_MAP[0],
-    ngram_map_size_m: opts.NgramMapSizeM = opts.NGRAM_MAP[1],
-    ngram_map_min_hits: opts.NgramMapMinHits = opts.NGRAM_MAP[2],
-    ngram_mod_n_match: opts.NgramModNMatch = opts.NGRAM_MOD[0],
-    ngram_mod_n_max: opts.NgramModNMax = opts.NGRAM_MOD[1],
-    ngram_mod_n_min: opts.NgramModNMin = opts.NGRAM_MOD[2],
+    type_options: dict | None = None,  # each draft type's own flags (opts.with_type_options)
     spec_select: opts.SpecSelect = "first",
     plan_pool: opts.PlanPool = opts.PLAN_POOL,
     parallel: own.ServeParallel = 4,
@@ -234,6 +218,7 @@ def rpc_server(
 
 # --- bench ----------------------------------------------------------------------------------------
 @app.command()
+@opts.with_type_options
 def bench(
     model: opts.Model = None,
     draft: opts.Draft = None,
@@ -248,16 +233,7 @@ def bench(
     matrix: own.BenchMatrix = False,
     n_max: opts.N_MAX.axis = None,
     p_min: opts.PMin = opts.P_MIN,
-    draft_chain: opts.DraftChain = False,
-    chain_vocab: opts.DraftVocab = 0,
-    ngram_size_n: opts.NgramSizeN = opts.NGRAM_SIZE_N,
-    ngram_size_m: opts.NgramSizeM = opts.NGRAM_SIZE_M,
-    ngram_map_size_n: opts.NgramMapSizeN = opts.NGRAM_MAP[0],
-    ngram_map_size_m: opts.NgramMapSizeM = opts.NGRAM_MAP[1],
-    ngram_map_min_hits: opts.NgramMapMinHits = opts.NGRAM_MAP[2],
-    ngram_mod_n_match: opts.NgramModNMatch = opts.NGRAM_MOD[0],
-    ngram_mod_n_max: opts.NgramModNMax = opts.NGRAM_MOD[1],
-    ngram_mod_n_min: opts.NgramModNMin = opts.NGRAM_MOD[2],
+    type_options: dict | None = None,  # each draft type's own flags (opts.with_type_options)
     spec_select: opts.SpecSelect = "first",
     plan_pool: opts.PlanPool = opts.PLAN_POOL,
     parallel: opts.PARALLEL.axis = None,

@@ -10,14 +10,19 @@ into a `PairConfig` (`Shared.pair_config`); `FLAGS` maps the library's field nam
 
 from __future__ import annotations
 
+import functools
+import inspect
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
 from ggspec.errors import InputError
-from ggspec.speculative.models import DEFAULT_N_MAX, NGRAM_TYPES, NO_DRAFT_MODEL, SPEC_TYPES, PairConfig
+from ggspec.speculative import registry
+from ggspec.speculative.models import DEFAULT_N_MAX, PairConfig
+from ggspec.speculative.registry import SPEC_TYPES, options_from_flat
 from ggspec.speculative.sampling import DEFAULT_SEED, SamplerSettings
 
 # the defaults when neither a flag nor a named pair's recommendation (models.toml) gives one
@@ -27,19 +32,16 @@ DEFAULTS = {"ctk": "f16", "ctv": "f16", "ctx": 4096, "n_max": DEFAULT_N_MAX, "pl
 # PairConfig / ContextParams / request field -> the flag that sets it (errors name the flag)
 FLAGS = {
     "target": "-m", "draft": "-md", "spec_type": "--spec-type", "n_max": "--spec-draft-n-max",
-    "spec_select": "--spec-select", "plan_pool": "--plan-pool", "p_min": "--spec-draft-p-min", "n_min": "--spec-draft-n-min", "draft_chain": "--spec-draft-chain",
-    "chain_vocab": "--spec-draft-vocab", "parallel": "-np", "inject": "--spec-dflash-inject",
+    "spec_select": "--spec-select", "plan_pool": "--plan-pool", "p_min": "--spec-draft-p-min", "n_min": "--spec-draft-n-min", 
+    "parallel": "-np", "inject": "--spec-dflash-inject",
     "n_ctx": "-c", "n_batch": "-b", "n_ubatch": "-ub", "type_k": "-ctk", "type_v": "-ctv",
     "flash_attn": "-fa", "n_threads": "-t", "n_gpu_layers": "-ngl", "n_gpu_layers_draft": "-ngld",
     "planes": "--spec-draft-rs-planes", "n_rs_seq": "--spec-draft-rs-planes", "n_seq_max": "-np",
     "lead": "--spec-draft-rs-planes-lead",
     "mirror_output": "--mirror-output", "split_mode": "-sm", "tensor_split": "-ts", "rpc": "--rpc",
     "rpc_timeout": "--rpc-timeout", "prompt": "-p", "n_predict": "-n",
-    "ngram_size_n": "--spec-ngram-simple-size-n", "ngram_size_m": "--spec-ngram-simple-size-m",
-    "ngram_map_size_n": "--spec-ngram-map-k-size-n", "ngram_map_size_m": "--spec-ngram-map-k-size-m",
-    "ngram_map_min_hits": "--spec-ngram-map-k4v-min-hits", "ngram_mod_n_match": "--spec-ngram-mod-n-match",
-    "ngram_mod_n_max": "--spec-ngram-mod-n-max", "ngram_mod_n_min": "--spec-ngram-mod-n-min",
     "temp": "--temp", "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p", "seed": "--seed",
+    **registry.flags(),  # each draft type's own options (their llama.cpp flags)
     # ggspec serve
     "chat_template": "--chat-template", "chat_template_file": "--chat-template-file",
     # ggspec distill
@@ -140,32 +142,6 @@ PMin = Annotated[float, typer.Option(
          "confidence: draft models, MTP heads, DSpark).")]
 NMin = Annotated[int, typer.Option(
     "--spec-draft-n-min", "--draft-min", help="draft-simple, draft-mtp: drop a draft shorter than this (llama.cpp's meaning).")]
-DraftChain = Annotated[bool, typer.Option(
-    "--spec-draft-chain", help="draft-mtp: run all draft steps in one graph (argmax on the device; patch 0011).")]
-DraftVocab = Annotated[int, typer.Option(
-    "--spec-draft-vocab", help="draft-mtp with --spec-draft-chain: the head scores only the N tokens most "
-                               "common in the standard library's source (plus end-of-generation tokens); 0: all.")]
-NgramSizeN = Annotated[int, typer.Option(
-    "--spec-ngram-simple-size-n", help="ngram-simple: the length of the n-gram looked up in the text.")]
-NgramSizeM = Annotated[int, typer.Option(
-    "--spec-ngram-simple-size-m", help="ngram-simple: the most tokens one lookup drafts (then cut to "
-                                       "--spec-draft-n-max).")]
-# llama.cpp has one set per map type; ggspec runs one type at a time, so both names set the same value
-NgramMapSizeN = Annotated[int, typer.Option(
-    "--spec-ngram-map-k-size-n", "--spec-ngram-map-k4v-size-n",
-    help="ngram-map-k / ngram-map-k4v: the length of the key n-gram looked up in the text.")]
-NgramMapSizeM = Annotated[int, typer.Option(
-    "--spec-ngram-map-k-size-m", "--spec-ngram-map-k4v-size-m",
-    help="ngram-map-k / ngram-map-k4v: the most tokens one lookup drafts (then cut to --spec-draft-n-max).")]
-NgramMapMinHits = Annotated[int, typer.Option(
-    "--spec-ngram-map-k4v-min-hits", "--spec-ngram-map-k-min-hits",
-    help="ngram-map-k4v: hits of a key before it drafts (ngram-map-k drafts from the first, as llama.cpp's).")]
-NgramModNMatch = Annotated[int, typer.Option(
-    "--spec-ngram-mod-n-match", help="ngram-mod: the length of the hashed n-gram each lookup uses.")]
-NgramModNMax = Annotated[int, typer.Option(
-    "--spec-ngram-mod-n-max", help="ngram-mod: the most tokens one draft chains (then cut to --spec-draft-n-max).")]
-NgramModNMin = Annotated[int, typer.Option(
-    "--spec-ngram-mod-n-min", help="ngram-mod: a draft shorter than this is dropped.")]
 NPredict = Annotated[int, typer.Option("-n", "--n-predict", help="Tokens to generate (per prompt).")]
 Temp = Annotated[float, typer.Option(
     "--temp", help="Temperature: 0 decodes greedily (ggspec's default: output equal to plain greedy, token for "
@@ -206,26 +182,42 @@ RpcTimeout = Annotated[float, typer.Option(
 N_PREDICT, THREADS, RPC_TIMEOUT = 128, 1, 120.0
 # sampling: llama.cpp's defaults, but greedy unless a temperature is given
 TEMP, TOP_K, TOP_P, MIN_P, SEED = 0.0, SamplerSettings.top_k, SamplerSettings.top_p, SamplerSettings.min_p, DEFAULT_SEED
-P_MIN, N_MIN, NGRAM_SIZE_N, NGRAM_SIZE_M = PairConfig.p_min, PairConfig.n_min, PairConfig.ngram_size_n, PairConfig.ngram_size_m
-NGRAM_MAP = (PairConfig.ngram_map_size_n, PairConfig.ngram_map_size_m, PairConfig.ngram_map_min_hits)
-NGRAM_MOD = (PairConfig.ngram_mod_n_match, PairConfig.ngram_mod_n_max, PairConfig.ngram_mod_n_min)
+P_MIN, N_MIN = PairConfig.p_min, PairConfig.n_min
 
 
-def target_has_mtp_head(target: Path) -> bool:
-    """Whether the target file carries an MTP block it can draft with (draft-mtp, detected)."""
+
+def with_type_options(command: Callable) -> Callable:
+    """A command that takes every draft type's own options: their flags (llama.cpp's names, help
+    and defaults from the registry's option fields) are added to the command's parameters, and
+    the command gets the values as `type_options` (flat key -> value). So a new type's options
+    reach `run`, `serve` and `bench` without touching their signatures."""
+    fields_ = registry.option_fields()
+    sig = inspect.signature(command, eval_str=True)  # (the command module's annotations are strings)
+    extra = [inspect.Parameter(f.key, inspect.Parameter.KEYWORD_ONLY, default=f.default,
+                               annotation=Annotated[f.annotation, typer.Option(*f.flags, help=f.help)])
+             for f in fields_]
+    params = [p for p in sig.parameters.values() if p.name != "type_options"]
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        type_options = {f.key: kwargs.pop(f.key) for f in fields_ if f.key in kwargs}
+        return command(*args, type_options=type_options, **kwargs)
+
+    wrapper.__signature__ = sig.replace(parameters=params + extra)
+    return wrapper
+
+
+def detected_type(target: Path, draft: Path | None = None):
+    """The draft type the files call for when no --spec-type is given (the registry's detection,
+    as `Models` does it), or None for plain decoding."""
     from ggspec.runtime.gguf_meta import read_meta
-    from ggspec.speculative.mtp import MTP_ARCHS, has_mtp_head
 
-    meta = read_meta(target, "target")
-    return meta.arch in MTP_ARCHS and has_mtp_head(meta)
+    return registry.detected(read_meta(target, "target"), read_meta(draft, "draft") if draft is not None else None)
 
 
-def is_mtp_drafter_file(draft: Path) -> bool:
-    """Whether the draft file is a separate MTP drafter (a Gemma 4 assistant: draft-mtp)."""
-    from ggspec.runtime.gguf_meta import read_meta
-    from ggspec.speculative.mtp import is_mtp_drafter
-
-    return is_mtp_drafter(read_meta(draft, "draft"))
+def target_drafts_alone(target: Path) -> bool:
+    """Whether the target file drafts for itself without a draft file (a target with an MTP block)."""
+    return detected_type(target) is not None
 
 
 def concrete_seed(seed: int) -> int:
@@ -261,16 +253,8 @@ class Shared:
     plan_pool: int = PLAN_POOL
     p_min: float = P_MIN
     n_min: int = N_MIN
-    draft_chain: bool = False
-    chain_vocab: int = 0
-    ngram_size_n: int = NGRAM_SIZE_N
-    ngram_size_m: int = NGRAM_SIZE_M
-    ngram_map_size_n: int = NGRAM_MAP[0]
-    ngram_map_size_m: int = NGRAM_MAP[1]
-    ngram_map_min_hits: int = NGRAM_MAP[2]
-    ngram_mod_n_match: int = NGRAM_MOD[0]
-    ngram_mod_n_max: int = NGRAM_MOD[1]
-    ngram_mod_n_min: int = NGRAM_MOD[2]
+    # each draft type's own options as given: flat keys (registry.option_fields) -> values
+    type_options: dict[str, Any] = field(default_factory=dict)
     threads: int = THREADS
     n_gpu_layers: int | None = None
     rpc: str | None = None
@@ -284,10 +268,7 @@ class Shared:
     def needs_draft(self) -> bool:
         """Whether the draft model is wanted (not with the n-gram types or --no-dflash; with
         draft-mtp it is a Gemma 4 drafter where one is given)."""
-        from ggspec.speculative.models import spec_types  # noqa: PLC0415
-
-        text_only = self.spec_type is not None and set(spec_types(self.spec_type)) <= set(NGRAM_TYPES)
-        return not text_only and self.dflash is not False
+        return not registry.text_only(self.spec_type) and self.dflash is not False
 
     def resolve_models(self, plain: bool = False) -> tuple[Path, Path | None, dict]:
         """Target, draft (None when it is not used) and the recommended settings (empty unless a
@@ -302,8 +283,8 @@ class Shared:
             return files.target, files.draft if self.needs_draft else None, entry.settings
         if self.model is None:
             raise InputError("no target model: give -m FILE (or --pair NAME)")
-        if self.draft is None and self.needs_draft and not plain and self.spec_type != "draft-mtp" \
-                and not target_has_mtp_head(self.model):
+        if self.draft is None and self.needs_draft and not plain and not registry.draft_file_optional(self.spec_type) \
+                and not target_drafts_alone(self.model):
             raise InputError("no draft model: give -md FILE, --spec-type ngram-simple (drafts from the text itself), "
                              "or --no-spec for plain decoding (a target with an MTP block drafts with it)")
         return self.model, self.draft if self.needs_draft else None, {}
@@ -329,11 +310,7 @@ class Shared:
                          spec_type=None if plain else self.spec_type, spec_select=self.spec_select,
                          plan_pool=self.plan_pool,
                          p_min=self.p_min, n_min=self.n_min,
-                         draft_chain=self.draft_chain, chain_vocab=self.chain_vocab,
-                         ngram_size_n=self.ngram_size_n, ngram_size_m=self.ngram_size_m,
-                         ngram_map_size_n=self.ngram_map_size_n, ngram_map_size_m=self.ngram_map_size_m,
-                         ngram_map_min_hits=self.ngram_map_min_hits, ngram_mod_n_match=self.ngram_mod_n_match,
-                         ngram_mod_n_max=self.ngram_mod_n_max, ngram_mod_n_min=self.ngram_mod_n_min,
+                         spec_options=options_from_flat(self.type_options),
                          sampling=self.sampling,
                          n_gpu_layers=ngl, n_gpu_layers_draft=ngl if n_gpu_layers_draft is None else n_gpu_layers_draft,
                          placement=placement, **settings)

@@ -37,6 +37,9 @@ def _resolve(node: ast.ImportFrom, module: str, is_package: bool) -> str:
 def imports_of(path: Path, module: str, known: set[str]) -> set[str]:
     """The ggspec modules `path` imports (`from pkg import mod` counts mod when it is a module)."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    for node in ast.walk(tree):  # `if TYPE_CHECKING:` imports never run: annotations only
+        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+            node.body = []
     out: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):

@@ -30,6 +30,7 @@ from ggspec.speculative.engine import Engine
 from ggspec.speculative.loop import generate_greedy
 from ggspec.speculative.models import PairConfig, parse_n_max
 from ggspec.speculative.planes import PlaneOptions
+from ggspec.speculative.ngram import NgramSimpleOptions
 
 CTX = ContextParams(n_ctx=2048, n_threads=1, flash_attn="off")
 N = 96
@@ -216,7 +217,8 @@ def test_auto_dflash_output_is_plain_greedy_output(parallel):
 @pytest.mark.parametrize("kind", ["draft-simple", "draft-eagle3", "ngram-simple"])
 def test_auto_output_is_plain_greedy_output_for_every_drafter(kind):
     draft = {"draft-simple": DRAFT, "draft-eagle3": EAGLE3, "ngram-simple": None}[kind]
-    cfg = PairConfig(target=TARGET, draft=draft, spec_type=kind, n_max=4, ctx=CTX, ngram_size_n=3, ngram_size_m=8)
+    cfg = PairConfig(target=TARGET, draft=draft, spec_type=kind, n_max=4, ctx=CTX,
+                     spec_options={"ngram-simple": NgramSimpleOptions(size_n=3, size_m=8)})
     _auto_equals_plain(cfg, prompts=PROMPTS[:3], parallel=2)
 
 

@@ -54,7 +54,7 @@ def test_the_head_is_detected_and_described():
         with Models(_cfg(spec_type=spec_type)) as models:
             plan = models.plan
             assert plan.kind == "draft-eagle3" and plan.uses_draft_model
-            assert plan.eagle3.target_layers == (1, 2, 3) and plan.eagle3.n_vocab_draft == 512
+            assert plan.meta.target_layers == (1, 2, 3) and plan.meta.n_vocab_draft == 512
 
 
 def test_heads_that_cannot_run_are_refused_in_one_line(tmp_path, dense_pair):
@@ -175,7 +175,7 @@ def test_a_hybrid_target_and_its_final_state(planes, hybrid_pair, hybrid_head, t
     cfg = PairConfig(target=hybrid_pair.target, draft=hybrid_head, n_max=4, ctx=CTX,
                      planes=PlaneOptions(planes, "default"))
     with Engine.open(cfg) as eng:
-        assert eng.plan.eagle3.target_layers == (1, 2, 4)
+        assert eng.plan.meta.target_layers == (1, 2, 4)
         prompt = eng.target_model.tokenize(PROMPT)
         plain = _greedy(eng, prompt, 60 + 6)
         ref = np.concatenate([prompt, plain]).astype(np.int32)

@@ -31,6 +31,8 @@ from ggspec.speculative.planes import PlaneOptions
 from ggspec.speculative.stats import merge
 from ggspec.testing.forced import ForcedAcceptance, cycle_lengths
 from ggspec.testing.oracle import run_prompts
+from ggspec.speculative.mtp import MTPOptions
+from ggspec.speculative.ngram_mod import NgramModOptions
 
 N_PREDICT = 64
 N_MAX = 7  # the fixtures' block size is 8
@@ -181,7 +183,8 @@ def test_chained_mtp_drafts_equal_unchained_on_gpu(n_max, kind, gpu_build, fixtu
     target = ensure_fitted(fixture_dir, ensure_tiny_pair(fixture_dir, kind).target)
     logs = []
     for chain in (False, True):
-        cfg = PairConfig(target=target, n_max=n_max, ctx=EXACT, n_gpu_layers=-1, draft_chain=chain, p_min=0.01)
+        cfg = PairConfig(target=target, n_max=n_max, ctx=EXACT, n_gpu_layers=-1, p_min=0.01,
+                         spec_options={"draft-mtp": MTPOptions(chain=chain)})
         with Engine.open(cfg) as eng:
             logs.append(_ggspec_drafts(eng, PROMPT, n_max, forced=True)[0])
     assert logs[0] == logs[1]
@@ -200,7 +203,7 @@ def test_gemma4_drafter_chained_and_not_equal_on_gpu(n_max, gpu_build, fixture_d
     logs = []
     for chain in (False, True):
         cfg = PairConfig(target=pair.target, draft=pair.drafter, n_max=n_max, ctx=EXACT, n_gpu_layers=-1,
-                         n_gpu_layers_draft=-1, draft_chain=chain, p_min=0.01)
+                         n_gpu_layers_draft=-1, p_min=0.01, spec_options={"draft-mtp": MTPOptions(chain=chain)})
         with Engine.open(cfg) as eng:
             logs.append(_ggspec_drafts(eng, PROMPT, n_max, forced=True)[0])
     assert logs[0] == logs[1]
@@ -219,7 +222,7 @@ def test_every_type_is_lossless_on_gpu(pair, spec_type, n_max, gpu_build):
     files = resolve(get_entry(pair))
     cfg = PairConfig(target=files.target, draft=files.draft if spec_type != "ngram-cache" else None,
                      spec_type=spec_type, n_max=n_max, ctx=EXACT, n_gpu_layers=-1, n_gpu_layers_draft=-1,
-                     ngram_mod_n_match=4, ngram_mod_n_min=2, ngram_mod_n_max=8)
+                     spec_options={"ngram-mod": NgramModOptions(n_match=4, n_max=8, n_min=2)})
     with Engine.open(cfg) as sp:  # (the primes list: a prompt ngram-cache drafts on)
         runs = list(run_prompts(sp, [*GPU_PROMPTS, PROMPTS[19]], N_PREDICT))
     diverged = _divergences(runs)

@@ -134,7 +134,7 @@ def test_dflash_is_lossless(arch, proposer, arch_pairs):
     pair = arch_pairs[arch]
     cfg = PairConfig(target=pair.target, draft=pair.draft, dflash=True, n_max=N_MAX, ctx=EXACT)
     with Engine.open(cfg) as sp:
-        assert sp.speculative and list(sp.plan.info.target_layers) == list(pair.spec.draft_target_layers)
+        assert sp.speculative and list(sp.plan.meta.target_layers) == list(pair.spec.draft_target_layers)
         make = None
         if proposer == "forced":
             offsets = itertools.count()

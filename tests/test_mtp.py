@@ -33,6 +33,7 @@ from ggspec.speculative.sampling import SamplerSettings
 from ggspec.testing.forced import ForcedAcceptance, cycle_lengths
 from ggspec.testing.oracle import run_prompts
 from ggspec.speculative.stats import merge
+from ggspec.speculative.mtp import MTPOptions
 
 PROMPT = "def fibonacci(n):\n    if n < 2:"
 N = 48
@@ -112,14 +113,14 @@ def _compare(mine: list, cpp_drafts: list, cpp_anchors: list) -> int:
 
 def test_a_target_with_an_mtp_block_drafts_with_it(mtp_target, hybrid_pair):
     with Models(PairConfig(target=mtp_target)) as models:
-        assert models.plan.spec_type == "draft-mtp" and models.plan.kind == "mtp" and models.target.load_mtp
+        assert models.plan.spec_type == "draft-mtp" and models.plan.kind == "draft-mtp" and models.target.load_mtp
     with Models(PairConfig(target=hybrid_pair.target)) as models:  # no MTP block: plain
         assert models.plan.spec_type is None and not models.target.load_mtp
     # a DFlash draft given with -md wins; draft-mtp asked for with one leaves it unused, saying so
     with Models(PairConfig(target=mtp_target, draft=hybrid_pair.draft)) as models:
         assert models.plan.spec_type == "draft-dflash"
     with Models(PairConfig(target=mtp_target, draft=hybrid_pair.draft, spec_type="draft-mtp")) as models:
-        assert models.plan.kind == "mtp" and models.draft is None
+        assert models.plan.kind == "draft-mtp" and models.draft is None
         assert any("MTP head: the draft model is not used" in w for w in models.warnings)
 
 
@@ -328,7 +329,7 @@ def test_serve_drafts_with_the_mtp_head_for_concurrent_clients(mtp_target):
 def _chained_and_not(target: Path, n_max: int, forced: bool = True, **kw) -> list[list]:
     logs = []
     for chain in (False, True):
-        with Engine.open(PairConfig(target=target, n_max=n_max, ctx=CTX, draft_chain=chain, **kw)) as eng:
+        with Engine.open(PairConfig(target=target, n_max=n_max, ctx=CTX, spec_options={"draft-mtp": MTPOptions(chain=chain)}, **kw)) as eng:
             logs.append(_ggspec_drafts(eng, PROMPT, n_max, forced=forced)[0])
     return logs
 
@@ -362,7 +363,7 @@ def test_chained_steps_make_three_calls_whatever_the_draft_length(head, fitted_t
     calls = {}
     for chain in (False, True):
         cfg = PairConfig(target=fitted_target if head == "fitted" else moe_target, n_max=n_max, ctx=CTX,
-                         parallel=3, planes=PlaneOptions(3, "default"), draft_chain=chain)
+                         parallel=3, planes=PlaneOptions(3, "default"), spec_options={"draft-mtp": MTPOptions(chain=chain)})
         with Engine.open(cfg) as eng:
             seqs = _three_at_once_equal_plain(eng, 48)
             assert sum(s.stats.accepted for s in seqs) > 0
@@ -373,8 +374,8 @@ def test_chained_steps_make_three_calls_whatever_the_draft_length(head, fitted_t
 @pytest.mark.parametrize("head", ["fitted", "moe"])
 def test_a_reduced_vocabulary_changes_acceptance_never_the_output(head, fitted_target, moe_target):
     n_vocab_draft = 200  # of the fixture's 512 tokens
-    cfg = PairConfig(target=fitted_target if head == "fitted" else moe_target, n_max=4, ctx=CTX, draft_chain=True,
-                     chain_vocab=n_vocab_draft)
+    cfg = PairConfig(target=fitted_target if head == "fitted" else moe_target, n_max=4, ctx=CTX,
+                     spec_options={"draft-mtp": MTPOptions(chain=True, vocab=n_vocab_draft)})
     with Engine.open(cfg) as eng:
         rec = Recorder(eng.proposer)
         runs = []
@@ -394,9 +395,10 @@ def test_chain_options_are_refused_in_one_line_where_they_cannot_apply(hybrid_pa
     from ggspec.speculative.mtp import check_chain
 
     with pytest.raises(InputError, match="add --spec-draft-chain"):
-        PairConfig(target=mtp_target, chain_vocab=100).validate()
+        PairConfig(target=mtp_target, spec_options={"draft-mtp": MTPOptions(vocab=100)}).validate()
     with pytest.raises(InputError, match="apply to draft-mtp, not to draft-dflash"):
-        Engine.open(PairConfig(target=hybrid_pair.target, draft=hybrid_pair.draft, draft_chain=True))
+        Engine.open(PairConfig(target=hybrid_pair.target, draft=hybrid_pair.draft,
+                               spec_options={"draft-mtp": MTPOptions(chain=True)}))
     with pytest.raises(InputError, match="architecture is 'glm4moe'"):
         check_chain("glm4moe", 4, 1, 512)
     with pytest.raises(InputError, match="needs 64 rows in one physical batch, more than 32"):

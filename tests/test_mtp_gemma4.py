@@ -35,6 +35,7 @@ from ggspec.speculative.sampling import SamplerSettings
 from ggspec.speculative.stats import merge
 from ggspec.testing.forced import ForcedAcceptance, cycle_lengths
 from ggspec.testing.oracle import run_prompts
+from ggspec.speculative.mtp import MTPOptions
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +58,7 @@ def _cfg(gemma4, **kw) -> PairConfig:
 def test_a_gemma4_assistant_given_as_the_draft_drafts_draft_mtp(gemma4):
     for spec_type in (None, "draft-mtp"):  # detected from the file; llama.cpp needs the type named
         with Models(_cfg(gemma4, spec_type=spec_type)) as models:
-            assert models.plan.spec_type == "draft-mtp" and models.plan.drafter
+            assert models.plan.spec_type == "draft-mtp" and models.plan.shares_cells
             assert models.draft is not None and models.draft.arch == "gemma4-assistant"
             assert not models.target.load_mtp  # the target has no MTP block: nothing more to load
     with Models(_cfg(gemma4, dflash=False)) as models:  # --no-dflash: plain
@@ -224,7 +225,7 @@ def test_serve_drafts_with_the_drafter_for_concurrent_clients(gemma4):
 def _chained_and_not(gemma4, n_max: int, forced: bool = True, **kw) -> list[list]:
     logs = []
     for chain in (False, True):
-        with Engine.open(_cfg(gemma4, n_max=n_max, draft_chain=chain, **kw)) as eng:
+        with Engine.open(_cfg(gemma4, n_max=n_max, spec_options={"draft-mtp": MTPOptions(chain=chain)}, **kw)) as eng:
             logs.append(_ggspec_drafts(eng, PROMPT, n_max, forced=forced)[0])
     return logs
 
@@ -251,7 +252,7 @@ def test_chained_steps_make_two_calls_whatever_the_draft_length(gemma4):
     n_max = 6
     calls = {}
     for chain in (False, True):
-        with Engine.open(_cfg(gemma4, n_max=n_max, parallel=3, draft_chain=chain)) as eng:
+        with Engine.open(_cfg(gemma4, n_max=n_max, parallel=3, spec_options={"draft-mtp": MTPOptions(chain=chain)})) as eng:
             _three_at_once_equal_plain(eng, 40)
             calls[chain] = eng.stats.max_calls
             assert eng.target.params.kv_unified == chain
@@ -261,7 +262,7 @@ def test_chained_steps_make_two_calls_whatever_the_draft_length(gemma4):
 
 def test_a_reduced_vocabulary_changes_acceptance_never_the_output(gemma4):
     n_vocab_draft = 200  # of the fixture's 512 tokens
-    with Engine.open(_cfg(gemma4, n_max=4, draft_chain=True, chain_vocab=n_vocab_draft)) as eng:
+    with Engine.open(_cfg(gemma4, n_max=4, spec_options={"draft-mtp": MTPOptions(chain=True, vocab=n_vocab_draft)})) as eng:
         rec = Recorder(eng.proposer)
         same = []
         for text in PROMPTS[:4]:

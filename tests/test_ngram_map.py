@@ -21,6 +21,7 @@ from ggspec.speculative.engine import Engine
 from ggspec.speculative.loop import generate_greedy, generate_spec
 from ggspec.speculative.models import PairConfig
 from ggspec.speculative.ngram_map import NgramMap, NgramMapProposer, ngram_hash
+from ggspec.speculative.ngram_map import NgramMapOptions
 
 CTX = ContextParams(n_ctx=2048, n_threads=1, flash_attn="off")  # llama.cpp's settings of the tool runs
 
@@ -64,7 +65,8 @@ def test_bad_sizes_are_one_line():
         with pytest.raises(InputError, match=what):
             NgramMapProposer(True, **kw)
     with pytest.raises(InputError, match="minimum hits must be at least 1"):
-        PairConfig(target=TINY_TARGET, spec_type="ngram-map-k4v", ngram_map_min_hits=0).validate()
+        PairConfig(target=TINY_TARGET, spec_type="ngram-map-k4v",
+                   spec_options={"ngram-map-k4v": NgramMapOptions(min_hits=0)}).validate()
 
 
 # --- against llama.cpp's loop ---------------------------------------------------------------------
@@ -86,16 +88,16 @@ def tool(build_info):
 @pytest.mark.parametrize("spec_type", ["ngram-map-k", "ngram-map-k4v"])
 @pytest.mark.parametrize("prompt, n, size_n, size_m, min_hits", CASES)
 def test_drafts_equal_llama_cpps_at_every_position(spec_type, prompt, n, size_n, size_m, min_hits, tool):
-    cfg = PairConfig(target=TINY_TARGET, spec_type=spec_type, ngram_map_size_n=size_n, ngram_map_size_m=size_m,
-                     ngram_map_min_hits=min_hits, ctx=CTX)
+    options = {spec_type: NgramMapOptions(size_n, size_m, min_hits)}
+    cfg = PairConfig(target=TINY_TARGET, spec_type=spec_type, spec_options=options, ctx=CTX)
     with Engine.open(cfg) as eng:
         prompt_ids = eng.target_model.tokenize(prompt)
         plain = [t for st in generate_greedy(eng, prompt_ids, n, ignore_eos=True) for t in st.tokens]
         rec = Recorder(eng.proposer)
         spec = [t for st in generate_spec(eng, prompt_ids, n, ignore_eos=True, proposer=rec) for t in st.tokens]
     assert spec == plain
-    res = run_cpp(tool, TINY_TARGET, None, prompt, n, size_m, defer=False, spec_type=spec_type, ngram_size_n=size_n,
-                  min_hits=min_hits, dump_drafts=True)
+    res = run_cpp(tool, TINY_TARGET, None, prompt, n, size_m, defer=False, spec_type=spec_type, options=options,
+                  dump_drafts=True)
     assert_drafts_equal(rec.log, res, len(prompt_ids) + n - size_m - 2)
 
 
@@ -119,8 +121,8 @@ def drafts_of(eng: Engine, text: str) -> list:
 
 
 def test_three_sequences_at_once_are_each_plain_greedy():
-    cfg = PairConfig(target=TINY_TARGET, spec_type="ngram-map-k4v", ngram_map_size_n=3, ngram_map_size_m=8,
-                     ctx=CTX, parallel=3)
+    cfg = PairConfig(target=TINY_TARGET, spec_type="ngram-map-k4v",
+                     spec_options={"ngram-map-k4v": NgramMapOptions(size_n=3, size_m=8)}, ctx=CTX, parallel=3)
     with Engine.open(cfg) as eng:
         prompts = [eng.target_model.tokenize(t) for t in (STACK, *PROMPTS[:2])]
         plain = [[t for st in generate_greedy(eng, p, 80, ignore_eos=True) for t in st.tokens] for p in prompts]
@@ -135,7 +137,8 @@ def test_three_sequences_at_once_are_each_plain_greedy():
 def test_a_request_in_a_reused_slot_drafts_as_it_would_alone(spec_type):
     """Each sequence starts a fresh map (as each llama-speculative-simple run does): B after A in
     the same slot drafts exactly as B alone."""
-    cfg = PairConfig(target=TINY_TARGET, spec_type=spec_type, ngram_map_size_n=3, ngram_map_size_m=8, ctx=CTX)
+    cfg = PairConfig(target=TINY_TARGET, spec_type=spec_type,
+                     spec_options={spec_type: NgramMapOptions(size_n=3, size_m=8)}, ctx=CTX)
     with Engine.open(cfg) as eng:
         alone = drafts_of(eng, STACK)
     with Engine.open(cfg) as eng:

@@ -21,6 +21,7 @@ from ggspec.speculative.engine import Engine
 from ggspec.speculative.loop import generate_greedy, generate_spec
 from ggspec.speculative.models import PairConfig
 from ggspec.speculative.ngram_mod import EMPTY, HASH_FACTOR, TABLE_SIZE, NgramModProposer, NgramTable
+from ggspec.speculative.ngram_mod import NgramModOptions
 
 CTX = ContextParams(n_ctx=2048, n_threads=1, flash_attn="off")
 
@@ -85,7 +86,8 @@ def test_bad_settings_are_one_line():
         with pytest.raises(InputError, match=what):
             NgramModProposer(**kw)
     with pytest.raises(InputError, match="shortest draft"):
-        PairConfig(target=TINY_TARGET, spec_type="ngram-mod", ngram_mod_n_min=65).validate()
+        PairConfig(target=TINY_TARGET, spec_type="ngram-mod",
+                   spec_options={"ngram-mod": NgramModOptions(n_min=65)}).validate()
 
 
 # --- against llama.cpp's loop ---------------------------------------------------------------------
@@ -107,8 +109,8 @@ def tool(build_info):
 
 @pytest.mark.parametrize("prompt, n, n_match, n_max, n_min", CASES)
 def test_drafts_equal_llama_cpps_at_every_position(prompt, n, n_match, n_max, n_min, tool):
-    cfg = PairConfig(target=TINY_TARGET, spec_type="ngram-mod", ngram_mod_n_match=n_match, ngram_mod_n_max=n_max,
-                     ngram_mod_n_min=n_min, ctx=CTX)
+    options = {"ngram-mod": NgramModOptions(n_match, n_max, n_min)}
+    cfg = PairConfig(target=TINY_TARGET, spec_type="ngram-mod", spec_options=options, ctx=CTX)
     with Engine.open(cfg) as eng:
         prompt_ids = eng.target_model.tokenize(prompt)
         plain = [t for st in generate_greedy(eng, prompt_ids, n, ignore_eos=True) for t in st.tokens]
@@ -116,7 +118,7 @@ def test_drafts_equal_llama_cpps_at_every_position(prompt, n, n_match, n_max, n_
         spec = [t for st in generate_spec(eng, prompt_ids, n, ignore_eos=True, proposer=rec) for t in st.tokens]
     assert spec == plain
     res = run_cpp(tool, TINY_TARGET, None, prompt, n, n_max, defer=False, spec_type="ngram-mod",
-                  ngram_mod=(n_match, n_min), dump_drafts=True)
+                  options=options, dump_drafts=True)
     assert_drafts_equal(rec.log, res, len(prompt_ids) + n - n_max - 2)
 
 
@@ -133,8 +135,8 @@ def test_cli_runs_ngram_mod():
 def test_requests_one_after_another_draft_as_each_would_alone():
     """The table is shared by the sequences running together; one that starts while none runs
     starts afresh, so B after A drafts exactly as B alone."""
-    cfg = PairConfig(target=TINY_TARGET, spec_type="ngram-mod", ngram_mod_n_match=3, ngram_mod_n_max=8,
-                     ngram_mod_n_min=1, ctx=CTX)
+    cfg = PairConfig(target=TINY_TARGET, spec_type="ngram-mod",
+                     spec_options={"ngram-mod": NgramModOptions(n_match=3, n_max=8, n_min=1)}, ctx=CTX)
     with Engine.open(cfg) as eng:
         alone = drafts_of(eng, STACK)
     with Engine.open(cfg) as eng:
@@ -146,8 +148,8 @@ def test_requests_one_after_another_draft_as_each_would_alone():
 def test_a_server_keeps_the_table_across_requests():
     """keep_draft_state (ggspec serve), as llama-server: a repeated request drafts from what the
     first one added, so more of it; the output stays plain greedy; Engine.reset forgets it."""
-    cfg = PairConfig(target=TINY_TARGET, spec_type="ngram-mod", ngram_mod_n_match=3, ngram_mod_n_max=8,
-                     ngram_mod_n_min=1, ctx=CTX)
+    cfg = PairConfig(target=TINY_TARGET, spec_type="ngram-mod",
+                     spec_options={"ngram-mod": NgramModOptions(n_match=3, n_max=8, n_min=1)}, ctx=CTX)
     with Engine.open(cfg, keep_draft_state=True) as eng:
         ids = eng.target_model.tokenize(STACK)
         plain = [t for st in generate_greedy(eng, ids, 80, ignore_eos=True) for t in st.tokens]

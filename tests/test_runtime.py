@@ -60,7 +60,7 @@ def test_layer_input_rows_go_straight_into_a_batch(dense_pair, build_info):
     """The shim's zero-copy filler injects exactly what a copy through numpy would."""
     cfg = PairConfig(target=dense_pair.target, draft=dense_pair.draft, n_max=7)
     with Models(cfg) as models, Engine(models, cfg) as a, Engine(models, cfg) as b:
-        layers = a.plan.info.target_layers
+        layers = a.plan.meta.target_layers
         prompt = a.target_model.tokenize("def main():\n    print('hi')\n")
         n = len(prompt)
         drafts = []

@@ -23,6 +23,7 @@ from ggspec.speculative.loop import generate_greedy, generate_spec
 from ggspec.speculative.models import PairConfig, spec_types
 from ggspec.speculative.ngram_mod import NgramModProposer
 from ggspec.speculative.sequence import Sequence
+from ggspec.speculative.registry import options_from_flat
 
 CTX = ContextParams(n_ctx=2048, n_threads=1, flash_attn="off")
 SIZES = dict(ngram_size_n=3, ngram_size_m=8, ngram_map_size_n=3, ngram_map_size_m=8, ngram_mod_n_match=4,
@@ -31,7 +32,9 @@ N = 160
 
 
 def _cfg(spec_type: str, draft=None, **kw) -> PairConfig:
-    return PairConfig(**{"target": TARGET, "draft": draft, "spec_type": spec_type, "n_max": 4, "ctx": CTX, **SIZES, **kw})
+    sizes = options_from_flat({**SIZES, **kw.pop("sizes", {})})
+    return PairConfig(**{"target": TARGET, "draft": draft, "spec_type": spec_type, "n_max": 4, "ctx": CTX,
+                         "spec_options": sizes, **kw})
 
 
 def test_a_list_is_taken_in_llama_cpps_order_of_preference():
@@ -68,8 +71,8 @@ def test_drafts_equal_llama_cpps_at_every_position(spec_type, draft, tool):
         wins = eng.proposer.wins
     assert spec == plain
     assert all(wins), wins  # every type drafted some of the steps
-    res = run_cpp(tool, TARGET, draft, STACK, N, 4, defer=False, spec_type=spec_type, ngram_size_n=3, ngram_size_m=8,
-                  min_hits=1, ngram_mod=(4, 2), dump_drafts=True)
+    res = run_cpp(tool, TARGET, draft, STACK, N, 4, defer=False, spec_type=spec_type, options=options_from_flat(SIZES),
+                  dump_drafts=True)
     assert _compare(rec.log, res.drafts, res.draft_anchors) >= len(rec.log) - 2
     assert res.accepted > 0
 
@@ -133,7 +136,7 @@ def _wins(eng: Engine, text: str) -> tuple[list[int], list[int]]:
 def test_the_cost_rule_weighs_acceptance_against_call_costs():
     """Lossless whatever it picks; with an expensive model call it picks what llama.cpp's rule picks
     (any n-gram draft), with a hopeless n-gram type and a free model, the model's drafts."""
-    kw = dict(ngram_size_n=1)  # ngram-simple matching one token: it drafts often, and poorly
+    kw = dict(sizes=dict(ngram_size_n=1))  # ngram-simple matching one token: it drafts often, and poorly
     with Engine.open(_cfg("ngram-simple,draft-simple", DRAFT, spec_select="first", **kw)) as first:
         plain = [t for st in generate_greedy(first, first.target_model.tokenize(STACK), 96, ignore_eos=True)
                  for t in st.tokens]

@@ -23,6 +23,7 @@ from ggspec.runtime import Batch, Context, ContextParams, Model
 from ggspec.speculative.engine import Engine
 from ggspec.speculative.loop import generate_greedy, generate_spec
 from ggspec.speculative.models import PairConfig
+from ggspec.speculative.ngram import NgramSimpleOptions
 
 PROMPT = "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n"
 N = 128
@@ -269,7 +270,7 @@ def test_deferred_injection_drafts_the_same(variant, coder, tool):
 
 def test_ngram_simple_runs_without_a_draft(coder, tool, plain_text, greedy_ids):
     res = run_cpp(tool, coder["dflash2"].target, None, PROMPT, N, N_MAX, defer=False, spec_type="ngram-simple",
-                  ngram_size_n=2, dump_drafts=True)
+                  options={"ngram-simple": NgramSimpleOptions(size_n=2, size_m=N_MAX)}, dump_drafts=True)
     assert res.text.startswith(plain_text.rstrip("\n"))
     _check_dump(res, greedy_ids, N_MAX)
     assert res.drafted > 0 and res.accepted > 0
@@ -340,7 +341,7 @@ def _ggspec_drafts(target: Path, draft: Path, p_min: float | None) -> tuple[list
         steps = list(generate_spec(eng, eng.target_model.tokenize(PROMPT), N, ignore_eos=True, proposer=rec))
         spec = [s for s in steps if s.kind == "spec"]
         tau = sum(s.accepted + 1 for s in spec) / len(spec)
-        return rec.calls, tau, eng.plan.kind
+        return rec.calls, tau, eng.plan.meta.variant
 
 
 @pytest.fixture(scope="module")

@@ -23,13 +23,15 @@ import os
 import re
 import subprocess
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ggspec.errors import InputError, LlamaError
 from ggspec.native import build as nb
+from ggspec.speculative import registry
+from ggspec.speculative.draft_type import Options
 from ggspec.speculative.sampling import SamplerSettings
-from ggspec.speculative.models import spec_types
 
 TOOL = "llama-speculative-simple"
 PLAIN_TOOL = "llama-completion"
@@ -157,25 +159,22 @@ def gpu_layer_args(n_gpu_layers: int, draft: bool = False) -> list[str]:
 def run_cpp(tool: Path, target: Path, draft: Path | None, prompt: str, n: int, n_max: int, *, defer: bool,
             n_ctx: int = 2048, ctk: str = "f16", ctv: str = "f16", flash_attn: str = "off", threads: int = 1,
             forced: Path | None = None, timeout: float = 600, spec_type: str = "draft-dflash",
-            p_min: float | None = None, n_min: int | None = None, ngram_size_n: int | None = None,
-            min_hits: int | None = None, ngram_mod: tuple[int, int] | None = None, ngram_size_m: int | None = None,
-            map_size_n: int | None = None,
+            p_min: float | None = None, n_min: int | None = None, options: Mapping[str, Options] | None = None,
             dump_drafts: bool = False, sampling: SamplerSettings | None = None, n_gpu_layers: int = 0) -> CppResult:
-    """One run of llama.cpp's speculative loop (greedy unless `sampling` has a temperature) with `spec_type` (one of SPEC_TYPES; the
-    draft-* types need `draft` (draft-mtp only for a Gemma 4 drafter), ngram-simple takes none and drafts m-grams of `n_max` tokens after
-    an `ngram_size_n`-token match; a comma list of types gives the n-gram ones `ngram_size_m` when
-    set; `map_size_n`, when set, is the map types' key length). `forced`: a GGSPEC_BENCH_FORCED file. `p_min`:
+    """One run of llama.cpp's speculative loop (greedy unless `sampling` has a temperature) with `spec_type` (one,
+    or a comma list, of the registry's types; a type that needs a draft model needs `draft`, draft-mtp only for a
+    Gemma 4 drafter). `options`: the types' own options by type name, as ggspec runs them (registry entries'
+    `llama_args`); a type without any gets llama.cpp's defaults with `n_max` as its own length (the n-gram
+    types' m-gram size). `forced`: a GGSPEC_BENCH_FORCED file. `p_min`:
     --spec-draft-p-min (DSpark: the confidence threshold; llama.cpp's default is 0), `n_min`:
     --spec-draft-n-min (draft-mtp drops shorter drafts). With
     `dump_drafts`, the result carries every draft call's tokens (patch 0009)."""
-    types = spec_types(spec_type)  # one, or a comma list
-    # draft-mtp: the target's own head, or a Gemma 4 drafter given as the draft
-    needs_draft = any(t.startswith("draft-") and t != "draft-mtp" for t in types)
-    if needs_draft and draft is None:
+    types = registry.parse(spec_type)  # one, or a comma list
+    names = ",".join(t.name for t in types)
+    if any(t.traits.draft_model == "required" for t in types) and draft is None:
         raise InputError(f"--spec-type {spec_type} needs a draft model")
-    if all(t.startswith("ngram") for t in types) and draft is not None:
+    if all(t.traits.draft_model == "none" for t in types) and draft is not None:
         raise InputError(f"--spec-type {spec_type} takes no draft model")
-    size_m = n_max if ngram_size_m is None else ngram_size_m
     env = {k: v for k, v in os.environ.items() if k not in _ENV_DROPPED}
     if defer:
         env["LLAMA_ARG_SPEC_DFLASH_DEFER"] = "1"
@@ -184,20 +183,9 @@ def run_cpp(tool: Path, target: Path, draft: Path | None, prompt: str, n: int, n
     cmd = [str(tool), "-m", str(target)]
     if draft is not None:
         cmd += ["-md", str(draft)]
-    cmd += ["--spec-type", ",".join(types), "--spec-draft-n-max", str(n_max)]
+    cmd += ["--spec-type", names, "--spec-draft-n-max", str(n_max)]
     for t in types:
-        if t == "ngram-mod":  # the draft length is its n_max; `ngram_mod`: (n_match, n_min)
-            cmd += ["--spec-ngram-mod-n-max", str(size_m)]
-            if ngram_mod is not None:
-                cmd += ["--spec-ngram-mod-n-match", str(ngram_mod[0]), "--spec-ngram-mod-n-min", str(ngram_mod[1])]
-        elif t.startswith("ngram") and t != "ngram-cache":  # the m-gram size is the draft length (ngram-cache: 8)
-            flag = "--spec-" + t  # --spec-ngram-simple, --spec-ngram-map-k, --spec-ngram-map-k4v
-            cmd += [f"{flag}-size-m", str(size_m)]
-            size_n = ngram_size_n if t == "ngram-simple" or map_size_n is None else map_size_n
-            if size_n is not None:
-                cmd += [f"{flag}-size-n", str(size_n)]
-            if min_hits is not None and t != "ngram-simple":
-                cmd += [f"{flag}-min-hits", str(min_hits)]
+        cmd += t.llama_args((options or {}).get(t.name), n_max)
     if p_min is not None:
         cmd += ["--spec-draft-p-min", str(p_min)]
     if n_min is not None:

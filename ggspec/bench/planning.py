@@ -14,6 +14,7 @@ from pathlib import Path
 from ggspec import cli_options as opts
 from ggspec.bench.session import Plan
 from ggspec.errors import InputError
+from ggspec.speculative import registry
 
 
 @dataclass(frozen=True)
@@ -37,16 +38,8 @@ def resume_conflicts(shared: opts.Shared, axes: AxisFlags, prompts: Path | None,
     flags = (("-m", s.model), ("-md", s.draft), ("--pair", s.pair), ("--prompts", prompts),
              ("--spec-type", s.spec_type), ("--spec-draft-n-max", a.n_max),
              ("--spec-draft-p-min", s.p_min or None), ("-np", a.parallel),
-             ("--spec-draft-chain", s.draft_chain or None),
-             ("--spec-draft-vocab", s.chain_vocab or None),
-             ("--spec-ngram-simple-size-n", s.ngram_size_n != opts.NGRAM_SIZE_N or None),
-             ("--spec-ngram-simple-size-m", s.ngram_size_m != opts.NGRAM_SIZE_M or None),
-             ("--spec-ngram-map-k-size-n", s.ngram_map_size_n != opts.NGRAM_MAP[0] or None),
-             ("--spec-ngram-map-k-size-m", s.ngram_map_size_m != opts.NGRAM_MAP[1] or None),
-             ("--spec-ngram-map-k4v-min-hits", s.ngram_map_min_hits != opts.NGRAM_MAP[2] or None),
-             ("--spec-ngram-mod-n-match", s.ngram_mod_n_match != opts.NGRAM_MOD[0] or None),
-             ("--spec-ngram-mod-n-max", s.ngram_mod_n_max != opts.NGRAM_MOD[1] or None),
-             ("--spec-ngram-mod-n-min", s.ngram_mod_n_min != opts.NGRAM_MOD[2] or None),
+             *((f.flags[0], s.type_options.get(f.key, f.default) != f.default or None)
+               for f in registry.option_fields()),  # each draft type's own flags
              ("--spec-select", s.spec_select != "first" or None),
              ("-ctk", a.type_k), ("-ctv", a.type_v), ("-c", a.n_ctx),
              ("--spec-draft-rs-planes", a.rs_planes), ("--spec-draft-rs-planes-lead", a.rs_lead),
@@ -102,10 +95,11 @@ def new_plan(shared: opts.Shared, axes: AxisFlags, *, prompts: Path | None, n_pr
         check_writable(save, f"--save {save}")  # before anything is measured, not after
     target, draft_path, rec = shared.resolve_models(plain=True)
     given_type = shared.spec_type
-    if shared.spec_type is None and (opts.target_has_mtp_head(target) if draft_path is None
-                                     else opts.is_mtp_drafter_file(draft_path)):
-        shared.spec_type = "draft-mtp"  # the head the target ships with or a Gemma 4 drafter, as `run` detects it
-    if draft_path is None and shared.spec_type not in opts.NO_DRAFT_MODEL:
+    if shared.spec_type is None:  # a type that drafts without a draft model of its own, detected as `run` does
+        found = opts.detected_type(target, draft_path)
+        if found is not None and found.traits.draft_model != "required":
+            shared.spec_type = found.name
+    if draft_path is None and not registry.draft_file_optional(shared.spec_type):
         if not native:
             raise InputError("no draft model: give -md FILE, or --native for a target-only benchmark "
                              "(ggspec's plain greedy against llama.cpp's), or --spec-type ngram-simple")
@@ -116,7 +110,7 @@ def new_plan(shared: opts.Shared, axes: AxisFlags, *, prompts: Path | None, n_pr
                      if v is not None]
         if spec_only:
             raise InputError(f"{', '.join(spec_only)}: speculative settings need a draft model (-md)")
-    if shared.spec_type in opts.NO_DRAFT_MODEL and axes.inject is not None:
+    if registry.draft_file_optional(shared.spec_type) and axes.inject is not None:
         raise InputError(f"--spec-dflash-inject: {shared.spec_type} has no draft model to inject into")
     base = shared.pair_config(target, draft_path)  # the options' own checks, each naming its flag
     d = opts.DEFAULTS
@@ -142,11 +136,7 @@ def new_plan(shared: opts.Shared, axes: AxisFlags, *, prompts: Path | None, n_pr
                         n_predict=n_predict, reps=reps, threads=shared.threads, warmup=warmup, profile=name,
                         profile_weights=weights, prompts=tuple(load_prompts(prompts)), placement=base.placement,
                         n_gpu_layers=base.n_gpu_layers, spec_type=base.spec_type, p_min=base.p_min,
-                        draft_chain=base.draft_chain, chain_vocab=base.chain_vocab,
-                        ngram_size_n=base.ngram_size_n, ngram_size_m=base.ngram_size_m,
-                        ngram_map_size_n=base.ngram_map_size_n, ngram_map_size_m=base.ngram_map_size_m,
-                        ngram_map_min_hits=base.ngram_map_min_hits, ngram_mod_n_match=base.ngram_mod_n_match,
-                        ngram_mod_n_max=base.ngram_mod_n_max, ngram_mod_n_min=base.ngram_mod_n_min,
+                        type_options=tuple(registry.flat_options(base.spec_options).items()),
                         spec_select=base.spec_select, plan_pool=base.plan_pool,
                         top_k=sampling.top_k, top_p=sampling.top_p, min_p=sampling.min_p,
                         seed=opts.concrete_seed(sampling.seed))

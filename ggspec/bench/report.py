@@ -23,8 +23,8 @@ from ggspec.bench.runner import Run, Settings
 from ggspec.errors import InputError
 from ggspec.files import atomic_write, describe_bad_text, read_text
 from ggspec.runtime.devices import Placement, parse_endpoint
+from ggspec.speculative import registry
 from ggspec.speculative.stats import RunStats, k_shares, merge
-from ggspec.speculative.models import NO_DRAFT_MODEL, spec_types
 from ggspec.testing.forced import PROFILES
 from ggspec.values import is_int, is_number
 
@@ -217,7 +217,7 @@ def document(settings: Settings, meta: dict, configs: list[BenchConfig], skipped
         "schema": SCHEMA,
         "complete": complete,
         "meta": meta,
-        "settings": {**asdict(settings), "prompts": [asdict(p) for p in settings.prompts]},
+        "settings": _settings_json(settings),
         "configs": [asdict(c) for c in configs],
         "skipped": [asdict(s) for s in skipped],
         "runs": [r.to_json() for r in runs],
@@ -291,21 +291,20 @@ _SETTINGS_TYPES = {"target": (str,), "draft": (str,), "n_predict": is_int, "reps
                    "profile_weights": lambda v: v is None or (isinstance(v, list) and all(_is_num(x) for x in v)),
                    "prompts": (list,), "placement": lambda v: v is None or isinstance(v, dict),
                    "n_gpu_layers": is_int, "spec_type": lambda v: v is None or isinstance(v, str),
-                   "p_min": _is_num, "draft_chain": (bool,), "chain_vocab": is_int, "ngram_size_n": is_int, "ngram_size_m": is_int,
-                   "ngram_map_size_n": is_int, "ngram_map_size_m": is_int, "ngram_map_min_hits": is_int,
-                   "ngram_mod_n_match": is_int, "ngram_mod_n_max": is_int, "ngram_mod_n_min": is_int,
+                   "p_min": _is_num,
+                   **{f.key: (bool,) if f.annotation is bool else is_int for f in registry.option_fields()},
                    "spec_select": (str,), "plan_pool": is_int, "top_k": is_int,
                    "top_p": _is_num, "min_p": _is_num, "seed": is_int}
 def _draft_free(spec_type: str | None) -> bool:
     """Whether every type of a saved --spec-type drafts without a draft file (draft-mtp: the
     target's head; the n-gram types)."""
-    return spec_type is not None and all(t in NO_DRAFT_MODEL for t in spec_types(spec_type))
+    return registry.draft_file_optional(spec_type)
 
 
 def _injects(spec_type: str | None) -> bool:
     """Whether llama.cpp's rows of this --spec-type have an injection mode (DFlash drafts; None:
     detected from the draft, which may be one)."""
-    return spec_type is None or any(t in ("draft-dflash", "draft-dspark") for t in spec_types(spec_type))
+    return spec_type is None or any(t.traits.injection for t in registry.parse(spec_type))
 _PLACEMENT_TYPES = {"split_mode": (str,), "rpc": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
                     "tensor_split": lambda v: isinstance(v, list) and all(_is_num(x) and x >= 0 for x in v),
                     "mirror_output": (bool,), "rpc_timeout": lambda v: _is_num(v) and v > 0}
@@ -396,6 +395,14 @@ def settings_from(doc: dict, what: str = "--resume") -> Settings:
         raise InputError(f"{what}: damaged document ({exc})") from None
 
 
+def _settings_json(settings: Settings) -> dict:
+    """The settings as saved: each draft type's options flat beside the others (every key)."""
+    d = asdict(settings)
+    d.pop("type_options")
+    d.update(registry.flat_options(registry.options_from_flat(dict(settings.type_options))))
+    return {**d, "prompts": [asdict(p) for p in settings.prompts]}
+
+
 def _settings_from(doc: dict) -> Settings:
     s = doc.get("settings")
     _fields(s, "settings", _SETTINGS_TYPES, ("target", "draft", "n_predict", "reps", "threads", "warmup", "profile",
@@ -426,6 +433,7 @@ def _settings_from(doc: dict) -> Settings:
                              "tensor_split": tuple(float(x) for x in p.get("tensor_split", ()))})
     placement.check()
     s["placement"] = placement
+    s["type_options"] = tuple((f.key, s.pop(f.key)) for f in registry.option_fields() if f.key in s)
     settings = Settings(**s)
     settings.sampling(1.0).validate()
     return settings

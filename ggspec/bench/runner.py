@@ -20,6 +20,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -30,6 +31,7 @@ from ggspec.files import local_path
 from ggspec.runtime import ContextParams
 from ggspec.runtime.context import resolve_flash_attn
 from ggspec.runtime.devices import Placement
+from ggspec.speculative import registry
 from ggspec.speculative.engine import Engine
 from ggspec.speculative.loop import generate_greedy, proposing
 from ggspec.speculative.models import Models, PairConfig
@@ -58,16 +60,8 @@ class Settings:
     n_gpu_layers: int = 0
     spec_type: str | None = None  # --spec-type (None: detected from the draft)
     p_min: float = PairConfig.p_min
-    draft_chain: bool = False  # draft-mtp: all draft steps in one decode
-    chain_vocab: int = 0  # ... scoring this many tokens (0: all)
-    ngram_size_n: int = PairConfig.ngram_size_n
-    ngram_size_m: int = PairConfig.ngram_size_m
-    ngram_map_size_n: int = PairConfig.ngram_map_size_n
-    ngram_map_size_m: int = PairConfig.ngram_map_size_m
-    ngram_map_min_hits: int = PairConfig.ngram_map_min_hits
-    ngram_mod_n_match: int = PairConfig.ngram_mod_n_match
-    ngram_mod_n_max: int = PairConfig.ngram_mod_n_max
-    ngram_mod_n_min: int = PairConfig.ngram_mod_n_min
+    # each draft type's own options, flat (registry.option_fields' keys -> values; saved flat too)
+    type_options: tuple[tuple[str, Any], ...] = ()
     spec_select: str = PairConfig.spec_select  # several types: whose draft a step verifies
     plan_pool: int = 0  # prepared plans per ggspec context (patch 0012; llama.cpp's tools: LLAMA_SCHED_POOL)
     # sampler settings of the rows with a temperature (BenchConfig.temp); prompt i draws with seed + i
@@ -178,26 +172,12 @@ class Runner:
 
     # --- pairs -----------------------------------------------------------------------------------
 
-    def _ngram_args(self, n_max: int) -> dict:
-        """The n-gram types' own sizes for llama.cpp's loop (its draft length is the row's n_max)."""
-        kinds, s, args = self.models.plan.kinds, self.s, {}
-        if "ngram-simple" in kinds:
-            args["ngram_size_n"] = s.ngram_size_n
-        if {"ngram-map-k", "ngram-map-k4v"} & set(kinds):
-            args.update(map_size_n=s.ngram_map_size_n, min_hits=s.ngram_map_min_hits)
-        if "ngram-mod" in kinds:
-            args["ngram_mod"] = (s.ngram_mod_n_match, min(s.ngram_mod_n_min, n_max))
-        return args
-
-    def _ngram_sizes(self, n_max: int) -> dict:
-        """The same on ggspec's side: each n-gram type drafts at most the row's n_max (llama.cpp's
-        loop gets it as the type's m-gram size or n_max, which its rules depend on), ngram-mod's
-        shortest kept draft capped by it alike."""
-        s = self.s
-        return {"ngram_size_n": s.ngram_size_n, "ngram_size_m": n_max, "ngram_map_size_n": s.ngram_map_size_n,
-                "ngram_map_size_m": n_max, "ngram_map_min_hits": s.ngram_map_min_hits,
-                "ngram_mod_n_match": s.ngram_mod_n_match, "ngram_mod_n_max": n_max,
-                "ngram_mod_n_min": min(s.ngram_mod_n_min, n_max)}
+    def _type_options(self, n_max: int) -> dict:
+        """Each type's options for a row of draft length n_max, on both loops alike: the n-gram
+        types draft at most the row's n_max (llama.cpp's loop gets it as the type's m-gram size or
+        n_max, which its rules depend on), ngram-mod's shortest kept draft capped by it."""
+        given = registry.options_from_flat(dict(self.s.type_options))
+        return {name: o.with_length(n_max) for name, o in given.items()}
 
     def _ctx(self, cfg: BenchConfig) -> ContextParams:
         return ContextParams(n_ctx=cfg.n_ctx, n_threads=self.s.threads, type_k=cfg.ctk, type_v=cfg.ctv)
@@ -207,8 +187,7 @@ class Runner:
         s = self.s
         return PairConfig(target=local_path(s.target), draft=local_path(s.draft) if speculative and s.draft else None,
                           spec_type=s.spec_type if speculative else None, spec_select=s.spec_select, plan_pool=s.plan_pool, p_min=s.p_min,
-                          draft_chain=s.draft_chain and speculative, chain_vocab=s.chain_vocab if speculative else 0,
-                          **self._ngram_sizes(max(cfg.n_max if cfg else n_max, 1)),
+                          spec_options=self._type_options(max(cfg.n_max if cfg else n_max, 1)) if speculative else {},
                           n_max=cfg.n_max if cfg else n_max, adaptive=cfg.adaptive if cfg else False, ctx=ctx, parallel=cfg.parallel if cfg else 1,
                           sampling=s.sampling(cfg.temp if cfg else 0.0),
                           planes=cfg.plane_options if cfg else PlaneOptions(), inject=(cfg.inject if cfg else "") or "pruned",
@@ -337,7 +316,8 @@ class Runner:
                       defer=cfg.inject == "deferred", n_ctx=cfg.n_ctx, ctk=cfg.ctk, ctv=cfg.ctv,
                       flash_attn=flash_attn, threads=self.s.threads, forced=forced,
                       spec_type=self.models.plan.spec_type or "draft-dflash", p_min=self.s.p_min or None,
-                      sampling=sampling, dump_drafts=True, n_gpu_layers=self.s.n_gpu_layers, **self._ngram_args(cfg.n_max))
+                      sampling=sampling, dump_drafts=True, n_gpu_layers=self.s.n_gpu_layers,
+                      options=self._type_options(cfg.n_max))
         # the per-step figures come from the draft dump: τ, the histogram and per-position
         # acceptance of llama.cpp's loop, as ggspec's rows have them
         stats = RunStats(n_decoded=res.n_decoded, n_generated=res.n_decoded, t_decode=res.seconds)

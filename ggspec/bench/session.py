@@ -84,9 +84,9 @@ class BenchSession:
                                                     self.runner.longest_prompt + self.settings.n_predict,
                                                     native=plan.native, profile_len=profile_len,
                                                     n_max_limit=limit, speculative=drafting.spec_type is not None,
-                                                    dflash=drafting.info is not None,
+                                                    dflash=any(t.traits.injection for t in drafting.types),
                                                     native_loop=True,
-                                                    native_n_max=8 if drafting.kind == "ngram-cache" else None)
+                                                    native_n_max=drafting.type.fixed_length if drafting.type else None)
                 self.done_runs = []
             if not self.configs:
                 raise InputError("no configuration left to run: " + "; ".join(

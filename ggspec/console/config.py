@@ -18,7 +18,7 @@ def pair_config(shared: opts.Shared, *, plain: bool, n_gpu_layers_draft: int | N
     cap, adaptive = parse_n_max(n_max) if n_max is not None else (None, False)
     target, draft, rec = shared.resolve_models(plain=plain)
     if draft is None and shared.needs_draft and not plain and shared.pair is not None \
-            and not opts.target_has_mtp_head(target):  # a target-only pair (its draft is not made yet)
+            and not opts.target_drafts_alone(target):  # a target-only pair (its draft is not made yet)
         err.print(f"[yellow]note:[/] pair '{shared.pair}' has no draft model yet: plain decoding", soft_wrap=True)
     return shared.pair_config(
         target, draft, plain=plain, n_gpu_layers_draft=n_gpu_layers_draft,

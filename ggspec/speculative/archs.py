@@ -16,7 +16,8 @@ names share one graph (``minicpm``, ``granitemoe`` -> granite; ``phimoe`` -> phi
 
 from __future__ import annotations
 
-__all__ = ["FINAL_STATE_ARCHS", "LAYER_INPUT_ARCHS", "PATCHED_LAYER_INPUT_ARCHS", "UPSTREAM_LAYER_INPUT_ARCHS"]
+__all__ = ["DRAFTER_ARCHS", "FINAL_STATE_ARCHS", "LAYER_INPUT_ARCHS", "PATCHED_LAYER_INPUT_ARCHS",
+           "UPSTREAM_LAYER_INPUT_ARCHS", "is_mtp_drafter"]
 
 # The pinned tree (llama-cpp-python 0.3.36's vendored llama.cpp) already extracts these.
 UPSTREAM_LAYER_INPUT_ARCHS: frozenset[str] = frozenset({
@@ -44,3 +45,12 @@ FINAL_STATE_ARCHS: frozenset[str] = frozenset({
     "bailingmoe3", "cohere2moe", "deepseek2", "deepseek32", "deepseek4", "gemma4", "glm-dsa", "glm4moe", "glm5-next",
     "gpt-oss", "hy-v3", "mimo2", "nemotron_h", "nemotron_h_moe", "qwen35", "qwen35moe", "qwen3next", "step35",
 })
+
+
+# separate MTP drafters that read the target's KV cache (llama.cpp's shared-memory mode), and
+# the target architecture each drafts for (draft-mtp; every draft-model type refuses them)
+DRAFTER_ARCHS = {"gemma4-assistant": "gemma4"}
+
+
+def is_mtp_drafter(meta) -> bool:
+    return meta.arch in DRAFTER_ARCHS

@@ -18,6 +18,18 @@ EMA = 0.1  # the smoothing of costs measured as one number
 RECENT = 16  # calls of each size whose times a cost estimate reads
 
 
+def draft_match(tokens, history, pos0: int, start: int = 0, limit: int | None = None) -> tuple[int, int]:
+    """A draft made after position pos0 against the committed text: how many of its first tokens
+    are right, and how many committed tokens follow pos0 to judge it by (at most `limit`). The
+    first `start` tokens are known to be right already."""
+    reach = len(history) - pos0 - 1 if limit is None else min(len(history) - pos0 - 1, limit)
+    k = min(len(tokens), reach)
+    if k <= start:
+        return start, reach
+    wrong = np.flatnonzero(np.asarray(tokens[start:k]) != np.asarray(history[pos0 + 1 + start:pos0 + 1 + k]))
+    return start + (int(wrong[0]) if len(wrong) else k - start), reach
+
+
 def ema(old: float | None, new: float) -> float:
     return new if old is None else old + EMA * (new - old)
 

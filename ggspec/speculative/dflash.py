@@ -34,8 +34,10 @@ import numpy as np
 from ggspec.errors import InputError, LlamaError
 from ggspec.runtime import Batch, Context
 from ggspec.runtime.gguf_meta import GGUFMeta
+from ggspec.runtime.preflight import check_model
 from ggspec.speculative.archs import LAYER_INPUT_ARCHS
-from ggspec.speculative.proposer import Draft, Span
+from ggspec.speculative.draft_type import Build, DraftPlan, DraftType, Traits, check_draft_given
+from ggspec.speculative.proposer import Draft, Proposer, Span
 from ggspec.speculative.sampling import candidates
 from ggspec.speculative.verifier import DRAFT
 
@@ -55,6 +57,11 @@ class DFlashInfo:
     dspark: bool = False  # a DSpark draft (Markov head)
     sample_from_anchor: bool = True  # DSpark: row 0 of the block is the first draft
     has_confidence: bool = False  # DSpark: a confidence head writes the nextn rows
+
+    @property
+    def variant(self) -> str:
+        """dflash, dflash2 (a selector walk over candidates) or dspark (a Markov head)."""
+        return "dspark" if self.dspark else "dflash2" if self.selector_top_k > 0 else "dflash"
 
     @property
     def anchor_first(self) -> bool:
@@ -138,10 +145,11 @@ def top_k_confidence(rows: np.ndarray, k: int = CONFIDENCE_TOP_K) -> np.ndarray:
     return 1.0 / np.exp(top - top.max(axis=1, keepdims=True)).sum(axis=1)
 
 
-class DFlashProposer:
+class DFlashProposer(Proposer):
     """DFlash: drafts are the argmax of the noise block's rows 1..n (see the module docstring)."""
 
     name = "draft-dflash"
+    holds = True  # hold(): the captured rows wait in host memory (see hold)
 
     def __init__(self, target: Context, draft: Context, info: DFlashInfo, inject: str = "pruned",
                  p_min: float = 0.0) -> None:
@@ -401,3 +409,50 @@ def make_dflash_proposer(target: Context, draft: Context, info: DFlashInfo, inje
     if info.selector_top_k > 0:
         return DFlash2Proposer(target, draft, info, inject, p_min)
     return DFlashProposer(target, draft, info, inject, p_min)
+
+
+# --- the registry entries --------------------------------------------------------------------------
+
+def _plan(name: str, dspark: bool):
+    def plan(cfg, target: GGUFMeta, draft: GGUFMeta | None, warnings: list[str]) -> DraftPlan:
+        """A DFlash-family draft that fits the target (its layers, vocabulary, block), of this
+        type (a Markov head makes a DSpark draft), and its head placeable on the devices."""
+        draft = check_draft_given(name, draft)
+        if not is_dflash(draft):
+            raise InputError(f"the draft is not a DFlash model (architecture '{draft.arch}'): {draft.path}",
+                             field="draft")
+        check_model(draft, "draft")
+        info = dflash_info(draft)
+        check_compatible(target, draft, info)
+        if dspark and not info.dspark:
+            raise InputError("draft-dspark needs a DSpark draft (one with a Markov head, markov_w1.weight); "
+                             "this one is a plain DFlash draft", field="spec_type")
+        if not dspark and info.dspark:
+            raise InputError("the draft has a DSpark Markov head: its spec type is draft-dspark", field="spec_type")
+        if info.dspark and cfg.p_min > 0 and not info.has_confidence:
+            raise InputError("the DSpark draft has no confidence head, so a confidence cut-off cannot apply "
+                             "(set it to 0)", field="p_min")
+        own_head = {"d2t", "output.weight"} & draft.tensors
+        if own_head and cfg.placement.split_mode == "tensor" and not cfg.placement.mirror_output:
+            raise InputError(f"the draft has its own output head ({', '.join(sorted(own_head))}): under a tensor split "
+                             "the head is split by vocabulary rows and llama.cpp aborts on it; mirror the output head",
+                             field="mirror_output")
+        return DraftPlan(DRAFT_DSPARK if dspark else DRAFT_DFLASH, meta=info, max_draft=info.max_draft,
+                         reads_draft=True)
+    return plan
+
+
+def _make(b: Build) -> DFlashProposer:
+    # the draft borrows the target's embeddings / output head through ctx_other
+    ctx = b.draft_context(b.models.draft, "draft", ctx_other=b.target)
+    return make_dflash_proposer(b.target, ctx, b.plan.meta, b.cfg.inject, b.cfg.p_min)
+
+
+_TRAITS = Traits(draft_model="required", target_features=True, fixed_block=True, cheap=False, confidence=True,
+                 injection=True)
+DRAFT_DFLASH = DraftType(name="draft-dflash", priority=8, traits=_TRAITS, plan=_plan("draft-dflash", False), make=_make,
+                         detect=lambda target, draft: draft is not None and is_dflash(draft), detect_rank=3)
+DRAFT_DSPARK = DraftType(name="draft-dspark", priority=9, traits=_TRAITS, plan=_plan("draft-dspark", True), make=_make,
+                         detect=lambda target, draft: draft is not None and is_dflash(draft) and dflash_info(draft).dspark,
+                         detect_rank=2)
+TYPES = (DRAFT_DFLASH, DRAFT_DSPARK)

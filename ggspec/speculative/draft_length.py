@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ggspec.speculative.costs import Acceptance, ShapeCosts, ema
+from ggspec.speculative.costs import Acceptance, ShapeCosts, draft_match, ema
 
 PROBE_FIRST = 4  # steps at k = 0 before a sequence with a model drafter probes its drafts again
 PROBE_SHARE = 0.01  # what probes may cost beyond plain decoding, as a share of its time
@@ -353,13 +353,11 @@ class DraftLength:
         history, still = seq.history, []
         for item in t.pending:
             pos0, tokens, start, probe = item
-            known = min(len(tokens), len(history) - pos0 - 1)
+            matched, reach = draft_match(tokens, history, pos0, start)
+            known = min(len(tokens), reach)
             if known <= start:
                 still.append(item)
                 continue
-            matched = start
-            while matched < known and tokens[matched] == history[pos0 + 1 + matched]:
-                matched += 1
             if probe and matched == len(tokens):  # the text repeats: probe often again
                 t.wait = PROBE_FIRST
             if matched < known or known == len(tokens):

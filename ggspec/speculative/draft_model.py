@@ -24,14 +24,14 @@ verifies it as a point mass; its top-10 confidence still gates p_min in both cas
 
 from __future__ import annotations
 
-import numpy as np
-
 from ggspec.errors import InputError
 from ggspec.runtime import Batch, Context
-from ggspec.speculative.dflash import top_k_confidence
-from ggspec.speculative.proposer import Draft, model_draft
-from ggspec.speculative.sampling import Candidates, candidates
-from ggspec.speculative.verifier import DRAFT
+from ggspec.runtime.preflight import check_model
+from ggspec.speculative.autoregressive import draft_tokens
+from ggspec.speculative.dflash import is_dflash
+from ggspec.speculative.draft_type import Build, DraftPlan, DraftType, Traits, check_draft_given
+from ggspec.speculative.eagle3 import is_eagle3
+from ggspec.speculative.proposer import Draft, Proposer, model_draft
 
 # llama.cpp's vocabulary rules (SP:67-132): at most this many more or fewer tokens, and equal
 # token text from this id on (the first ids are control tokens that may differ)
@@ -60,7 +60,7 @@ def check_vocab_compatible(target, draft) -> None:
                              f"{lc.llama_vocab_get_text(vt, i)!r} (the vocabularies must be the same)", field="draft")
 
 
-class DraftModelProposer:
+class DraftModelProposer(Proposer):
     """Drafts with a classic draft model (see the module docstring)."""
 
     name = "draft-simple"
@@ -120,39 +120,24 @@ class DraftModelProposer:
     def propose(self, seqs, n: int) -> list[Draft]:
         if not seqs:
             return []
-        self._catch_up(seqs)
-        tokens: list[list[int]] = [[] for _ in seqs]
-        dists: list[list[Candidates]] = [[] for _ in seqs]
-        live = list(range(len(seqs)))
-        draws = [None if seq.sampling.greedy else seq.rng(DRAFT) for seq in seqs]
-        for i in range(n):
+        self._catch_up(seqs)  # its decode's logits are the first draft position's
+
+        def step(i: int):
+            if i > 0:
+                self.draft.decode(self._batch)
             logits = self.draft.logits_view()[:, :self.n_vocab]
-            conf = top_k_confidence(logits) if self.p_min > 0 else None
             self._batch.clear()
-            still = []
-            for r, k in enumerate(live):
-                seq = seqs[k]
-                if conf is not None and conf[r] < self.p_min:
-                    continue  # llama.cpp stops on the argmax's confidence, also for sampled drafts
-                if seq.sampling.greedy:
-                    token = int(logits[r].argmax())
-                else:  # drawn from the draft's distribution under the sequence's sampler
-                    q = candidates(logits[r:r + 1], seq.sampling)
-                    token = int(q.sample(np.array([draws[k].random()]))[0])
-                    dists[k].append(q)
-                tokens[k].append(token)
-                if i + 1 < n:
-                    self._batch.add_tokens([token], seq.pos + i + 1, seq.seq_id, outputs="all")
-                    still.append(k)
-            live = still
-            if not live:
-                break
-            self.draft.decode(self._batch)
+            return logits, None
+
+        def feed(row: int, seq, token: int, i: int, _) -> None:
+            self._batch.add_tokens([token], seq.pos + i + 1, seq.seq_id, outputs="all")
+
+        made = draft_tokens(seqs, n, self.p_min, step, feed)
         self._batch.clear()
-        for seq, t in zip(seqs, tokens):
+        for seq, (tokens, _) in zip(seqs, made):
             # cells from id_last on: it and every drafted token but one that reached n (never decoded)
-            self._wrote[seq.seq_id] = (seq.pos, [seq.id_last, *t[:n - 1]])
-        return [model_draft(t, d, self.n_min) for t, d in zip(tokens, dists)]
+            self._wrote[seq.seq_id] = (seq.pos, [seq.id_last, *tokens[:n - 1]])
+        return [model_draft(t, d, self.n_min) for t, d in made]
 
     def _catch_up(self, seqs) -> None:
         """Decode what each sequence's cells lack, up to and with id_last, whose logits are the
@@ -205,3 +190,40 @@ class DraftModelProposer:
 
     def close(self) -> None:
         self._batch.close()
+
+
+# --- the registry entry ----------------------------------------------------------------------------
+
+def _plan(cfg, target, draft, warnings: list[str]) -> DraftPlan:
+    """draft-simple: the draft must be an ordinary LLM (its vocabulary is checked once loaded,
+    by llama.cpp's rules: check_vocab_compatible)."""
+    draft = check_draft_given("draft-simple", draft)
+    if is_dflash(draft):
+        raise InputError("the draft is a DFlash model: it drafts draft-dflash (or draft-dspark), not draft-simple",
+                         field="spec_type")
+    if is_eagle3(draft):
+        raise InputError("the draft is an EAGLE3 head: it drafts draft-eagle3, not draft-simple", field="spec_type")
+    check_model(draft, "draft")
+    return DraftPlan(DRAFT_SIMPLE, reads_draft=True)
+
+
+def check_draft_model(target, draft) -> None:
+    """draft-simple, once both are loaded: llama.cpp's vocabulary rules, and a draft whose cache
+    a seq_rm rolls back (a recurrent draft would need state planes of its own)."""
+    if draft.is_recurrent:
+        raise InputError(f"the draft's architecture '{draft.arch}' has recurrent layers: ggspec cannot roll back "
+                         "a recurrent draft model's drafted tokens yet (use an attention-only draft)", field="draft")
+    check_vocab_compatible(target, draft)
+
+
+def _make(b: Build) -> DraftModelProposer:
+    ctx = b.draft_context(b.models.draft, "draft")
+    return DraftModelProposer(ctx, b.models.target.n_vocab, b.cfg.p_min, b.cfg.n_min)
+
+
+DRAFT_SIMPLE = DraftType(
+    name="draft-simple", priority=5, plan=_plan, make=_make, check_loaded=check_draft_model,
+    traits=Traits(draft_model="required", target_features=False, fixed_block=False, cheap=False, n_min=True,
+                  confidence=True),
+    detect=lambda target, draft: draft is not None, detect_rank=4)  # any other draft file: an ordinary LLM
+TYPES = (DRAFT_SIMPLE,)

@@ -37,11 +37,11 @@ import numpy as np
 
 from ggspec.errors import InputError, LlamaError
 from ggspec.runtime import Batch, Context
+from ggspec.runtime.preflight import check_model
 from ggspec.speculative.archs import FINAL_STATE_ARCHS, LAYER_INPUT_ARCHS
-from ggspec.speculative.dflash import top_k_confidence
-from ggspec.speculative.proposer import Draft, Span, model_draft
-from ggspec.speculative.sampling import Candidates, candidates
-from ggspec.speculative.verifier import DRAFT
+from ggspec.speculative.autoregressive import draft_tokens
+from ggspec.speculative.draft_type import Build, DraftPlan, DraftType, Traits, check_draft_given
+from ggspec.speculative.proposer import Draft, Proposer, Span, model_draft
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,7 @@ def check_eagle3(target, draft, info: Eagle3Info) -> None:
                          f"{target.n_vocab} tokens", field="draft")
 
 
-class Eagle3Proposer:
+class Eagle3Proposer(Proposer):
     """Drafts with an EAGLE3 head (see the module docstring)."""
 
     name = "draft-eagle3"
@@ -201,41 +201,25 @@ class Eagle3Proposer:
     def propose(self, seqs, n: int) -> list[Draft]:
         if not seqs:
             return []
-        self._write_pairs(seqs)
-        tokens: list[list[int]] = [[] for _ in seqs]
-        dists: list[list[Candidates]] = [[] for _ in seqs]
-        live = list(range(len(seqs)))
-        draws = [None if seq.sampling.greedy else seq.rng(DRAFT) for seq in seqs]
+        self._write_pairs(seqs)  # its seeds' logits are the first draft position's
         row_bytes = self.n_embd * 4
-        for i in range(n):
-            logits = self.draft.logits_view()
-            conf = top_k_confidence(logits) if self.p_min > 0 else None
-            h = self.draft.nextn_ptr()
+
+        def step(i: int):
+            if i > 0:
+                self.draft.decode(self._batch)
+            logits, h = self.draft.logits_view(), self.draft.nextn_ptr()
             self._batch.clear()
-            still = []
-            for r, k in enumerate(live):
-                seq = seqs[k]
-                if conf is not None and conf[r] < self.p_min:
-                    continue  # llama.cpp stops on the argmax's confidence, also for sampled drafts
-                if seq.sampling.greedy:
-                    token = int(logits[r].argmax())
-                else:
-                    q = candidates(logits[r:r + 1], seq.sampling)
-                    token = int(q.sample(np.array([draws[k].random()]))[0])
-                    dists[k].append(q)
-                tokens[k].append(token)
-                if i + 1 < n:  # the next pair: (this token, this step's h) at the next position
-                    self._batch.add_tokens_h([token], h + r * row_bytes, h + r * row_bytes, seq.pos + i, seq.seq_id,
-                                             self.n_embd, outputs=True)
-                    still.append(k)
-            live = still
-            if not live:
-                break
-            self.draft.decode(self._batch)
+            return logits, h
+
+        def feed(r: int, seq, token: int, i: int, h) -> None:  # the next pair: (this token, this step's h)
+            self._batch.add_tokens_h([token], h + r * row_bytes, h + r * row_bytes, seq.pos + i, seq.seq_id,
+                                     self.n_embd, outputs=True)
+
+        made = draft_tokens(seqs, n, self.p_min, step, feed)
         self._batch.clear()
         for seq in seqs:
             self.draft.remove(seq.pos, seq.seq_id)  # the drafts' pairs; the committed ones stay
-        return [model_draft(t, d, self.n_min) for t, d in zip(tokens, dists)]
+        return [model_draft(t, d, self.n_min) for t, d in made]
 
     def _write_pairs(self, seqs) -> None:
         """Each sequence's pending pairs (token k + 1, g_k) up to its last committed position, in
@@ -293,3 +277,34 @@ class Eagle3Proposer:
     def close(self) -> None:
         self._enc.close()
         self._batch.close()
+
+
+# --- the registry entry ----------------------------------------------------------------------------
+
+def _plan(cfg, target, draft, warnings: list[str]) -> DraftPlan:
+    """draft-eagle3: the draft must be an EAGLE3 head that fits the target (llama.cpp needs
+    --spec-type draft-eagle3 said; ggspec detects the architecture)."""
+    draft = check_draft_given("draft-eagle3", draft)
+    if not is_eagle3(draft):
+        raise InputError(f"draft-eagle3 needs an EAGLE3 head (architecture 'eagle3'); the draft's is '{draft.arch}'",
+                         field="spec_type")
+    check_model(draft, "draft")
+    info = eagle3_info(draft)
+    check_eagle3(target, draft, info)
+    return DraftPlan(DRAFT_EAGLE3, meta=info, reads_draft=True)
+
+
+def _make(b: Build) -> Eagle3Proposer:
+    # (the head borrows the target's token embeddings / output head through ctx_other)
+    ctx = b.draft_context(b.models.draft, "EAGLE3 head", ctx_other=b.target)
+    return Eagle3Proposer(b.target, ctx, b.plan.meta, b.cfg.p_min, b.cfg.n_min)
+
+
+DRAFT_EAGLE3 = DraftType(
+    name="draft-eagle3", priority=6, plan=_plan, make=_make,
+    traits=Traits(draft_model="required", target_features=True, fixed_block=False, cheap=False, n_min=True,
+                  confidence=True),
+    detect=lambda target, draft: draft is not None and is_eagle3(draft), detect_rank=1,
+    note_prompt_cache="an EAGLE3 head's cells pair each position with the next token: the prompt cache keeps "
+                      "nothing for it, every prompt is decoded whole")
+TYPES = (DRAFT_EAGLE3,)

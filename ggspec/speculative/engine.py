@@ -22,22 +22,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ggspec.errors import ClosedError, InputError, LlamaError
+from ggspec.errors import ClosedError, InputError
 from ggspec.runtime import Batch, Context
-from ggspec.speculative.dflash import make_dflash_proposer
-from ggspec.speculative.draft_length import DraftLength
-from ggspec.speculative.models import DraftPlan, Models, PairConfig, resolve_n_max
-from ggspec.speculative.ngram_cache import N_DRAFT as NGRAM_CACHE_N_DRAFT
-from ggspec.speculative.planes import AutoLead, default_lead
-from ggspec.speculative.prompt_store import PromptStore, Saved, common_prefix
+from ggspec.speculative.assembly import assemble, check_options, draft_lengths, make_draft_length
+from ggspec.speculative.draft_type import DraftPlan
+from ggspec.speculative.models import Models, PairConfig
+from ggspec.speculative.planes import layout_words
 from ggspec.speculative.proposer import Draft, Proposer, Span
 from ggspec.speculative.sampling import DEFAULT_SEED, SamplerSettings
 from ggspec.speculative.sequence import Sequence
-from ggspec.speculative.stats import Step, top2_margin
+from ggspec.speculative.slots import CapacityError, Slots
+from ggspec.speculative.stats import EngineStats, Step, top2_margin
 from ggspec.speculative.verifier import SequenceVerifier, Verifier
 
 EMPTY = np.empty(0, dtype=np.int32)
@@ -62,49 +60,6 @@ def _span(id_last: int, drafts: np.ndarray, width: int | None) -> np.ndarray:
     span[1:len(drafts) + 1] = drafts
     span[len(drafts) + 1:] = id_last
     return span
-
-
-class CapacityError(InputError):
-    """No free sequence slot for another sequence right now."""
-
-
-@dataclass
-class EngineStats:
-    """Whole-engine counters: calls and wall time of the transactions (all sequences together)."""
-
-    steps: int = 0  # transactions
-    calls: int = 0  # llama_process calls made by transactions (target + draft)
-    max_calls: int = 0  # the most calls one transaction made
-    t_steps: float = 0.0  # wall time of the transactions
-    tokens: int = 0  # tokens committed by transactions
-
-    @property
-    def calls_per_step(self) -> float:
-        return self.calls / self.steps if self.steps else 0.0
-
-
-def check_options(cfg: PairConfig, n_max: int, speculative: bool, draft_model: bool = True) -> None:
-    """Context sizes against the loop, before llama.cpp is asked for anything (one place).
-    `draft_model`: a draft context runs the noise blocks (not with ngram-simple)."""
-    ctx = cfg.ctx
-    if not speculative:
-        return
-    block = n_max + 1  # a verify span [id_last, d1..dn] (and a DFlash noise block)
-    rows = block * cfg.parallel
-    fix = f"raise it or lower the draft length (now {n_max})" + (f" or the parallel sequences ({cfg.parallel})"
-                                                                 if cfg.parallel > 1 else "")
-    if ctx.n_ctx < block + 1:  # the prompt's first token, then one block
-        raise InputError(f"context size {ctx.n_ctx} cannot hold a prompt token and a verify block of {block} tokens: {fix}",
-                         field="n_ctx")
-    # llama.cpp caps a causal context's batch at its (unpadded) context size
-    if min(ctx.n_batch, ctx.n_ctx) < rows:
-        raise InputError(f"batch size {ctx.n_batch} is smaller than the verify batch of {rows} rows "
-                         f"({cfg.parallel} x (n_max {n_max} + 1)): {fix}", field="n_batch")
-    # the draft runs every noise block non-causally in one ubatch, or llama.cpp aborts
-    if draft_model and min(ctx.n_ubatch, ctx.n_batch) < rows:
-        raise InputError(f"physical batch size {ctx.n_ubatch} is smaller than the draft's noise blocks of {rows} rows "
-                         f"({cfg.parallel} x (n_max {n_max} + 1)), which must fit one ubatch: {fix}",
-                         field="n_ubatch")
 
 
 class Engine:
@@ -132,43 +87,33 @@ class Engine:
         self.parallel = cfg.parallel
         self.warnings: list[str] = list(models.warnings)
         self.plan = DraftPlan(None) if plain else models.plan
-        self.keep_draft_state = keep_draft_state
-        if self.plan.parts:  # as llama.cpp: each type drafts up to its own length, the verify holds the longest
-            self._caps = [self._own_n_max(part, given=False) for part in self.plan.parts]
-            self.n_max = max(self._caps)
-        else:
-            self.n_max = self._own_n_max(self.plan, given=True)
+        self.n_max, caps = draft_lengths(cfg, self.plan, self.warnings)
         self.speculative = self.plan.spec_type is not None
         if self.speculative and models.target.is_recurrent:
             cfg.planes.check(self.n_max)
-        check_options(cfg, self.n_max, self.speculative, draft_model=self.plan.info is not None)
-        self.draft_length = self._make_draft_length() if cfg.adaptive and self.speculative else None
+        check_options(cfg, self.n_max, self.speculative, fixed_block=any(t.traits.fixed_block for t in self.plan.types))
+        recurrent = models.target.is_recurrent
+        self.draft_length = make_draft_length(cfg, self.plan, self.n_max, recurrent) if cfg.adaptive and self.speculative \
+            else None
         self.sampling = cfg.sampling  # what a sequence added without its own settings gets
         self.verifier: Verifier = verifier or SequenceVerifier()
-        self.auto_lead: AutoLead | None = None
         self._owns_models = False
         self._closed = False
         self._state_bytes: int | None = None  # one recurrent state's bytes, measured at the first prefill
-        self.target = Context(models.target, self._target_params(), what="target")
-        self.draft_ctx: Context | None = None
-        self.proposer: Proposer | None = None
+        parts = assemble(models, cfg, self.plan, self.n_max, caps, keep_state=keep_draft_state, warnings=self.warnings)
+        self.target, self.draft_ctx, self.auto_lead = parts.target, parts.draft_ctx, parts.auto_lead
+        self.proposer: Proposer | None = parts.proposer
         try:
-            self._set_planes()
-            self._make_proposer()
-            self._set_plan_pools()
             self._batch = Batch(self.target)
         except BaseException:
             self.close()
             raise
         self._holding = False  # this step drafts nothing and the proposer keeps rows for later (_flush)
-        self._free_ids = list(range(self.parallel))
         self.prompt_cache = prompt_cache and not models.target.is_recurrent
-        if self.prompt_cache and "draft-eagle3" in self.plan.kinds:
-            self.warnings.append("an EAGLE3 head's cells pair each position with the next token: the prompt cache "
-                                 "keeps nothing for it, every prompt is decoded whole")
+        if self.prompt_cache:
+            self.warnings += [t.note_prompt_cache for t in self.plan.types if t.note_prompt_cache]
         self.first_token_from_prefill = first_token_from_prefill
-        self._cached: dict[int, np.ndarray] = {}  # free slot -> the tokens its cells still hold (positions 0..)
-        self.store = PromptStore(cache_ram) if self.prompt_cache and cache_ram != 0 else None
+        self.slots = Slots(self.target, self._cell_contexts(), self.parallel, self.prompt_cache, cache_ram)
         self.active: list[Sequence] = []
         self.stats = EngineStats()
         self._is_eog = models.target.is_eog
@@ -184,158 +129,6 @@ class Engine:
             raise
         engine._owns_models = True
         return engine
-
-    # --- set-up ----------------------------------------------------------------------------------
-
-    def _target_params(self):
-        cfg, model = self.cfg, self.models.target
-        params = replace(cfg.ctx, n_seq_max=self.parallel)
-        if self.plan.drafter and cfg.draft_chain and self.parallel > 1 and not params.kv_unified:
-            # a chained Gemma 4 draft reads the target's cells in one ubatch, step-major: one stream
-            params.kv_unified = True
-            self.warnings.append("chained Gemma 4 drafts read the target's cache as one stream: it is unified "
-                                 "for the parallel sequences")
-        planes = cfg.planes.n_planes(self.n_max)
-        if self.speculative and model.is_recurrent:
-            params.n_rs_seq = planes - 1  # one plane holds the working state, the others rollback snapshots
-        elif model.is_recurrent and cfg.placement.split_mode == "tensor":
-            # upstream bug: a hybrid target without snapshot planes, tensor-split over RPC workers,
-            # makes the workers assert on an out-of-buffer tensor (pinned llama.cpp, patches or not);
-            # one spare plane avoids it for one recurrent state of memory
-            params.n_rs_seq = 1
-        elif cfg.planes.given:
-            self.warnings.append("recurrent plane options do nothing here (the target has no recurrent layers)"
-                                 if self.speculative else "recurrent plane options do nothing without speculation")
-        return params
-
-    def _set_planes(self) -> None:
-        cfg = self.cfg
-        if not (self.speculative and self.models.target.is_recurrent and cfg.planes.capped(self.n_max)):
-            return
-        planes = cfg.planes.n_planes(self.n_max)
-        if cfg.planes.lead == "auto":
-            self.auto_lead = AutoLead(self.target, planes, self.n_max)
-            self.auto_lead.start()
-        else:
-            self.target.set_rs_layout(planes, default_lead(planes) if cfg.planes.lead == "default" else cfg.planes.lead)
-
-    def _own_n_max(self, plan: DraftPlan, given: bool) -> int:
-        """A type's draft length: the n-gram types draft up to their own m-gram size (llama.cpp's
-        n_max for them; alone, `--spec-draft-n-max` overrides it: `given`), the others up to
-        n_max fitted to the draft's block."""
-        cfg, kind = self.cfg, plan.kind
-        own = {"ngram-simple": cfg.ngram_size_m, "ngram-map-k": cfg.ngram_map_size_m,
-               "ngram-map-k4v": cfg.ngram_map_size_m, "ngram-mod": cfg.ngram_mod_n_max,
-               "ngram-cache": NGRAM_CACHE_N_DRAFT}.get(kind)
-        if own is None:
-            return resolve_n_max(cfg.n_max, plan.max_draft, self.warnings)
-        return resolve_n_max(cfg.n_max if given and cfg.n_max is not None else own, None, self.warnings)
-
-    def _set_plan_pools(self) -> None:
-        """Prepared plans for every context (patch 0012), except across devices: the pinned
-        tensor-split (meta) backend aborts when a graph runs on another scheduler than the one
-        that split it (GGML_ASSERT bcj.nodes[i], ggml-backend-meta.cpp), so split runs keep one plan."""
-        cfg = self.cfg
-        if not cfg.plan_pool:
-            return
-        if cfg.placement.rpc or cfg.placement.split_mode != "none":
-            return
-        for ctx in (self.target, self.draft_ctx):
-            if ctx is not None:
-                ctx.set_plan_pool(cfg.plan_pool)
-
-    def _make_draft_length(self) -> DraftLength:
-        """The adaptive rule (`--spec-draft-n-max auto`), told what the proposer's costs grow with."""
-        kinds = self.plan.kinds
-        fixed = self.plan.info is not None or any(part.info is not None for part in self.plan.parts)
-        return DraftLength(self.n_max, cheap=all(k.startswith("ngram") for k in kinds), fixed_block=fixed,
-                           equal_spans=self.models.target.is_recurrent, n_min=self.cfg.n_min)
-
-    def _make_proposer(self) -> None:
-        kinds, cfg = self.plan.kinds, self.cfg
-        if (cfg.draft_chain or cfg.chain_vocab) and "mtp" not in kinds:
-            raise InputError(f"chained drafting and a reduced draft vocabulary apply to draft-mtp, not to "
-                             f"{self.plan.spec_type or 'plain decoding'}", field="draft_chain")
-        if cfg.n_min and not {"mtp", "draft-simple", "draft-eagle3", "none"} & set(kinds):
-            self.warnings.append(f"a shortest draft length applies to the model drafters: it does nothing "
-                                 f"with {self.plan.spec_type}")
-        if cfg.p_min > 0 and all(k.startswith("ngram") for k in kinds):
-            self.warnings.append(f"{self.plan.spec_type} drafts have no confidence: the confidence cut-off does nothing")
-        if self.plan.parts:
-            from ggspec.speculative.several import SeveralProposer  # noqa: PLC0415
-
-            self.proposer = SeveralProposer([self._build_proposer(part) for part in self.plan.parts], self._caps,
-                                            select=cfg.spec_select)
-        elif cfg.spec_select != "first":
-            self.warnings.append("a rule choosing between speculative types needs several of them (--spec-type a,b)")
-        elif self.plan.kind != "none":
-            self.proposer = self._build_proposer(self.plan)
-
-    def _build_proposer(self, plan: DraftPlan) -> Proposer:
-        """The proposer of one type (a draft context, where it needs one, becomes draft_ctx)."""
-        kind, cfg = plan.kind, self.cfg
-        if kind == "ngram-simple":
-            from ggspec.speculative.ngram import NgramProposer  # noqa: PLC0415
-
-            return NgramProposer(cfg.ngram_size_n, cfg.ngram_size_m)
-        if kind in ("ngram-map-k", "ngram-map-k4v"):
-            from ggspec.speculative.ngram_map import NgramMapProposer  # noqa: PLC0415
-
-            return NgramMapProposer(kind == "ngram-map-k", cfg.ngram_map_size_n, cfg.ngram_map_size_m,
-                                    cfg.ngram_map_min_hits)
-        if kind == "ngram-mod":
-            from ggspec.speculative.ngram_mod import NgramModProposer  # noqa: PLC0415
-
-            return NgramModProposer(cfg.ngram_mod_n_match, cfg.ngram_mod_n_max, cfg.ngram_mod_n_min,
-                                    keep_table=self.keep_draft_state)
-        if kind == "ngram-cache":
-            from ggspec.speculative.ngram_cache import NgramCacheProposer  # noqa: PLC0415
-
-            return NgramCacheProposer()
-        if kind == "mtp":
-            return self._make_mtp_proposer()
-        params = replace(cfg.ctx, n_seq_max=self.parallel, n_rs_seq=0)
-        if kind == "draft-eagle3":
-            from ggspec.speculative.eagle3 import Eagle3Proposer  # noqa: PLC0415
-
-            # (the head borrows the target's token embeddings / output head through ctx_other)
-            self.draft_ctx = Context(self.models.draft, params, ctx_other=self.target, what="EAGLE3 head")
-            return Eagle3Proposer(self.target, self.draft_ctx, plan.eagle3, cfg.p_min, cfg.n_min)
-        if kind == "draft-simple":
-            from ggspec.speculative.draft_model import DraftModelProposer  # noqa: PLC0415
-
-            self.draft_ctx = Context(self.models.draft, params, what="draft")
-            return DraftModelProposer(self.draft_ctx, self.models.target.n_vocab, cfg.p_min, cfg.n_min)
-        # DFlash, DFlash2, DSpark: the draft borrows the target's embeddings / output head through ctx_other
-        self.draft_ctx = Context(self.models.draft, params, ctx_other=self.target, what="draft")
-        return make_dflash_proposer(self.target, self.draft_ctx, plan.info, cfg.inject, cfg.p_min)
-
-    def _make_mtp_proposer(self) -> Proposer:
-        """draft-mtp: the head's context on the target's own weights (its cache holds only the MTP
-        layer, in one stream for all sequences: a chained draft's rows are step-major, one ubatch),
-        and for a reduced draft vocabulary its compacted head, built once per set of weights."""
-        from ggspec.speculative.draft_vocab import draft_vocab_ids  # noqa: PLC0415
-        from ggspec.speculative.mtp import MTPProposer, check_chain  # noqa: PLC0415
-
-        cfg, model = self.cfg, self.models.target
-        drafter = self.models.draft if self.plan.drafter else None
-        if cfg.draft_chain:
-            check_chain((drafter or model).arch, self.n_max, self.parallel, min(cfg.ctx.n_ubatch, cfg.ctx.n_batch))
-        if drafter is not None:
-            # a Gemma 4 drafter: its own weights, no cache (its layers read the target's: the same
-            # streams and cells as the target's context, which it takes through ctx_other)
-            params = replace(cfg.ctx, n_seq_max=self.parallel, n_rs_seq=0, kv_unified=self.target.params.kv_unified)
-            self.draft_ctx = Context(drafter, params, ctx_other=self.target, what="MTP drafter", mtp=True)
-        else:
-            params = replace(cfg.ctx, n_seq_max=self.parallel, n_rs_seq=0, kv_unified=True)
-            self.draft_ctx = Context(model, params, what="MTP", mtp=True)
-        head = drafter or model  # the weights whose output head drafts
-        if cfg.chain_vocab:
-            ids = draft_vocab_ids(model, cfg.chain_vocab)  # the target's tokens (a drafter has the same)
-            if head.draft_vocab is None or not np.array_equal(head.draft_vocab, ids):
-                head.set_draft_vocab(ids)
-        return MTPProposer(self.target, self.draft_ctx, cfg.p_min, cfg.n_min, chain=cfg.draft_chain,
-                           draft_vocab=cfg.chain_vocab > 0, shared_kv=drafter is not None)
 
     # --- sequences -------------------------------------------------------------------------------
 
@@ -369,7 +162,7 @@ class Engine:
 
     def can_add(self, prompt: np.ndarray, n_predict: int) -> bool:
         """Whether `add` would find a free slot now (every slot has its own cells)."""
-        return bool(self._free_ids)
+        return bool(self.slots.free)
 
     def add(self, prompt, n_predict: int, *, ignore_eos: bool = False, tag: object = None,
             speculate: bool = True, record_margins: bool = False, seed: int | None = None,
@@ -389,17 +182,12 @@ class Engine:
         sampling.validate()
         if not self.can_add(prompt, n_predict):
             raise CapacityError(f"no room for another sequence now: all {self.parallel} slots are busy", field="parallel")
-        slot, cached = self._pick_slot(prompt)
-        if self.store is not None:
-            cached = self._swap_in(slot, prompt, cached)
-        self._free_ids.remove(slot)
+        slot, cached = self.slots.take(prompt)
         seq = Sequence(slot, prompt, n_predict, ignore_eos=ignore_eos, tag=tag,
                        speculate=speculate and self.proposer is not None, record_margins=record_margins,
                        sampling=sampling, seed=self._seed(sampling.seed if seed is None else seed))
         seq.limit = min(self._need(len(prompt), n_predict), self.capacity)  # positions it may use
         seq.n_cached = cached
-        self._cached.pop(slot, None)
-        self.target.truncate(cached, slot)  # the previous sequence's cells past the common prefix
         self.active.append(seq)
         if seq.speculate:
             self.proposer.begin(seq, cached)
@@ -409,53 +197,9 @@ class Engine:
             self.proposer.release(seq)  # its draft cells would go stale
         return seq
 
-    def _pick_slot(self, prompt: np.ndarray) -> tuple[int, int]:
-        """A free slot for a prompt, and how many of its first tokens the slot's cells hold already
-        (at most all but the last, which is always decoded: as the first step's id_last, or for the
-        prefill's output row). `_cached` is in the order the slots were freed."""
-        slot, best = self._free_ids[0], 0
-        if not self.prompt_cache:
-            return slot, 0
-        body = prompt[:-1]
-        for sid in self._free_ids:
-            cached = self._cached.get(sid)
-            if cached is None:
-                continue
-            common = common_prefix(cached, body)
-            if common > best:
-                slot, best = sid, common
-        if best == 0:  # no prefix to reuse: a slot holding nothing, else the one that waited longest
-            empty = [sid for sid in self._free_ids if sid not in self._cached]
-            slot = empty[0] if empty else next(sid for sid in self._cached if sid in self._free_ids)
-        return slot, best
-
-    def _swap_in(self, slot: int, prompt: np.ndarray, cached: int) -> int:
-        """The host-memory prompt cache, when a prompt takes `slot` reusing `cached` of its cells:
-        the slot's cells go to the store if the prompt overwrites some of them, and saved cells
-        that share a longer beginning with the prompt are loaded into the slot instead. Returns
-        how many of the prompt's first tokens the slot's cells now hold."""
-        held = self._cached.get(slot)
-        found = self.store.find(prompt[:-1], better_than=cached)
-        if held is not None and (found is not None or len(held) > cached) and not self.store.covers(held):
-            self.store.put(Saved(held, tuple(ctx.save_sequence(slot) for ctx in self._cell_contexts())))
-        if found is None:
-            return cached
-        saved, n = found
-        self._cached.pop(slot, None)
-        try:
-            for ctx, state in zip(self._cell_contexts(), saved.states):
-                ctx.drop_sequence(slot)
-                ctx.load_sequence(state, slot)
-        except LlamaError:  # (not seen) the slot starts empty instead: the prompt is decoded whole
-            for ctx in self._cell_contexts():
-                ctx.drop_sequence(slot)
-            return 0
-        self._cached[slot] = saved.tokens
-        return n
-
     def _cell_contexts(self) -> list[Context]:
         """The contexts whose cells hold a sequence's positions: the target's and a draft model's."""
-        if self.draft_ctx is None or self.plan.drafter:  # a Gemma 4 drafter's cells are the target's
+        if self.draft_ctx is None or any(p.shares_cells for p in self.plan.parts or (self.plan,)):
             return [self.target]
         return [self.target, self.draft_ctx]
 
@@ -478,23 +222,15 @@ class Engine:
         keep = min(seq.pos, len(seq.history) - 1) if self.prompt_cache and seq.started else 0
         if self.proposer is not None:  # the draft's cells must hold the same positions as the target's
             keep = self.proposer.release(seq, keep) if seq.speculate else 0
-        if keep > 0:
-            self.target.truncate(keep, seq.seq_id)
-            self._cached[seq.seq_id] = np.asarray(seq.history[:keep], dtype=np.int32)
-        else:
-            self.target.drop_sequence(seq.seq_id)
-        self._free_ids.append(seq.seq_id)
-        self._free_ids.sort()
+        self.slots.give_back(seq.seq_id, np.asarray(seq.history[:keep], dtype=np.int32) if keep > 0 else None)
 
     def reset(self) -> None:
         """Drop every sequence and empty every cache (the `auto` layout keeps what it learned)."""
         for seq in list(self.active):
             self.cancel(seq)
-        self._cached.clear()
-        if self.store is not None:
-            self.store.clear()
+        self.slots.clear()
         self.target.clear()
-        if self.proposer is not None and hasattr(self.proposer, "reset"):
+        if self.proposer is not None:
             self.proposer.reset()
 
     # --- the loop --------------------------------------------------------------------------------
@@ -577,7 +313,7 @@ class Engine:
             if seq.record_margins:
                 step.margins.append(top2_margin(logits[0]))
             seq.pos += 1
-            self._commit_tokens(seq, step, out.tokens)
+            step.tokens += seq.take(out.tokens, self._is_eog)
         else:  # (with a first token to send, the rows wait for the transaction's own flush)
             t_inject += self._flush()
         step.t_total = time.perf_counter() - t0
@@ -612,7 +348,7 @@ class Engine:
         auto = self.draft_length
         if auto is not None and drafting:
             n, drafting = auto.before(live, drafting, n)
-        self._holding = auto is not None and not drafting and callable(getattr(self.proposer, "hold", None))
+        self._holding = auto is not None and not drafting and self.proposer.holds
         t_inject = self._flush()
 
         t = time.perf_counter()
@@ -691,7 +427,7 @@ class Engine:
                 m = made.get(seq)
                 auto.committed(seq, seq.pos, None if m is None else m.tokens, d, out.accepted)
             seq.pos += out.accepted + 1
-            self._commit_tokens(seq, step, out.tokens)
+            step.tokens += seq.take(out.tokens, self._is_eog)
             self.stats.tokens += len(step.tokens)
             seq.stats.add(step)
             result.append((seq, step))
@@ -724,22 +460,13 @@ class Engine:
             self._batch.add_tokens(committed, seq.pos, seq.seq_id, outputs="none")
         return self._decode_target(self._batch, None)
 
-    def _commit_tokens(self, seq: Sequence, step: Step, tokens: list[int]) -> None:
-        """Append a step's tokens, cut at the budget or after an end-of-generation token."""
-        is_eog = self._is_eog
-        for t in tokens[:seq.left]:
-            step.tokens.append(t)
-            if not seq.ignore_eos and is_eog(t):
-                seq.done = True
-                break
-        seq.tokens += step.tokens
-        seq.history += step.tokens
-        seq.id_last = tokens[-1]
-        if seq.left <= 0 or seq.pos >= seq.limit:
-            seq.done = True
-
     def _calls(self) -> int:
         return self.target.n_decodes + (self.draft_ctx.n_decodes if self.draft_ctx is not None else 0)
+
+    @property
+    def store(self):
+        """The prompt cache's host-memory store (None without one)."""
+        return self.slots.store
 
     @property
     def target_model(self):
@@ -756,13 +483,7 @@ class Engine:
         """The recurrent-state layout in words, for stats lines."""
         if not (self.speculative and self.models.target.is_recurrent):
             return "none"
-        planes = self.cfg.planes.n_planes(self.n_max)
-        if not self.cfg.planes.capped(self.n_max):
-            return f"{planes} planes (uncapped)"
-        if self.auto_lead is not None:
-            return f"{planes} planes, lead auto (now {self.auto_lead.lead}, {self.auto_lead.changes} changes)"
-        kept = sorted(k - 1 for k in self.target.rs_kept_counts(self.n_max + 1) if k >= 1)
-        return f"{planes} planes, lead {self.cfg.planes.lead} (keeps accepted {kept})"
+        return layout_words(self.target, self.cfg.planes, self.n_max, self.auto_lead)
 
     def recurrent_bytes(self) -> int:
         """Recurrent state memory per sequence: planes x bytes per plane (0 for dense targets)."""

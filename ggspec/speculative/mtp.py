@@ -41,14 +41,18 @@ that sample (temperature > 0) draft unchained: the chain takes argmaxes only.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from ggspec.errors import InputError, LlamaError
 from ggspec.runtime import Batch, Context
-from ggspec.speculative.dflash import top_k_confidence
-from ggspec.speculative.proposer import Draft, Span, model_draft
-from ggspec.speculative.sampling import Candidates, candidates
-from ggspec.speculative.verifier import DRAFT
+from ggspec.runtime.gguf_meta import GGUFMeta
+from ggspec.runtime.preflight import check_model
+from ggspec.speculative.archs import DRAFTER_ARCHS, is_mtp_drafter
+from ggspec.speculative.autoregressive import draft_tokens
+from ggspec.speculative.draft_type import Build, DraftPlan, DraftType, Options, Traits, option
+from ggspec.speculative.proposer import Draft, Proposer, Span, model_draft
 
 # The architectures whose graph, in the pinned llama.cpp, has an MTP head (LLM_GRAPH_TYPE_DECODER_MTP);
 # ggspec runs those with one nextn block (llama.cpp's single-head mode: the same calls for all of
@@ -58,14 +62,6 @@ MTP_ARCHS = frozenset({"bailingmoe3", "cohere2moe", "deepseek2", "deepseek32", "
 
 # the architectures whose MTP graph has patch 0011's chained mode
 CHAIN_ARCHS = frozenset({"gemma4-assistant", "qwen35", "qwen35moe"})
-
-# separate MTP drafters that read the target's KV cache (llama.cpp's shared-memory mode), and
-# the target architecture each drafts for
-DRAFTER_ARCHS = {"gemma4-assistant": "gemma4"}
-
-
-def is_mtp_drafter(meta) -> bool:
-    return meta.arch in DRAFTER_ARCHS
 
 
 def _sliding(meta) -> list[bool] | None:
@@ -130,7 +126,7 @@ def has_mtp_head(meta) -> bool:
     return meta.n_nextn > 0 and f"blk.{meta.n_layer - 1}.nextn.eh_proj.weight" in meta.tensors
 
 
-class MTPProposer:
+class MTPProposer(Proposer):
     """Drafts with the target's MTP head (see the module docstring)."""
 
     name = "draft-mtp"
@@ -225,46 +221,29 @@ class MTPProposer:
             return []
         if self.chain and all(seq.sampling.greedy for seq in seqs):
             return self._propose_chained(seqs, n)
-        tokens: list[list[int]] = [[] for _ in seqs]
-        dists: list[list[Candidates]] = [[] for _ in seqs]
-        live = list(range(len(seqs)))
-        draws = [None if seq.sampling.greedy else seq.rng(DRAFT) for seq in seqs]  # one stream per step
         self._batch.clear()
         for seq in seqs:
             h = self._pending[seq.seq_id].ctypes.data
             self._batch.add_tokens_h([seq.id_last], h, h, seq.pos, seq.seq_id, self.n_embd, outputs=True)
-        step = 0 if self.shared_kv else 1  # position advance per draft step
-        for i in range(n):
+        advance = 0 if self.shared_kv else 1  # position advance per draft step
+        row_bytes = self.n_embd * 4
+
+        def step(i: int):
             self.mtp.decode(self._batch)
-            logits = self.mtp.logits_view()
-            base, row_bytes = self.mtp.nextn_ptr(), self.n_embd * 4
-            conf = top_k_confidence(logits) if self.p_min > 0 else None
+            logits, base = self.mtp.logits_view(), self.mtp.nextn_ptr()
             self._batch.clear()
-            still = []
-            for r, k in enumerate(live):
-                seq = seqs[k]
-                if conf is not None and conf[r] < self.p_min:
-                    continue  # llama.cpp stops on the argmax's confidence, also for sampled drafts
-                if seq.sampling.greedy:
-                    token = int(logits[r].argmax())
-                else:  # drawn from the head's distribution under the sequence's sampler
-                    q = candidates(logits[r:r + 1], seq.sampling)
-                    token = int(q.sample(np.array([draws[k].random()]))[0])
-                    dists[k].append(q)
-                tokens[k].append(token)
-                if i + 1 < n:
-                    h = base + r * row_bytes
-                    self._batch.add_tokens_h([token], h, h, seq.pos + step * (i + 1), seq.seq_id, self.n_embd,
-                                             outputs=True)
-                    still.append(k)
-            live = still
-            if not live:
-                break
+            return logits, base
+
+        def feed(r: int, seq, token: int, i: int, base) -> None:
+            h = base + r * row_bytes
+            self._batch.add_tokens_h([token], h, h, seq.pos + advance * (i + 1), seq.seq_id, self.n_embd, outputs=True)
+
+        made = draft_tokens(seqs, n, self.p_min, step, feed)
         self._batch.clear()
         if not self.shared_kv:
             for seq in seqs:
                 self.mtp.remove(seq.pos, seq.seq_id)  # the draft's cells; the catch-up rewrites them
-        return [model_draft(t, d, self.n_min) for t, d in zip(tokens, dists)]
+        return [model_draft(t, d, self.n_min) for t, d in made]
 
     def _propose_chained(self, seqs, n: int) -> list[Draft]:
         """All n steps of every sequence in one decode: n rows per sequence, step-major (row
@@ -322,3 +301,108 @@ class MTPProposer:
 
     def close(self) -> None:
         self._batch.close()
+
+
+# --- the registry entry ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class MTPOptions(Options):
+    chain: bool = option(False, "draft_chain", ("--spec-draft-chain",),
+                         "draft-mtp: run all draft steps in one graph (argmax on the device; patch 0011).",
+                         low=None, high=None)
+    vocab: int = option(0, "chain_vocab", ("--spec-draft-vocab",),
+                        "draft-mtp with --spec-draft-chain: the head scores only the N tokens most common in the "
+                        "standard library's source (plus end-of-generation tokens); 0: all.", low=None, high=None)
+
+    def validate(self) -> None:
+        if self.vocab < 0:
+            raise InputError(f"the draft vocabulary must be at least 0 tokens (got {self.vocab})", field="chain_vocab")
+        if self.vocab and not self.chain:
+            raise InputError("a reduced draft vocabulary is scored by chained drafts: add --spec-draft-chain",
+                             field="chain_vocab")
+
+    def check_unused(self, spec_type: str | None) -> None:
+        if self.chain or self.vocab:
+            raise InputError(f"chained drafting and a reduced draft vocabulary apply to draft-mtp, not to "
+                             f"{spec_type or 'plain decoding'}", field="draft_chain")
+
+
+def check_mtp(target: GGUFMeta) -> None:
+    """Refuse draft-mtp for a target whose file or architecture has no single MTP head."""
+    if target.arch in DRAFTER_ARCHS.values():
+        raise InputError(f"a {target.arch} target has no MTP block of its own: draft-mtp drafts for it with a separate "
+                         f"drafter ({', '.join(DRAFTER_ARCHS)}), given as the draft model", field="spec_type")
+    if target.arch not in MTP_ARCHS:
+        raise InputError(f"the target's architecture '{target.arch}' has no MTP head in this llama.cpp build "
+                         "(draft-mtp runs qwen35, qwen35moe, qwen3next, glm4moe, deepseek2, ...)", field="spec_type")
+    if not has_mtp_head(target):
+        raise InputError(f"the target has no MTP block (no nextn_predict_layers / blk.N.nextn.eh_proj tensors; "
+                         f"convert it with its MTP layers): {target.path}", field="spec_type")
+    if target.n_nextn != 1:
+        raise InputError(f"the target has {target.n_nextn} MTP blocks: ggspec runs single-head MTP only "
+                         "(llama.cpp's chain-head mode is not ported yet)", field="spec_type")
+
+
+
+def _detect(target, draft) -> bool:
+    """A separate drafter given as the draft, or no draft and a target with one MTP head."""
+    if draft is not None:
+        return is_mtp_drafter(draft)
+    return target.arch in MTP_ARCHS and has_mtp_head(target) and target.n_nextn == 1
+
+
+def _plan(cfg, target, draft, warnings: list[str]) -> DraftPlan:
+    """The target's own head, or a Gemma 4 drafter given as the draft (llama.cpp needs
+    --spec-type draft-mtp for it; ggspec detects it): its layers read the target's cells."""
+    if draft is not None and is_mtp_drafter(draft):
+        if cfg.dflash:
+            raise InputError(f"the draft is a {draft.arch} MTP drafter: its spec type is draft-mtp", field="spec_type")
+        check_model(draft, "draft")
+        check_drafter(target, draft)
+        return DraftPlan(DRAFT_MTP, reads_draft=True, shares_cells=True)
+    if draft is not None:
+        warnings.append("draft-mtp drafts with the target's own MTP head: the draft model is not used")
+    check_mtp(target)
+    return DraftPlan(DRAFT_MTP, target_mtp=True)
+
+
+def _target_params(cfg, plan: DraftPlan, params, warnings: list[str]) -> None:
+    """A chained Gemma 4 draft reads the target's cells in one ubatch, step-major: one stream."""
+    if plan.shares_cells and cfg.options(DRAFT_MTP).chain and cfg.parallel > 1 and not params.kv_unified:
+        params.kv_unified = True
+        warnings.append("chained Gemma 4 drafts read the target's cache as one stream: it is unified "
+                        "for the parallel sequences")
+
+
+def _make(b: Build) -> MTPProposer:
+    """The head's context on the target's own weights (its cache holds only the MTP layer, in one
+    stream for all sequences: a chained draft's rows are step-major, one ubatch), and for a
+    reduced draft vocabulary its compacted head, built once per set of weights."""
+    from ggspec.speculative.draft_vocab import draft_vocab_ids  # noqa: PLC0415
+
+    cfg, model, o = b.cfg, b.models.target, b.options
+    drafter = b.models.draft if b.plan.shares_cells else None
+    if o.chain:
+        check_chain((drafter or model).arch, b.n_max, b.parallel, min(cfg.ctx.n_ubatch, cfg.ctx.n_batch))
+    if drafter is not None:
+        # a Gemma 4 drafter: its own weights, no cache (its layers read the target's: the same
+        # streams and cells as the target's context, which it takes through ctx_other)
+        ctx = b.draft_context(drafter, "MTP drafter", ctx_other=b.target, mtp=True,
+                              kv_unified=b.target.params.kv_unified)
+    else:
+        ctx = b.draft_context(model, "MTP", mtp=True, kv_unified=True)
+    head = drafter or model  # the weights whose output head drafts
+    if o.vocab:
+        ids = draft_vocab_ids(model, o.vocab)  # the target's tokens (a drafter has the same)
+        if head.draft_vocab is None or not np.array_equal(head.draft_vocab, ids):
+            head.set_draft_vocab(ids)
+    return MTPProposer(b.target, ctx, cfg.p_min, cfg.n_min, chain=o.chain, draft_vocab=o.vocab > 0,
+                       shared_kv=drafter is not None)
+
+
+DRAFT_MTP = DraftType(
+    name="draft-mtp", priority=7, plan=_plan, make=_make, options=MTPOptions, target_params=_target_params,
+    traits=Traits(draft_model="optional", target_features=True, fixed_block=False, cheap=False, n_min=True,
+                  confidence=True),
+    detect=_detect, detect_rank=0)
+TYPES = (DRAFT_MTP,)

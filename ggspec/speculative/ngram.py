@@ -29,11 +29,13 @@ kept in a growing int32 buffer, so a step only converts its newly committed toke
 from __future__ import annotations
 
 from collections.abc import Sequence as Seq
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ggspec.errors import InputError
-from ggspec.speculative.proposer import Draft, Span
+from ggspec.speculative.draft_type import TEXT_TRAITS, DraftType, Options, option
+from ggspec.speculative.proposer import Draft, Proposer, Span
 from ggspec.speculative.sequence import Sequence
 
 DEFAULT_SIZE_N = 12  # --spec-ngram-simple-size-n: the looked-up n-gram's length
@@ -134,7 +136,7 @@ def split_history(seq: Sequence) -> tuple[list[int], int | None]:
     return hist, (None if hist and hist[-1] == seq.id_last else seq.id_last)
 
 
-class NgramProposer:
+class NgramProposer(Proposer):
     """Drafts from each sequence's own history (llama.cpp's `ngram-simple`): no model, no target
     features, so begin/observe/commit/flush/close do nothing. Drafts are point masses (probs None)
     and may be empty (no usable match)."""
@@ -188,3 +190,30 @@ class NgramProposer:
 
     def close(self) -> None:
         self._hist.clear()
+
+
+# --- the registry entry ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class NgramSimpleOptions(Options):
+    size_n: int = option(DEFAULT_SIZE_N, "ngram_size_n", ("--spec-ngram-simple-size-n",),
+                         "ngram-simple: the length of the n-gram looked up in the text.")
+    size_m: int = option(DEFAULT_SIZE_M, "ngram_size_m", ("--spec-ngram-simple-size-m",),
+                         "ngram-simple: the most tokens one lookup drafts (then cut to --spec-draft-n-max).")
+
+    def with_length(self, n_max: int) -> "NgramSimpleOptions":
+        return replace(self, size_m=n_max)
+
+
+def _llama_args(o: NgramSimpleOptions | None, n_max: int) -> list[str]:
+    """llama.cpp's m-gram size is its draft length (n_max when no options are given)."""
+    if o is None:
+        return ["--spec-ngram-simple-size-m", str(n_max)]
+    return ["--spec-ngram-simple-size-m", str(o.size_m), "--spec-ngram-simple-size-n", str(o.size_n)]
+
+
+NGRAM_SIMPLE = DraftType(
+    name="ngram-simple", priority=0, traits=TEXT_TRAITS, options=NgramSimpleOptions,
+    make=lambda b: NgramProposer(b.options.size_n, b.options.size_m),
+    own_n_max=lambda o: o.size_m, llama_args=_llama_args)
+TYPES = (NGRAM_SIMPLE,)

@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ggspec.speculative.proposer import Draft, Span
+from ggspec.speculative.draft_type import TEXT_TRAITS, DraftType
+from ggspec.speculative.proposer import Draft, Proposer, Span
 from ggspec.speculative.sequence import Sequence
 
 NGRAM_MIN, NGRAM_MAX = 1, 4  # LLAMA_NGRAM_MIN, LLAMA_NGRAM_MAX
@@ -87,7 +88,7 @@ class NgramCache:
         return None
 
 
-class NgramCacheProposer:
+class NgramCacheProposer(Proposer):
     """Drafts from each sequence's own n-gram cache (llama.cpp's `ngram-cache`). Drafts are point
     masses and may be empty."""
 
@@ -135,3 +136,11 @@ class NgramCacheProposer:
 
     def close(self) -> None:
         self._caches.clear()
+
+
+# --- the registry entry ----------------------------------------------------------------------------
+
+NGRAM_CACHE = DraftType(
+    name="ngram-cache", priority=4, traits=TEXT_TRAITS, make=lambda b: NgramCacheProposer(),
+    own_n_max=lambda o: N_DRAFT, fixed_length=N_DRAFT)  # llama.cpp's fixed n_draft
+TYPES = (NGRAM_CACHE,)

@@ -29,13 +29,14 @@ as it would alone).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from ggspec.errors import InputError
+from ggspec.speculative.draft_type import TEXT_TRAITS, DraftType, Options, option
 from ggspec.speculative.ngram import SIZE_LIMIT, _History, split_history
-from ggspec.speculative.proposer import Draft, Span
+from ggspec.speculative.proposer import Draft, Proposer, Span
 from ggspec.speculative.sequence import Sequence
 
 MAX_VALUES = 4  # COMMON_NGRAM_MAX_VALUES: continuations kept per key
@@ -187,7 +188,7 @@ class NgramMap:
         cur.stat_idx = match_pos
 
 
-class NgramMapProposer:
+class NgramMapProposer(Proposer):
     """Drafts from each sequence's own n-gram map (llama.cpp's `ngram-map-k`, `ngram-map-k4v`).
     Drafts are point masses and may be empty."""
 
@@ -245,3 +246,49 @@ class NgramMapProposer:
     def close(self) -> None:
         self._maps.clear()
         self._hist.clear()
+
+
+# --- the registry entries --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class NgramMapOptions(Options):
+    """llama.cpp has one set per map type; ggspec runs one map type at a time, so both share these."""
+
+    size_n: int = option(DEFAULT_SIZE_N, "ngram_map_size_n", ("--spec-ngram-map-k-size-n", "--spec-ngram-map-k4v-size-n"),
+                         "ngram-map-k / ngram-map-k4v: the length of the key n-gram looked up in the text.")
+    size_m: int = option(DEFAULT_SIZE_M, "ngram_map_size_m", ("--spec-ngram-map-k-size-m", "--spec-ngram-map-k4v-size-m"),
+                         "ngram-map-k / ngram-map-k4v: the most tokens one lookup drafts (then cut to --spec-draft-n-max).")
+    min_hits: int = option(DEFAULT_MIN_HITS, "ngram_map_min_hits",
+                           ("--spec-ngram-map-k4v-min-hits", "--spec-ngram-map-k-min-hits"),
+                           "ngram-map-k4v: hits of a key before it drafts (ngram-map-k drafts from the first, as "
+                           "llama.cpp's).", high=None)
+
+    def validate(self) -> None:
+        super().validate()
+        if self.min_hits < 1:
+            raise InputError(f"the n-gram map's minimum hits must be at least 1 (got {self.min_hits})",
+                             field="ngram_map_min_hits")
+
+    def with_length(self, n_max: int) -> "NgramMapOptions":
+        return replace(self, size_m=n_max)
+
+
+def _llama_args(name: str):
+    flag = f"--spec-{name}"  # --spec-ngram-map-k, --spec-ngram-map-k4v
+
+    def args(o: NgramMapOptions | None, n_max: int) -> list[str]:
+        """llama.cpp's m-gram size is its draft length (n_max when no options are given)."""
+        if o is None:
+            return [f"{flag}-size-m", str(n_max)]
+        return [f"{flag}-size-m", str(o.size_m), f"{flag}-size-n", str(o.size_n), f"{flag}-min-hits", str(o.min_hits)]
+    return args
+
+
+def _entry(name: str, priority: int, key_only: bool) -> DraftType:
+    return DraftType(
+        name=name, priority=priority, traits=TEXT_TRAITS, options=NgramMapOptions,
+        make=lambda b: NgramMapProposer(key_only, b.options.size_n, b.options.size_m, b.options.min_hits),
+        own_n_max=lambda o: o.size_m, llama_args=_llama_args(name))
+
+
+TYPES = (_entry("ngram-map-k", 1, True), _entry("ngram-map-k4v", 2, False))

@@ -28,11 +28,14 @@ llama-speculative-simple does for its one request (and what `bench --native` com
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 import numpy as np
 
 from ggspec.errors import InputError
+from ggspec.speculative.draft_type import TEXT_TRAITS, DraftType, Options, option
 from ggspec.speculative.ngram import SIZE_LIMIT, _History, split_history
-from ggspec.speculative.proposer import Draft, Span
+from ggspec.speculative.proposer import Draft, Proposer, Span
 from ggspec.speculative.sequence import Sequence
 
 TABLE_SIZE = 4 * 1024 * 1024  # entries (llama.cpp: 4*1024*1024); a power of two
@@ -96,7 +99,7 @@ class _SeqInfo:
         self.n_low = 0  # verifies in a row that accepted less than a quarter of the draft
 
 
-class NgramModProposer:
+class NgramModProposer(Proposer):
     """Drafts from one table shared by all sequences (llama.cpp's `ngram-mod`). Drafts are point
     masses and may be empty."""
 
@@ -211,3 +214,40 @@ class NgramModProposer:
 
     def close(self) -> None:
         self._hist.clear()
+
+
+# --- the registry entry ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class NgramModOptions(Options):
+    n_match: int = option(DEFAULT_N_MATCH, "ngram_mod_n_match", ("--spec-ngram-mod-n-match",),
+                          "ngram-mod: the length of the hashed n-gram each lookup uses.")
+    n_max: int = option(DEFAULT_N_MAX, "ngram_mod_n_max", ("--spec-ngram-mod-n-max",),
+                        "ngram-mod: the most tokens one draft chains (then cut to --spec-draft-n-max).")
+    n_min: int = option(DEFAULT_N_MIN, "ngram_mod_n_min", ("--spec-ngram-mod-n-min",),
+                        "ngram-mod: a draft shorter than this is dropped.")
+
+    def validate(self) -> None:
+        super().validate()
+        if self.n_min > self.n_max:
+            raise InputError(f"ngram-mod's shortest draft ({self.n_min}) is above its longest "
+                             f"({self.n_max}): it would never draft", field="ngram_mod_n_min")
+
+    def with_length(self, n_max: int) -> "NgramModOptions":
+        """The draft length is its n_max, and the shortest kept draft is capped by it alike."""
+        return replace(self, n_max=n_max, n_min=min(self.n_min, n_max))
+
+
+def _llama_args(o: NgramModOptions | None, n_max: int) -> list[str]:
+    """Its draft length is its n_max (the row's n_max when no options are given)."""
+    if o is None:
+        return ["--spec-ngram-mod-n-max", str(n_max)]
+    return ["--spec-ngram-mod-n-max", str(o.n_max), "--spec-ngram-mod-n-match", str(o.n_match),
+            "--spec-ngram-mod-n-min", str(o.n_min)]
+
+
+NGRAM_MOD = DraftType(
+    name="ngram-mod", priority=3, traits=TEXT_TRAITS, options=NgramModOptions, # the table outlives the requests where the engine keeps drafter state (the server)
+    make=lambda b: NgramModProposer(b.options.n_match, b.options.n_max, b.options.n_min, keep_table=b.keep_state),
+    own_n_max=lambda o: o.n_max, llama_args=_llama_args)
+TYPES = (NGRAM_MOD,)

@@ -162,3 +162,14 @@ class AutoLead:
             self.changes += 1
             self._since_change = 0
             self.target.set_rs_layout(self.planes, best)
+
+
+def layout_words(target, options: PlaneOptions, n_max: int, auto: "AutoLead | None") -> str:
+    """A hybrid target's recurrent-state layout in words, for stats lines."""
+    planes = options.n_planes(n_max)
+    if not options.capped(n_max):
+        return f"{planes} planes (uncapped)"
+    if auto is not None:
+        return f"{planes} planes, lead auto (now {auto.lead}, {auto.changes} changes)"
+    kept = sorted(k - 1 for k in target.rs_kept_counts(n_max + 1) if k >= 1)
+    return f"{planes} planes, lead {options.lead} (keeps accepted {kept})"

@@ -8,13 +8,15 @@ The engine runs one transaction per step for all active sequences together (see 
   observe   after each target decode the engine says which batch rows belong to which sequence;
   commit    after verification, of a sequence's verify span only its first rows stay (`other`:
             the draft verified was another proposer's; several.py).
-A proposer that needs no target features (n-gram) ignores observe/commit/flush.
+A proposer that needs no target features (n-gram) ignores observe/commit/flush. `Proposer` is
+the base every proposer derives from: its methods do nothing, so a proposer writes only the calls
+it needs (and `hold` / `reset` are always there to call).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -48,11 +50,14 @@ class Span:
     tokens: np.ndarray | None = None  # the rows' tokens (an MTP head pairs each with the row before)
 
 
-class Proposer(Protocol):
+class Proposer:
     """Drafts tokens for many sequences at once (see the module docstring for the call order)."""
 
-    name: str  # llama.cpp's speculative type name, e.g. "draft-dflash", "ngram-simple"
-    max_draft: int | None  # the most tokens one draft can hold (a DFlash block - 1), None: no limit
+    name: str = ""  # llama.cpp's speculative type name, e.g. "draft-dflash", "ngram-simple"
+    max_draft: int | None = None  # the most tokens one draft can hold (a DFlash block - 1), None: no limit
+    # `hold` keeps what observe() captured in host memory instead of handing it to the draft
+    # (the adaptive length's k = 0 steps then cost no draft-context call); False: hold() is flush()
+    holds: bool = False
 
     def begin(self, seq: Sequence, cached: int = 0) -> None:
         """A sequence joins; its prompt is decoded on the target next (observe() follows). The
@@ -70,13 +75,22 @@ class Proposer(Protocol):
     def flush(self) -> None:
         """Make what observe() captured survive the next target decode (the engine calls this)."""
 
+    def hold(self) -> None:
+        """As flush, in a step that drafts nothing (see `holds`)."""
+        self.flush()
+
     def propose(self, seqs: list[Sequence], n: int) -> list[Draft]:
         """Draft up to n tokens after each sequence's last committed token, in one pass."""
+        raise NotImplementedError
 
     def release(self, seq: Sequence, keep: int = 0) -> int:
         """A sequence left (finished or cancelled): forget it and free what it held beyond its
         first `keep` positions (the prompt cache). Returns how many leading positions it still
         holds (at most keep)."""
+        return keep
+
+    def reset(self) -> None:
+        """Forget every sequence and whatever was learnt (Engine.reset)."""
 
     def close(self) -> None:
         """Free owned llama.cpp objects."""

@@ -51,6 +51,23 @@ class Sequence:
         """Whether its prompt has been decoded (id_last is known)."""
         return self.id_last >= 0
 
+    def take(self, tokens: list[int], is_eog) -> list[int]:
+        """Append a step's committed tokens, cut at the budget or after an end-of-generation token
+        (`is_eog`), and mark the sequence done where it ends; returns those kept. `pos` must
+        already be past them."""
+        kept = []
+        for t in tokens[:self.left]:
+            kept.append(t)
+            if not self.ignore_eos and is_eog(t):
+                self.done = True
+                break
+        self.tokens += kept
+        self.history += kept
+        self.id_last = tokens[-1]
+        if self.left <= 0 or self.pos >= self.limit:
+            self.done = True
+        return kept
+
     def rng(self, purpose: int) -> "Draws":
         """The uniform draws of one step of one kind (0: drafting, 1: verifying), keyed by the
         sequence's seed and position: the same seed gives the same draws whatever other sequences

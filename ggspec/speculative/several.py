@@ -4,7 +4,7 @@ Two rules choose, per step and sequence, whose draft is verified:
 
 `first`, llama.cpp's rule at the pin (`common_speculative_draft`, the pinned
 common/speculative.cpp:2787-2870): the types are tried in a fixed order of preference
-(models.PRIORITY: the n-gram types first, then the model drafters); each drafts for the sequences
+(the registry's priorities: the n-gram types first, then the model drafters); each drafts for the sequences
 no type before it drafted for, up to its own length, and the first non-empty draft wins.
 
 `cost`, which no anchor has: every n-gram type drafts for every sequence (they cost microseconds),
@@ -30,14 +30,15 @@ import time
 
 import numpy as np
 
-from ggspec.speculative.costs import Acceptance, ema
+from ggspec.speculative import registry
+from ggspec.speculative.costs import Acceptance, draft_match, ema
 from ggspec.speculative.proposer import Draft, Proposer
 
 SELECT_RULES = ("first", "cost")
 _EMPTY = np.empty(0, dtype=np.int32)
 
 
-class SeveralProposer:
+class SeveralProposer(Proposer):
     """Drafts with several proposers, one draft per sequence chosen by `select` (module docstring)."""
 
     def __init__(self, proposers: list[Proposer], caps: list[int], select: str = "first") -> None:
@@ -61,7 +62,7 @@ class SeveralProposer:
 
     @property
     def model_last(self) -> bool:
-        return not self.proposers[-1].name.startswith("ngram")
+        return not registry.get(self.proposers[-1].name).traits.cheap
 
     # --- following the target ---------------------------------------------------------------------
 
@@ -101,10 +102,8 @@ class SeveralProposer:
             return
         n_committed, unused = scoring
         for i, pos0, tokens in unused:
-            truth = np.asarray(seq.history[pos0 + 1:pos0 + 1 + n_committed], dtype=np.int32)
-            k = min(len(tokens), len(truth))
-            wrong = np.flatnonzero(tokens[:k] != truth[:k])
-            self.acceptance[i].add(len(tokens), int(wrong[0]) if len(wrong) else k, len(truth))
+            matched, reach = draft_match(tokens, seq.history, pos0, limit=n_committed)
+            self.acceptance[i].add(len(tokens), matched, reach)
 
     # --- drafting ---------------------------------------------------------------------------------
 
@@ -194,8 +193,7 @@ class SeveralProposer:
         for d in (self.last, self._verified, self._unused, self._scoring):
             d.clear()
         for p in self.proposers:
-            if hasattr(p, "reset"):
-                p.reset()
+            p.reset()
 
     def close(self) -> None:
         for p in self.proposers:

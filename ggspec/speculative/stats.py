@@ -186,3 +186,18 @@ def top2_margin(logits: np.ndarray) -> float:
     """Gap between the largest and second-largest logit of one row."""
     top2 = np.partition(logits, -2)[-2:]
     return float(top2[1] - top2[0])
+
+
+@dataclass
+class EngineStats:
+    """Whole-engine counters: calls and wall time of the transactions (all sequences together)."""
+
+    steps: int = 0  # transactions
+    calls: int = 0  # llama_process calls made by transactions (target + draft)
+    max_calls: int = 0  # the most calls one transaction made
+    t_steps: float = 0.0  # wall time of the transactions
+    tokens: int = 0  # tokens committed by transactions
+
+    @property
+    def calls_per_step(self) -> float:
+        return self.calls / self.steps if self.steps else 0.0

@@ -1,0 +1,174 @@
+"""Putting an engine together: its draft length, its contexts, its proposer and its adaptive rule,
+from a pair's models, options and draft plan. Nothing here knows a draft type by name: each type's
+registry entry makes its proposer (and the draft context it drafts with) and says what it needs of
+the target's context.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ggspec.errors import InputError
+from ggspec.runtime import Context, ContextParams
+from ggspec.speculative.draft_length import DraftLength
+from ggspec.speculative.draft_type import Build, DraftPlan
+from ggspec.speculative.models import Models, PairConfig, resolve_n_max
+from ggspec.speculative.planes import AutoLead, default_lead
+from ggspec.speculative.proposer import Proposer
+
+
+def draft_lengths(cfg: PairConfig, plan: DraftPlan, warnings: list[str]) -> tuple[int, list[int]]:
+    """The step's longest draft and, for several types, each one's own length (as llama.cpp: each
+    type drafts up to its own length, the verify holds the longest)."""
+    if plan.parts:
+        caps = [_own_n_max(cfg, part, False, warnings) for part in plan.parts]
+        return max(caps), caps
+    return _own_n_max(cfg, plan, True, warnings), []
+
+
+def _own_n_max(cfg: PairConfig, plan: DraftPlan, given: bool, warnings: list[str]) -> int:
+    """A type's draft length: the n-gram types draft up to their own length (llama.cpp's n_max
+    for them; alone, `--spec-draft-n-max` overrides it: `given`), the others up to n_max fitted
+    to the draft's block."""
+    own = plan.type.own_n_max(cfg.options(plan.type)) if plan.type is not None else None
+    if own is None:
+        return resolve_n_max(cfg.n_max, plan.max_draft, warnings)
+    return resolve_n_max(cfg.n_max if given and cfg.n_max is not None else own, None, warnings)
+
+
+def check_options(cfg: PairConfig, n_max: int, speculative: bool, fixed_block: bool = True) -> None:
+    """Context sizes against the loop, before llama.cpp is asked for anything (one place).
+    `fixed_block`: a draft context runs whole noise blocks (the DFlash family)."""
+    ctx = cfg.ctx
+    if not speculative:
+        return
+    block = n_max + 1  # a verify span [id_last, d1..dn] (and a DFlash noise block)
+    rows = block * cfg.parallel
+    fix = f"raise it or lower the draft length (now {n_max})" + (f" or the parallel sequences ({cfg.parallel})"
+                                                                 if cfg.parallel > 1 else "")
+    if ctx.n_ctx < block + 1:  # the prompt's first token, then one block
+        raise InputError(f"context size {ctx.n_ctx} cannot hold a prompt token and a verify block of {block} tokens: {fix}",
+                         field="n_ctx")
+    # llama.cpp caps a causal context's batch at its (unpadded) context size
+    if min(ctx.n_batch, ctx.n_ctx) < rows:
+        raise InputError(f"batch size {ctx.n_batch} is smaller than the verify batch of {rows} rows "
+                         f"({cfg.parallel} x (n_max {n_max} + 1)): {fix}", field="n_batch")
+    # the draft runs every noise block non-causally in one ubatch, or llama.cpp aborts
+    if fixed_block and min(ctx.n_ubatch, ctx.n_batch) < rows:
+        raise InputError(f"physical batch size {ctx.n_ubatch} is smaller than the draft's noise blocks of {rows} rows "
+                         f"({cfg.parallel} x (n_max {n_max} + 1)), which must fit one ubatch: {fix}",
+                         field="n_ubatch")
+
+
+def make_draft_length(cfg: PairConfig, plan: DraftPlan, n_max: int, recurrent: bool) -> DraftLength:
+    """The adaptive rule (`--spec-draft-n-max auto`), told what the proposer's costs grow with."""
+    types = plan.types
+    return DraftLength(n_max, cheap=all(t.traits.cheap for t in types), fixed_block=any(t.traits.fixed_block for t in types),
+                       equal_spans=recurrent, n_min=cfg.n_min)
+
+
+@dataclass
+class Assembly:
+    """The llama.cpp objects an engine runs on (the engine closes them)."""
+
+    target: Context
+    draft_ctx: Context | None = None
+    proposer: Proposer | None = None
+    auto_lead: AutoLead | None = None  # capped planes whose lead layout follows the acceptance
+
+    def close(self) -> None:
+        for obj in (self.proposer, self.draft_ctx, self.target):
+            if obj is not None:
+                obj.close()
+
+
+def assemble(models: Models, cfg: PairConfig, plan: DraftPlan, n_max: int, caps: list[int], *,
+             keep_state: bool, warnings: list[str]) -> Assembly:
+    """The target's context (with rollback planes on a hybrid target), the proposer of the plan's
+    types (and the draft context one of them opens), and prepared-plan pools for each context."""
+    speculative = plan.types != ()
+    parts = Assembly(Context(models.target, _target_params(models, cfg, plan, n_max, speculative, warnings),
+                             what="target"))
+    try:
+        if speculative and models.target.is_recurrent and cfg.planes.capped(n_max):
+            parts.auto_lead = _set_planes(parts.target, cfg, n_max)
+        _check_type_options(cfg, plan, warnings)
+        if plan.parts:
+            from ggspec.speculative.several import SeveralProposer  # noqa: PLC0415
+
+            parts.proposer = SeveralProposer([_build(parts, models, cfg, part, n_max, keep_state) for part in plan.parts],
+                                             caps, select=cfg.spec_select)
+        else:
+            if cfg.spec_select != "first":
+                warnings.append("a rule choosing between speculative types needs several of them (--spec-type a,b)")
+            if plan.type is not None:
+                parts.proposer = _build(parts, models, cfg, plan, n_max, keep_state)
+        _set_plan_pools(cfg, [parts.target, parts.draft_ctx])
+    except BaseException:
+        parts.close()
+        raise
+    return parts
+
+
+def _target_params(models: Models, cfg: PairConfig, plan: DraftPlan, n_max: int, speculative: bool,
+                   warnings: list[str]) -> ContextParams:
+    model = models.target
+    params = replace(cfg.ctx, n_seq_max=cfg.parallel)
+    for part in plan.parts or (plan,):  # what a type needs of the target's context
+        if part.type is not None and part.type.target_params is not None:
+            part.type.target_params(cfg, part, params, warnings)
+    planes = cfg.planes.n_planes(n_max)
+    if speculative and model.is_recurrent:
+        params.n_rs_seq = planes - 1  # one plane holds the working state, the others rollback snapshots
+    elif model.is_recurrent and cfg.placement.split_mode == "tensor":
+        # upstream bug: a hybrid target without snapshot planes, tensor-split over RPC workers,
+        # makes the workers assert on an out-of-buffer tensor (pinned llama.cpp, patches or not);
+        # one spare plane avoids it for one recurrent state of memory
+        params.n_rs_seq = 1
+    elif cfg.planes.given:
+        warnings.append("recurrent plane options do nothing here (the target has no recurrent layers)"
+                        if speculative else "recurrent plane options do nothing without speculation")
+    return params
+
+
+def _set_planes(target: Context, cfg: PairConfig, n_max: int) -> AutoLead | None:
+    """Capped planes: their lead layout, fixed or following the acceptance (`auto`)."""
+    planes = cfg.planes.n_planes(n_max)
+    if cfg.planes.lead == "auto":
+        auto = AutoLead(target, planes, n_max)
+        auto.start()
+        return auto
+    target.set_rs_layout(planes, default_lead(planes) if cfg.planes.lead == "default" else cfg.planes.lead)
+    return None
+
+
+def _check_type_options(cfg: PairConfig, plan: DraftPlan, warnings: list[str]) -> None:
+    """Options given for a type that does not run, and shared options that do nothing here."""
+    types = plan.types
+    for name, options in cfg.spec_options.items():
+        if name not in plan.kinds:
+            options.check_unused(plan.spec_type)
+    if cfg.n_min and types and not any(t.traits.n_min for t in types):
+        warnings.append(f"a shortest draft length applies to the model drafters: it does nothing with {plan.spec_type}")
+    if cfg.p_min > 0 and types and not any(t.traits.confidence for t in types):
+        warnings.append(f"{plan.spec_type} drafts have no confidence: the confidence cut-off does nothing")
+
+
+def _build(parts: Assembly, models: Models, cfg: PairConfig, plan: DraftPlan, n_max: int, keep_state: bool) -> Proposer:
+    """One type's proposer, made by its registry entry (a draft context it opens joins `parts`)."""
+    build = Build(cfg, models, parts.target, plan, cfg.options(plan.type), n_max, cfg.parallel, keep_state,
+                  parts.draft_ctx)
+    proposer = plan.type.make(build)
+    parts.draft_ctx = build.draft_ctx
+    return proposer
+
+
+def _set_plan_pools(cfg: PairConfig, contexts: list[Context | None]) -> None:
+    """Prepared plans for every context (patch 0012), except across devices: the pinned
+    tensor-split (meta) backend aborts when a graph runs on another scheduler than the one that
+    split it (GGML_ASSERT bcj.nodes[i], ggml-backend-meta.cpp), so split runs keep one plan."""
+    if not cfg.plan_pool or cfg.placement.rpc or cfg.placement.split_mode != "none":
+        return
+    for ctx in contexts:
+        if ctx is not None:
+            ctx.set_plan_pool(cfg.plan_pool)

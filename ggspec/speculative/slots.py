@@ -1,0 +1,106 @@
+"""An engine's sequence slots and, with the prompt cache, what their cells still hold.
+
+Every parallel sequence has its own slot (its seq_id and its stream of cache cells). With the
+prompt cache (llama-server's cache_prompt) a slot keeps the cells of its last sequence, and a new
+prompt goes to the free slot whose cells hold the longest prefix of it: only the rest is decoded.
+With host memory for the cache (llama-server's --cache-ram), cells a new prompt would overwrite
+are copied to a `PromptStore` first, and a later prompt that starts the same way gets them back.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ggspec.errors import InputError, LlamaError
+from ggspec.runtime import Context
+from ggspec.speculative.prompt_store import PromptStore, Saved, common_prefix
+
+
+class CapacityError(InputError):
+    """No free sequence slot for another sequence right now."""
+
+
+class Slots:
+    """The free slots, and the tokens each free slot's cells still hold (positions 0..)."""
+
+    def __init__(self, target: Context, cell_contexts: list[Context], parallel: int, prompt_cache: bool,
+                 cache_ram: int | None) -> None:
+        """`cell_contexts`: the contexts whose cells hold a sequence's positions (the target's and
+        a draft model's); `cache_ram`: bytes for the host-memory store (0: none, None: no limit)."""
+        self.target = target
+        self.cell_contexts = cell_contexts
+        self.prompt_cache = prompt_cache
+        self.free = list(range(parallel))
+        self.cached: dict[int, np.ndarray] = {}  # free slot -> its cells' tokens, in the order slots were freed
+        self.store = PromptStore(cache_ram) if prompt_cache and cache_ram != 0 else None
+
+    def take(self, prompt: np.ndarray) -> tuple[int, int]:
+        """A free slot for a prompt, and how many of the prompt's first tokens its cells hold (the
+        rest of its cells is dropped)."""
+        slot, cached = self._pick(prompt)
+        if self.store is not None:
+            cached = self._swap_in(slot, prompt, cached)
+        self.free.remove(slot)
+        self.cached.pop(slot, None)
+        self.target.truncate(cached, slot)  # the previous sequence's cells past the common prefix
+        return slot, cached
+
+    def give_back(self, slot: int, kept: np.ndarray | None) -> None:
+        """A slot's sequence left: the cells of `kept` (its first tokens) stay for a later prompt;
+        None or empty: every cell goes."""
+        if kept is not None and len(kept) > 0:
+            self.target.truncate(len(kept), slot)
+            self.cached[slot] = kept
+        else:
+            self.target.drop_sequence(slot)
+        self.free.append(slot)
+        self.free.sort()
+
+    def clear(self) -> None:
+        self.cached.clear()
+        if self.store is not None:
+            self.store.clear()
+
+    def _pick(self, prompt: np.ndarray) -> tuple[int, int]:
+        """The free slot whose cells hold the longest prefix of the prompt (at most all but its
+        last token, which is always decoded: as the first step's id_last, or for the prefill's
+        output row)."""
+        slot, best = self.free[0], 0
+        if not self.prompt_cache:
+            return slot, 0
+        body = prompt[:-1]
+        for sid in self.free:
+            cached = self.cached.get(sid)
+            if cached is None:
+                continue
+            common = common_prefix(cached, body)
+            if common > best:
+                slot, best = sid, common
+        if best == 0:  # no prefix to reuse: a slot holding nothing, else the one that waited longest
+            empty = [sid for sid in self.free if sid not in self.cached]
+            slot = empty[0] if empty else next(sid for sid in self.cached if sid in self.free)
+        return slot, best
+
+    def _swap_in(self, slot: int, prompt: np.ndarray, cached: int) -> int:
+        """The host-memory store, when a prompt takes `slot` reusing `cached` of its cells: the
+        slot's cells go to the store if the prompt overwrites some of them, and saved cells that
+        share a longer beginning with the prompt are loaded into the slot instead. Returns how
+        many of the prompt's first tokens the slot's cells now hold."""
+        held = self.cached.get(slot)
+        found = self.store.find(prompt[:-1], better_than=cached)
+        if held is not None and (found is not None or len(held) > cached) and not self.store.covers(held):
+            self.store.put(Saved(held, tuple(ctx.save_sequence(slot) for ctx in self.cell_contexts)))
+        if found is None:
+            return cached
+        saved, n = found
+        self.cached.pop(slot, None)
+        try:
+            for ctx, state in zip(self.cell_contexts, saved.states):
+                ctx.drop_sequence(slot)
+                ctx.load_sequence(state, slot)
+        except LlamaError:  # (not seen) the slot starts empty instead: the prompt is decoded whole
+            for ctx in self.cell_contexts:
+                ctx.drop_sequence(slot)
+            return 0
+        self.cached[slot] = saved.tokens
+        return n
