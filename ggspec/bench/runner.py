@@ -18,6 +18,7 @@ import itertools
 import resource
 import tempfile
 from collections.abc import Iterator
+from contextlib import closing
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from ggspec.runtime import ContextParams
 from ggspec.runtime.context import resolve_flash_attn
 from ggspec.runtime.devices import Placement
 from ggspec.speculative import registry
+from ggspec.speculative.driver import Request, drive
 from ggspec.speculative.engine import Engine
 from ggspec.speculative.loop import generate_greedy, proposing
 from ggspec.speculative.models import Models, PairConfig
@@ -245,37 +247,24 @@ class Runner:
 
     def _decode(self, sp: Engine, cfg: BenchConfig, prompts: list[int], n: int, seed: int) -> dict[int, Decoded]:
         """Decode `prompts` (indices) through `sp`, as many at a time as it has slots and cells
-        (continuous batching; one prompt: a plain single-sequence run). `seed`: the acceptance
-        profile's draws (benchmark device) when there is one."""
+        (continuous batching, speculative.driver; one prompt: a plain single-sequence run). `seed`:
+        the acceptance profile's draws (benchmark device) when there is one."""
         proposer = None
         if sp.speculative and self.s.profile_weights is not None:
             refs = {i: self._reference(cfg, i, cfg.n_max) for i in prompts}  # before anything is timed
             proposer = ForcedAcceptance(sp.proposer, lambda seq: refs[seq.tag], self._lengths(seed, cfg.n_max),
                                         sp.target_model.n_vocab)
         out = {i: Decoded() for i in prompts}
-        pending = list(prompts)
-        with proposing(sp, proposer):
-            try:
-                while pending or sp.active:
-                    while pending and sp.can_add(self.tokens[pending[0]], n):
-                        i = pending.pop(0)
-                        sp.add(self.tokens[i], n, ignore_eos=True, tag=i, seed=self.s.prompt_seed(i))
-                    calls = sp.stats.calls
-                    results = sp.step()
-                    live = [(seq, step) for seq, step in results if step.kind != "prefill"]
-                    calls = sp.stats.calls - calls
-                    for seq, step in results:
-                        d = out[seq.tag]
-                        d.stats.add(step)
-                        d.tokens += step.tokens
-                    for seq, step in live:  # this transaction, shared evenly by its sequences
-                        d = out[seq.tag]
-                        d.engine_t += step.t_total / len(live)
-                        d.engine_calls += calls / len(live)
-                        d.engine_steps += 1 / len(live)
-            finally:
-                for seq in list(sp.active):  # interrupted: free the slots for the next use
-                    sp.cancel(seq)
+        requests = [Request(self.tokens[i], n, tag=i, seed=self.s.prompt_seed(i), ignore_eos=True) for i in prompts]
+        with proposing(sp, proposer), closing(drive(sp, requests)) as events:
+            for ev in events:
+                d = out[ev.tag]
+                d.stats.add(ev.step)
+                d.tokens += ev.tokens
+                if ev.step.kind != "prefill":  # this transaction, shared evenly by its sequences
+                    d.engine_t += ev.step.t_total / ev.verified
+                    d.engine_calls += ev.calls / ev.verified
+                    d.engine_steps += 1 / ev.verified
         return out
 
     def _run(self, cfg: BenchConfig, rep: int, i: int, d: Decoded, sp: Engine | None = None, **kw) -> Run:

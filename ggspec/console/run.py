@@ -1,8 +1,8 @@
 """`ggspec run`: decode every prompt, print the outputs in order, end with the verdict.
 
-Prompts are decoded -np at a time (continuous batching: a prompt joins as soon as a slot and enough
-cache cells are free); the outputs are printed in the prompts' order, the first one streamed as it
-is committed, each followed by its stats line (`printer`). The last line says whether speculation
+Prompts are decoded -np at a time (continuous batching, speculative.driver: a prompt joins as soon
+as a slot and enough cache cells are free); the outputs are printed in the prompts' order, the first
+one streamed as it is committed, each followed by its stats line (`printer`). The last line says whether speculation
 paid against plain decoding; `--check` compares every output with plain greedy (`verdict`).
 """
 
@@ -14,7 +14,6 @@ from ggspec.console import err, warn
 from ggspec.console.printer import OrderedPrinter
 from ggspec.console.verdict import check_lossless, verdict
 from ggspec.errors import InputError
-from ggspec.speculative.sampling import DEFAULT_SEED
 
 DEFAULT_PROMPT = "def fibonacci(n):"
 REAL_DIVERGENCE = 2  # the exit status when --check found a REAL divergence
@@ -54,8 +53,9 @@ def bench_args(pair: str | None, model: Path | None, draft: Path | None) -> str:
 def decode_prompts(cfg, prompts: list[str], n_predict: int, ignore_eos: bool, prompt_file: Path | None = None,
                    check: bool = False, compare: bool | None = False, bench_args: str = "") -> int:
     """Decode and print every prompt (see the module); the exit status: 0, or REAL_DIVERGENCE."""
-    from collections import deque
+    from contextlib import closing
 
+    from ggspec.speculative.driver import Request, drive, request_seed
     from ggspec.speculative.engine import Engine
     from ggspec.speculative.stats import merge
 
@@ -72,19 +72,16 @@ def decode_prompts(cfg, prompts: list[str], n_predict: int, ignore_eos: bool, pr
                 raise InputError(f"-f {prompt_file}: prompt {k + 1}: {exc}") from None
         _warn_context(sp.capacity, max(len(t) for t in tokens), n_predict, len(prompts))
         printer = OrderedPrinter(prompts, sp)
-        pending = deque(enumerate(tokens))
-        seqs = []
-        while pending or sp.active:
-            while pending and sp.can_add(pending[0][1], n_predict):
-                i, toks = pending.popleft()
-                seed = cfg.sampling.seed
-                seqs.append(sp.add(toks, n_predict, ignore_eos=ignore_eos, tag=i,
-                                   seed=None if seed == DEFAULT_SEED else (seed + i) % 2**32))
-            results = sp.step()
-            for seq, step in results:
-                printer.add(seq.tag, step.tokens)
-            for seq in dict.fromkeys(seq for seq, _ in results if seq.done):
-                printer.finish(seq.tag, seq.stats)
+        requests = [Request(t, n_predict, tag=i, seed=request_seed(cfg.sampling.seed, i), ignore_eos=ignore_eos)
+                    for i, t in enumerate(tokens)]
+        by_prompt = {}
+        with closing(drive(sp, requests)) as events:
+            for ev in events:
+                by_prompt.setdefault(ev.tag, ev.seq)
+                printer.add(ev.tag, ev.tokens)
+                if ev.finished:
+                    printer.finish(ev.tag, ev.seq.stats)
+        seqs = [by_prompt[i] for i in sorted(by_prompt)]
         if len(prompts) > 1:
             s, total = sp.stats, merge(seq.stats for seq in seqs)
             line = (f"[bold]{len(seqs)} sequences[/] (-np {cfg.parallel})  {s.tokens} tokens  aggregate decode "

@@ -8,6 +8,11 @@ queued jobs into free slots, and after the step hands each job its new tokens. T
 
 A job's events: `Tokens` (each step's committed tokens), then one `Done` (finish reason and the
 sequence's statistics) or one `Failed`.
+
+This is the one engine loop that does not run through speculative.driver's `drive` generator: its
+requests arrive on another thread while it runs, a client may leave at any step, and each prompt's
+first tokens go out after its prefill, before the step's transaction. It admits a job as the
+driver does (`driver.start` of the job's `Request`).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ggspec.errors import GGSpecError, InputError
+from ggspec.speculative.driver import Request, start
 from ggspec.speculative.engine import Engine
 from ggspec.speculative.sampling import SamplerSettings
 from ggspec.speculative.stats import RunStats
@@ -60,6 +66,11 @@ class JobSpec:
     sampling: SamplerSettings
     seed: int | None = None
     ignore_eos: bool = False
+
+    def request(self, tag: object) -> Request:
+        """The driver's request of this job (`tag`: the Job, handed back on its sequence)."""
+        return Request(self.prompt, self.max_tokens, tag=tag, seed=self.seed, sampling=self.sampling,
+                       ignore_eos=self.ignore_eos)
 
 
 class Job:
@@ -174,8 +185,7 @@ class Scheduler:
                 self._end(job, "abort")
             for job in admitted:
                 try:
-                    job.seq = self.engine.add(job.spec.prompt, job.spec.max_tokens, sampling=job.spec.sampling,
-                                              seed=job.spec.seed, ignore_eos=job.spec.ignore_eos, tag=job)
+                    job.seq = start(self.engine, job.spec.request(job))
                 except GGSpecError as exc:  # admission checked it: a bug if it happens
                     job.emit(Failed(str(exc)))
                     continue

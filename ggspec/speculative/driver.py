@@ -1,0 +1,102 @@
+"""The one loop that decodes many prompts on an Engine: admit while a slot is free, step, hand out tokens.
+
+`drive(engine, requests)` is a generator: it adds each `Request` to the engine as soon as a slot is
+free (continuous batching: in the requests' order; the first that does not fit waits, and those
+behind it), runs one `Engine.step` after another, and yields one `Event` per sequence per step
+with the tokens it committed. Closing the generator early (Ctrl-C, a caller that stops reading)
+cancels the sequences it started, so their slots are free for the next use of the engine.
+
+`ggspec run` (console.run) and `ggspec bench` (bench.runner) decode through `drive`. The server's
+scheduler runs the engine on its own thread, fed by an HTTP queue, and sends each prompt's first
+tokens before the step's transaction (Engine.prefill): it keeps its own loop and uses `start` to
+admit a Request. Distill's capture does not use an Engine at all (it decodes groups of prompts on
+a raw context with layer-input extraction), so it has no loop to share.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from ggspec.speculative.sampling import DEFAULT_SEED, SamplerSettings
+from ggspec.speculative.sequence import Sequence
+from ggspec.speculative.stats import Step
+
+
+@dataclass(frozen=True)
+class Request:
+    """One prompt to decode: its tokens, its budget and how to choose them."""
+
+    prompt: object  # token ids (a list or an int32 array)
+    n_predict: int  # tokens to generate at most (fewer at an end-of-generation token or a full slot)
+    tag: object = None  # the caller's label, handed back in every Event (a prompt index, a request)
+    seed: int | None = None  # the sequence's random draws when sampling (None: the settings' seed)
+    sampling: SamplerSettings | None = None  # None: the engine's settings
+    ignore_eos: bool = False
+    speculate: bool = True  # False: plain decoding (the baseline) on a speculative engine
+    record_margins: bool = False  # keep the target's top-2 margin of each plain step's token
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One sequence's share of one engine step."""
+
+    tag: object
+    seq: Sequence  # the engine's sequence: its tokens and stats so far
+    step: Step  # what this step committed for it (tokens, kind, timings)
+    finished: bool  # the sequence is done: this is its last event
+    calls: int  # llama.cpp calls of the whole engine step (all its sequences)
+    verified: int  # sequences whose drafts the step's transaction verified together (0 for a prefill)
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.step.tokens
+
+
+def request_seed(seed: int, i: int) -> int | None:
+    """Prompt i's seed when several prompts share one: seed + i, so each draws its own tokens and
+    a rerun draws the same ones; llama.cpp's default seed (a random one) stays random per prompt."""
+    return None if seed == DEFAULT_SEED else (seed + i) % 2**32
+
+
+def start(engine, request: Request) -> Sequence:
+    """Add one request to the engine (its prompt is decoded at the next step)."""
+    r = request
+    return engine.add(r.prompt, r.n_predict, ignore_eos=r.ignore_eos, tag=r.tag, speculate=r.speculate,
+                      record_margins=r.record_margins, seed=r.seed, sampling=r.sampling)
+
+
+def admit(engine, pending: deque[Request]) -> list[Sequence]:
+    """Start the requests at the front of `pending` while the engine has a free slot for them."""
+    started = []
+    while pending and engine.can_add(pending[0].prompt, pending[0].n_predict):
+        started.append(start(engine, pending.popleft()))
+    return started
+
+
+def step_events(engine) -> list[Event]:
+    """One engine step, as one Event per result (a newly joined sequence may have two: its prefill
+    and its first transaction); a finished sequence's last event says so."""
+    calls = engine.stats.calls
+    results = engine.step()
+    calls = engine.stats.calls - calls
+    verified = sum(1 for _, step in results if step.kind != "prefill")
+    last = {seq: k for k, (seq, _) in enumerate(results)}
+    return [Event(seq.tag, seq, step, seq.done and last[seq] == k, calls, verified)
+            for k, (seq, step) in enumerate(results)]
+
+
+def drive(engine, requests: Iterable[Request]) -> Iterator[Event]:
+    """Decode every request on `engine`, as many at a time as it has slots; yields each step's
+    events in the engine's order. Closing the generator cancels what it started and did not finish."""
+    pending = deque(requests)
+    started: list[Sequence] = []
+    try:
+        while pending or engine.active:
+            started += admit(engine, pending)
+            yield from step_events(engine)
+    finally:
+        for seq in started:
+            if not seq.done:
+                engine.cancel(seq)
