@@ -43,6 +43,7 @@ from ggspec.bench.native import find_tool
 from ggspec.bench.prompts import BUILTIN
 from ggspec.bench.serving import NotReady, free_port, run_load, solo, wait_ready
 from ggspec.catalogue.pairs import get_entry, resolve
+from ggspec.speculative import registry
 
 console = Console(stderr=True)
 
@@ -76,7 +77,7 @@ def commands(args, target: Path, draft: Path, port: int) -> dict[str, list[str]]
     server = [str(find_tool("llama-server")), "-m", str(target), *common, "-tb", str(args.threads),
               "--no-webui"]
     spec = ["--spec-type", args.spec_type, "--spec-draft-n-max", str(args.n_max), *args.spec_args.split()]
-    md = [] if all(t.startswith("ngram") for t in args.spec_type.split(",")) else ["-md", str(draft)]
+    md = [] if registry.text_only(args.spec_type) else ["-md", str(draft)]
     return {
         "ggspec spec": [*ggspec, *md, *spec],
         "llama-server spec": [*server, *md, *spec, "-td", str(args.threads), "-tbd", str(args.threads)],
@@ -149,7 +150,7 @@ def main() -> int:
     args.logs.mkdir(parents=True, exist_ok=True)
 
     files = resolve(get_entry(args.pair))
-    if files.draft is None and not all(t.startswith("ngram") for t in args.spec_type.split(",")):
+    if files.draft is None and not registry.text_only(args.spec_type):
         raise SystemExit(f"pair {args.pair} has no draft for --spec-type {args.spec_type}")
     levels = [int(c) for c in args.concurrency.split(",")]
     prompts = [p.text for p in BUILTIN]

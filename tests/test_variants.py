@@ -297,8 +297,8 @@ def test_run_cpp_checks_the_speculative_type(tool, coder):
         run_cpp(tool, t, None, PROMPT, 8, 3, defer=False, spec_type="draft-dspark")
     with pytest.raises(InputError, match="unknown speculative type"):
         run_cpp(tool, t, d, PROMPT, 8, 3, defer=False, spec_type="draft-medusa")
-    # without dump_drafts nothing is dumped, and the default is still plain DFlash
-    res = run_cpp(tool, t, base_pair("tiny-coder").draft, PROMPT, 16, 3, defer=False)
+    # without dump_drafts nothing is dumped
+    res = run_cpp(tool, t, base_pair("tiny-coder").draft, PROMPT, 16, 3, defer=False, spec_type="draft-dflash")
     assert res.drafts == [] and res.drafted > 0
 
 

@@ -158,7 +158,7 @@ def gpu_layer_args(n_gpu_layers: int, draft: bool = False) -> list[str]:
 
 def run_cpp(tool: Path, target: Path, draft: Path | None, prompt: str, n: int, n_max: int, *, defer: bool,
             n_ctx: int = 2048, ctk: str = "f16", ctv: str = "f16", flash_attn: str = "off", threads: int = 1,
-            forced: Path | None = None, timeout: float = 600, spec_type: str = "draft-dflash",
+            spec_type: str, forced: Path | None = None, timeout: float = 600,
             p_min: float | None = None, n_min: int | None = None, options: Mapping[str, Options] | None = None,
             dump_drafts: bool = False, sampling: SamplerSettings | None = None, n_gpu_layers: int = 0) -> CppResult:
     """One run of llama.cpp's speculative loop (greedy unless `sampling` has a temperature) with `spec_type` (one,

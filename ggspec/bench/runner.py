@@ -304,7 +304,7 @@ class Runner:
         res = run_cpp(self._tool(TOOL), local_path(self.s.target), draft, self.s.prompts[i].text, n, cfg.n_max,
                       defer=cfg.inject == "deferred", n_ctx=cfg.n_ctx, ctk=cfg.ctk, ctv=cfg.ctv,
                       flash_attn=flash_attn, threads=self.s.threads, forced=forced,
-                      spec_type=self.models.plan.spec_type or "draft-dflash", p_min=self.s.p_min or None,
+                      spec_type=self.models.plan.spec_type, p_min=self.s.p_min or None,
                       sampling=sampling, dump_drafts=True, n_gpu_layers=self.s.n_gpu_layers,
                       options=self._type_options(cfg.n_max))
         # the per-step figures come from the draft dump: τ, the histogram and per-position

@@ -76,11 +76,12 @@ def plain_divergence(sp, prompt: list[int], spec: list[int], n_predict: int, ign
 def what_to_try(sp) -> str:
     """Settings that may win where this one lost, in flags, leaving out the one in use."""
     tries = []
+    from_text = any(t.traits.cheap for t in sp.plan.types)  # an n-gram type among them already
     if sp.draft_length is None:
-        if sp.n_max > 3 and not sp.plan.spec_type.startswith("ngram"):
+        if sp.n_max > 3 and not from_text:
             tries.append("a shorter draft (--spec-draft-n-max 3)")
         tries.append("--spec-draft-n-max auto (chooses the length, none included, every step)")
-    if not sp.plan.spec_type.startswith("ngram"):
+    if not from_text:
         tries.append("--spec-type ngram-simple (drafts from the text itself: no draft model to run)")
     tries.append("--no-spec")
     return ", ".join(tries[:-1]) + " or " + tries[-1] if len(tries) > 1 else tries[0]

@@ -69,12 +69,20 @@ def make_draft_length(cfg: PairConfig, plan: DraftPlan, n_max: int, recurrent: b
 
 @dataclass
 class Assembly:
-    """The llama.cpp objects an engine runs on (the engine closes them)."""
+    """What an engine runs on: the llama.cpp objects (the engine closes them) and its rules."""
 
+    n_max: int  # the longest draft a step verifies
     target: Context
     draft_ctx: Context | None = None
     proposer: Proposer | None = None
     auto_lead: AutoLead | None = None  # capped planes whose lead layout follows the acceptance
+    draft_length: DraftLength | None = None  # the adaptive rule (--spec-draft-n-max auto)
+    shares_cells: bool = False  # the draft context's layers read the target's cells
+
+    @property
+    def cell_contexts(self) -> list[Context]:
+        """The contexts whose cells hold a sequence's positions: the target's and a draft model's."""
+        return [self.target] if self.draft_ctx is None or self.shares_cells else [self.target, self.draft_ctx]
 
     def close(self) -> None:
         for obj in (self.proposer, self.draft_ctx, self.target):
@@ -82,15 +90,23 @@ class Assembly:
                 obj.close()
 
 
-def assemble(models: Models, cfg: PairConfig, plan: DraftPlan, n_max: int, caps: list[int], *,
-             keep_state: bool, warnings: list[str]) -> Assembly:
-    """The target's context (with rollback planes on a hybrid target), the proposer of the plan's
-    types (and the draft context one of them opens), and prepared-plan pools for each context."""
+def assemble(models: Models, cfg: PairConfig, plan: DraftPlan, *, keep_state: bool, warnings: list[str]) -> Assembly:
+    """The draft length and the checks of the options against it, the target's context (with
+    rollback planes on a hybrid target), the proposer of the plan's types (and the draft context
+    one of them opens), prepared-plan pools for each context, and the adaptive rule."""
     speculative = plan.types != ()
-    parts = Assembly(Context(models.target, _target_params(models, cfg, plan, n_max, speculative, warnings),
-                             what="target"))
+    recurrent = models.target.is_recurrent
+    n_max, caps = draft_lengths(cfg, plan, warnings)
+    if speculative and recurrent:
+        cfg.planes.check(n_max)
+    check_options(cfg, n_max, speculative, fixed_block=any(t.traits.fixed_block for t in plan.types))
+    parts = Assembly(n_max, Context(models.target, _target_params(models, cfg, plan, n_max, speculative, warnings),
+                                    what="target"),
+                     shares_cells=any(p.shares_cells for p in plan.parts or (plan,)))
+    if cfg.adaptive and speculative:
+        parts.draft_length = make_draft_length(cfg, plan, n_max, recurrent)
     try:
-        if speculative and models.target.is_recurrent and cfg.planes.capped(n_max):
+        if speculative and recurrent and cfg.planes.capped(n_max):
             parts.auto_lead = _set_planes(parts.target, cfg, n_max)
         _check_type_options(cfg, plan, warnings)
         if plan.parts:

@@ -26,8 +26,8 @@ from collections.abc import Iterator
 import numpy as np
 
 from ggspec.errors import ClosedError, InputError
-from ggspec.runtime import Batch, Context
-from ggspec.speculative.assembly import assemble, check_options, draft_lengths, make_draft_length
+from ggspec.runtime import Batch
+from ggspec.speculative.assembly import assemble
 from ggspec.speculative.draft_type import DraftPlan
 from ggspec.speculative.models import Models, PairConfig
 from ggspec.speculative.planes import layout_words
@@ -87,22 +87,16 @@ class Engine:
         self.parallel = cfg.parallel
         self.warnings: list[str] = list(models.warnings)
         self.plan = DraftPlan(None) if plain else models.plan
-        self.n_max, caps = draft_lengths(cfg, self.plan, self.warnings)
         self.speculative = self.plan.spec_type is not None
-        if self.speculative and models.target.is_recurrent:
-            cfg.planes.check(self.n_max)
-        check_options(cfg, self.n_max, self.speculative, fixed_block=any(t.traits.fixed_block for t in self.plan.types))
-        recurrent = models.target.is_recurrent
-        self.draft_length = make_draft_length(cfg, self.plan, self.n_max, recurrent) if cfg.adaptive and self.speculative \
-            else None
         self.sampling = cfg.sampling  # what a sequence added without its own settings gets
         self.verifier: Verifier = verifier or SequenceVerifier()
         self._owns_models = False
         self._closed = False
         self._state_bytes: int | None = None  # one recurrent state's bytes, measured at the first prefill
-        parts = assemble(models, cfg, self.plan, self.n_max, caps, keep_state=keep_draft_state, warnings=self.warnings)
-        self.target, self.draft_ctx, self.auto_lead = parts.target, parts.draft_ctx, parts.auto_lead
+        parts = assemble(models, cfg, self.plan, keep_state=keep_draft_state, warnings=self.warnings)
+        self.n_max, self.target, self.draft_ctx = parts.n_max, parts.target, parts.draft_ctx
         self.proposer: Proposer | None = parts.proposer
+        self.auto_lead, self.draft_length = parts.auto_lead, parts.draft_length
         try:
             self._batch = Batch(self.target)
         except BaseException:
@@ -113,7 +107,8 @@ class Engine:
         if self.prompt_cache:
             self.warnings += [t.note_prompt_cache for t in self.plan.types if t.note_prompt_cache]
         self.first_token_from_prefill = first_token_from_prefill
-        self.slots = Slots(self.target, self._cell_contexts(), self.parallel, self.prompt_cache, cache_ram)
+        self.slots = Slots(self.target, parts.cell_contexts, self.parallel, self.prompt_cache, cache_ram,
+                           self.block_cells)
         self.active: list[Sequence] = []
         self.stats = EngineStats()
         self._is_eog = models.target.is_eog
@@ -134,31 +129,17 @@ class Engine:
 
     @property
     def capacity(self) -> int:
-        """Cache cells of one sequence: every parallel slot gets its own n_ctx / parallel (llama.cpp
-        pads it to a multiple of 256). Separate streams keep each sequence's attention to its own
-        cells: with one cache shared by all, every verify row attends over every sequence's
-        cells, which cost 22 % of the aggregate speed at -np 4 on the tiny pair (measured)."""
-        return self.target.n_ctx_seq
+        """Cache cells of one sequence (Slots.capacity)."""
+        return self.slots.capacity
 
     @property
     def block_cells(self) -> int:
         """Cells a sequence needs past its prompt and its budget: one verify block."""
         return (self.n_max if self.speculative else 0) + 1
 
-    def _need(self, n_prompt: int, n_predict: int) -> int:
-        """Cells a sequence may occupy: its prompt, its budget and one verify block past it."""
-        return n_prompt + n_predict + self.block_cells
-
     def check_prompt(self, prompt: np.ndarray) -> None:
         """Reject prompts llama.cpp cannot take, before anything is decoded."""
-        if len(prompt) == 0:
-            raise InputError("the prompt is empty (it tokenized to zero tokens)", field="prompt")
-        need = len(prompt) + self.block_cells  # prompt, then one verify block [id_last, d1..dn]
-        if need > self.capacity:
-            room = "a draft block" if self.speculative else "one generated token"
-            raise InputError(f"the prompt has {len(prompt)} tokens: with {room} it needs {need} positions, "
-                             f"but the context holds {self.capacity} (raise the context size or shorten the prompt)",
-                             field="prompt")
+        self.slots.check_prompt(prompt)
 
     def can_add(self, prompt: np.ndarray, n_predict: int) -> bool:
         """Whether `add` would find a free slot now (every slot has its own cells)."""
@@ -186,7 +167,7 @@ class Engine:
         seq = Sequence(slot, prompt, n_predict, ignore_eos=ignore_eos, tag=tag,
                        speculate=speculate and self.proposer is not None, record_margins=record_margins,
                        sampling=sampling, seed=self._seed(sampling.seed if seed is None else seed))
-        seq.limit = min(self._need(len(prompt), n_predict), self.capacity)  # positions it may use
+        seq.limit = self.slots.limit(len(prompt), n_predict)  # positions it may use
         seq.n_cached = cached
         self.active.append(seq)
         if seq.speculate:
@@ -196,12 +177,6 @@ class Engine:
         elif self.proposer is not None:
             self.proposer.release(seq)  # its draft cells would go stale
         return seq
-
-    def _cell_contexts(self) -> list[Context]:
-        """The contexts whose cells hold a sequence's positions: the target's and a draft model's."""
-        if self.draft_ctx is None or any(p.shares_cells for p in self.plan.parts or (self.plan,)):
-            return [self.target]
-        return [self.target, self.draft_ctx]
 
     @staticmethod
     def _seed(seed: int) -> int:

@@ -24,15 +24,40 @@ class Slots:
     """The free slots, and the tokens each free slot's cells still hold (positions 0..)."""
 
     def __init__(self, target: Context, cell_contexts: list[Context], parallel: int, prompt_cache: bool,
-                 cache_ram: int | None) -> None:
+                 cache_ram: int | None, block_cells: int) -> None:
         """`cell_contexts`: the contexts whose cells hold a sequence's positions (the target's and
-        a draft model's); `cache_ram`: bytes for the host-memory store (0: none, None: no limit)."""
+        a draft model's); `cache_ram`: bytes for the host-memory store (0: none, None: no limit);
+        `block_cells`: the cells one verify block needs past a sequence's prompt and budget."""
         self.target = target
+        self.block_cells = block_cells
         self.cell_contexts = cell_contexts
         self.prompt_cache = prompt_cache
         self.free = list(range(parallel))
         self.cached: dict[int, np.ndarray] = {}  # free slot -> its cells' tokens, in the order slots were freed
         self.store = PromptStore(cache_ram) if prompt_cache and cache_ram != 0 else None
+
+    @property
+    def capacity(self) -> int:
+        """Cache cells of one sequence: every parallel slot gets its own n_ctx / parallel (llama.cpp
+        pads it to a multiple of 256). Separate streams keep each sequence's attention to its own
+        cells: with one cache shared by all, every verify row attends over every sequence's
+        cells, which cost 22 % of the aggregate speed at -np 4 on the tiny pair (measured)."""
+        return self.target.n_ctx_seq
+
+    def check_prompt(self, prompt: np.ndarray) -> None:
+        """Reject prompts llama.cpp cannot take, before anything is decoded."""
+        if len(prompt) == 0:
+            raise InputError("the prompt is empty (it tokenized to zero tokens)", field="prompt")
+        need = len(prompt) + self.block_cells  # prompt, then one verify block [id_last, d1..dn]
+        if need > self.capacity:
+            room = "a draft block" if self.block_cells > 1 else "one generated token"
+            raise InputError(f"the prompt has {len(prompt)} tokens: with {room} it needs {need} positions, "
+                             f"but the context holds {self.capacity} (raise the context size or shorten the prompt)",
+                             field="prompt")
+
+    def limit(self, n_prompt: int, n_predict: int) -> int:
+        """Positions a sequence may use: its prompt, its budget and one verify block past it."""
+        return min(n_prompt + n_predict + self.block_cells, self.capacity)
 
     def take(self, prompt: np.ndarray) -> tuple[int, int]:
         """A free slot for a prompt, and how many of the prompt's first tokens its cells hold (the
