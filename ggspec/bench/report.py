@@ -18,6 +18,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from ggspec.bench.configs import KINDS, NATIVE_MODES, Axes, BenchConfig, Skipped, check_axes
+from ggspec.bench.forced import PROFILES
 from ggspec.bench.prompts import Prompt
 from ggspec.bench.runner import Run, Settings
 from ggspec.errors import InputError
@@ -25,7 +26,6 @@ from ggspec.files import atomic_write, describe_bad_text, read_text
 from ggspec.runtime.devices import Placement, parse_endpoint
 from ggspec.speculative import registry
 from ggspec.speculative.stats import RunStats, k_shares, merge
-from ggspec.testing.forced import PROFILES
 from ggspec.values import is_int, is_number
 
 SCHEMA = "ggspec-bench/1"

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from ggspec.bench.configs import BenchConfig
+from ggspec.bench.forced import PROFILES, ForcedAcceptance, profile_lengths
 from ggspec.bench.native import PLAIN_TOOL, TOOL, draft_steps, find_tool, run_cpp, run_plain
 from ggspec.bench.prompts import Prompt
 from ggspec.files import local_path
@@ -37,11 +38,10 @@ from ggspec.speculative.driver import Request, drive
 from ggspec.speculative.engine import Engine
 from ggspec.speculative.loop import generate_greedy, proposing
 from ggspec.speculative.models import Models, PairConfig
+from ggspec.speculative.oracle import Divergence, compare
 from ggspec.speculative.planes import PlaneOptions
 from ggspec.speculative.sampling import SamplerSettings
 from ggspec.speculative.stats import RunStats, Step
-from ggspec.testing.forced import PROFILES, ForcedAcceptance, profile_lengths
-from ggspec.testing.oracle import Divergence, compare
 
 WARMUP_TOKENS = 16
 

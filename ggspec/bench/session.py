@@ -14,12 +14,12 @@ from pathlib import Path
 
 from ggspec.bench import report
 from ggspec.bench.configs import Axes, BenchConfig, Skipped, expand
+from ggspec.bench.forced import PROFILES
 from ggspec.bench.meta import collect
 from ggspec.bench.report import check_profile_weights
 from ggspec.bench.runner import Run, Runner, Settings
 from ggspec.errors import GGSpecError, InputError
 from ggspec.files import local_path, read_text
-from ggspec.testing.forced import PROFILES
 
 
 def parse_profile(spec: str | None) -> tuple[str | None, tuple[float, ...] | None]:

@@ -3,7 +3,7 @@
 The verdict decodes the (single) prompt again, plain, on the same engine right after the
 speculative decode and says whether speculation paid, with what to try when it lost; `--check`
 decodes every prompt plain greedy and says, per prompt, whether the outputs are identical and, where
-not, whether the difference is a benign near-tie or a REAL divergence (ggspec.testing.oracle).
+not, whether the difference is a benign near-tie or a REAL divergence (ggspec.speculative.oracle).
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def plain_divergence(sp, prompt: list[int], spec: list[int], n_predict: int, ign
     """Decode `prompt` plain greedy with the target's top-2 margins recorded and compare it with the
     speculative output: (the plain tokens, the first difference or None; a near-tie is benign)."""
     from ggspec.speculative.loop import generate_greedy
-    from ggspec.testing.oracle import compare
+    from ggspec.speculative.oracle import compare
 
     steps = list(generate_greedy(sp, prompt, n_predict, record_margins=True, ignore_eos=ignore_eos))
     plain = [t for st in steps for t in st.tokens]

@@ -1,1 +1,0 @@
-"""Harness code for tests and benchmarks: the losslessness oracle and forced acceptance."""
