@@ -31,13 +31,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ggspec.errors import InputError, LlamaError
+from ggspec.errors import InputError
 from ggspec.runtime import Batch, Context
 from ggspec.runtime.gguf_meta import GGUFMeta
 from ggspec.runtime.preflight import check_model
 from ggspec.speculative.archs import LAYER_INPUT_ARCHS
 from ggspec.speculative.draft_type import Build, DraftPlan, DraftType, Traits, check_draft_given
-from ggspec.speculative.proposer import Draft, Proposer, Span
+from ggspec.speculative.proposer import Draft, Proposer, Span, capture_rows
 from ggspec.speculative.sampling import candidates
 from ggspec.speculative.verifier import DRAFT
 
@@ -182,12 +182,7 @@ class DFlashProposer(Proposer):
         self.draft.remove(cached, seq.seq_id)  # the previous sequence's positions past the shared prefix
 
     def observe(self, spans: list[Span]) -> None:
-        for sp in spans:
-            if sp.seq_id in self._rows:
-                raise LlamaError(f"feature rows of sequence {sp.seq_id} were never injected and the target has "
-                                 "decoded again since (flush before every target decode)")
-            if sp.n_rows:
-                self._rows[sp.seq_id] = (sp.row0, sp.pos0, sp.n_rows)
+        capture_rows(self._rows, spans, "feature rows", "injected")
         if self.inject == "immediate":
             self.flush()
 

@@ -41,7 +41,7 @@ from ggspec.runtime.preflight import check_model
 from ggspec.speculative.archs import FINAL_STATE_ARCHS, LAYER_INPUT_ARCHS
 from ggspec.speculative.autoregressive import draft_tokens
 from ggspec.speculative.draft_type import Build, DraftPlan, DraftType, Traits, check_draft_given
-from ggspec.speculative.proposer import Draft, Proposer, Span, model_draft
+from ggspec.speculative.proposer import Draft, Proposer, Span, capture_rows, model_draft
 
 
 @dataclass(frozen=True)
@@ -126,12 +126,7 @@ class Eagle3Proposer(Proposer):
         self._written[seq.seq_id] = 0
 
     def observe(self, spans: list[Span]) -> None:
-        for sp in spans:
-            if sp.seq_id in self._rows:
-                raise LlamaError(f"rows of sequence {sp.seq_id} were never encoded and the target has decoded "
-                                 "again since (flush before every target decode)")
-            if sp.n_rows:
-                self._rows[sp.seq_id] = (sp.row0, sp.pos0, sp.n_rows)
+        capture_rows(self._rows, spans, "rows", "encoded")
 
     def commit(self, seq, pos0: int, n_committed: int, other: bool = False) -> None:
         if seq.seq_id in self._rows:

@@ -45,14 +45,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ggspec.errors import InputError, LlamaError
+from ggspec.errors import InputError
 from ggspec.runtime import Batch, Context
 from ggspec.runtime.gguf_meta import GGUFMeta
 from ggspec.runtime.preflight import check_model
 from ggspec.speculative.archs import DRAFTER_ARCHS, is_mtp_drafter
 from ggspec.speculative.autoregressive import draft_tokens
 from ggspec.speculative.draft_type import Build, DraftPlan, DraftType, Options, Traits, option
-from ggspec.speculative.proposer import Draft, Proposer, Span, model_draft
+from ggspec.speculative.proposer import Draft, Proposer, Span, capture_rows, model_draft
 
 # The architectures whose graph, in the pinned llama.cpp, has an MTP head (LLM_GRAPH_TYPE_DECODER_MTP);
 # ggspec runs those with one nextn block (llama.cpp's single-head mode: the same calls for all of
@@ -163,12 +163,7 @@ class MTPProposer(Proposer):
         self._rows.pop(seq.seq_id, None)
 
     def observe(self, spans: list[Span]) -> None:
-        for sp in spans:
-            if sp.seq_id in self._rows:
-                raise LlamaError(f"rows of sequence {sp.seq_id} were never caught up and the target has "
-                                 "decoded again since (flush before every target decode)")
-            if sp.n_rows:
-                self._rows[sp.seq_id] = (sp.row0, sp.pos0, sp.tokens[:sp.n_rows])
+        capture_rows(self._rows, spans, "rows", "caught up", keep=lambda sp: sp.tokens[:sp.n_rows])
 
     def commit(self, seq, pos0: int, n_committed: int, other: bool = False) -> None:
         if seq.seq_id in self._rows:

@@ -35,7 +35,7 @@ import numpy as np
 
 from ggspec.errors import InputError
 from ggspec.speculative.draft_type import TEXT_TRAITS, DraftType, Options, option
-from ggspec.speculative.proposer import Draft, Proposer, Span
+from ggspec.speculative.proposer import Draft, Proposer
 from ggspec.speculative.sequence import Sequence
 
 DEFAULT_SIZE_N = 12  # --spec-ngram-simple-size-n: the looked-up n-gram's length
@@ -152,18 +152,6 @@ class NgramProposer(Proposer):
         self.size_m = int(size_m)
         self.max_draft: int | None = self.size_m  # llama.cpp's n_max for this type
         self._hist: dict[Sequence, _History] = {}
-
-    def begin(self, seq: Sequence, cached: int = 0) -> None:
-        pass
-
-    def observe(self, spans: list[Span]) -> None:
-        pass
-
-    def commit(self, seq: Sequence, pos0: int, n_committed: int, other: bool = False) -> None:
-        pass
-
-    def flush(self) -> None:
-        pass
 
     def draft_one(self, seq: Sequence, n: int) -> np.ndarray:
         """One sequence's draft, at most n tokens (n <= 0: none). llama.cpp's loop differs at the

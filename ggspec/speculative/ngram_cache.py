@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from ggspec.speculative.draft_type import TEXT_TRAITS, DraftType
-from ggspec.speculative.proposer import Draft, Proposer, Span
+from ggspec.speculative.proposer import Draft, Proposer
 from ggspec.speculative.sequence import Sequence
 
 NGRAM_MIN, NGRAM_MAX = 1, 4  # LLAMA_NGRAM_MIN, LLAMA_NGRAM_MAX
@@ -101,15 +101,6 @@ class NgramCacheProposer(Proposer):
 
     def begin(self, seq: Sequence, cached: int = 0) -> None:
         self._caches[seq] = NgramCache()
-
-    def observe(self, spans: list[Span]) -> None:
-        pass
-
-    def commit(self, seq: Sequence, pos0: int, n_committed: int, other: bool = False) -> None:
-        pass  # (llama.cpp's accept is a no-op for this type)
-
-    def flush(self) -> None:
-        pass
 
     def propose(self, seqs: list[Sequence], n: int) -> list[Draft]:
         out = []

@@ -36,7 +36,7 @@ import numpy as np
 from ggspec.errors import InputError
 from ggspec.speculative.draft_type import TEXT_TRAITS, DraftType, Options, option
 from ggspec.speculative.ngram import SIZE_LIMIT, _History, split_history
-from ggspec.speculative.proposer import Draft, Proposer, Span
+from ggspec.speculative.proposer import Draft, Proposer
 from ggspec.speculative.sequence import Sequence
 
 MAX_VALUES = 4  # COMMON_NGRAM_MAX_VALUES: continuations kept per key
@@ -210,17 +210,11 @@ class NgramMapProposer(Proposer):
         m.begin(seq.prompt[:-1])
         self._hist[seq] = _History()
 
-    def observe(self, spans: list[Span]) -> None:
-        pass
-
     def commit(self, seq: Sequence, pos0: int, n_committed: int, other: bool = False) -> None:
         if seq in self._drafted:  # llama.cpp's accept after every verify of a drafting step
             self._drafted.discard(seq)
             if not other:  # (another type's draft: llama.cpp's is_other, ignored)
                 self._maps[seq].accept(n_committed - 1)
-
-    def flush(self) -> None:
-        pass
 
     def propose(self, seqs: list[Sequence], n: int) -> list[Draft]:
         out = []

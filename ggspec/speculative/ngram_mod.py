@@ -35,7 +35,7 @@ import numpy as np
 from ggspec.errors import InputError
 from ggspec.speculative.draft_type import TEXT_TRAITS, DraftType, Options, option
 from ggspec.speculative.ngram import SIZE_LIMIT, _History, split_history
-from ggspec.speculative.proposer import Draft, Proposer, Span
+from ggspec.speculative.proposer import Draft, Proposer
 from ggspec.speculative.sequence import Sequence
 
 TABLE_SIZE = 4 * 1024 * 1024  # entries (llama.cpp: 4*1024*1024); a power of two
@@ -138,9 +138,6 @@ class NgramModProposer(Proposer):
         if self.table.used / self.table.size > 0.25:
             self.table.reset()
 
-    def observe(self, spans: list[Span]) -> None:
-        pass
-
     def commit(self, seq: Sequence, pos0: int, n_committed: int, other: bool = False) -> None:
         if seq not in self._drafted:
             return
@@ -158,9 +155,6 @@ class NgramModProposer(Proposer):
                 info.i_last = 0
         else:
             info.n_low = 0
-
-    def flush(self) -> None:
-        pass
 
     def _draft_one(self, seq: Sequence) -> np.ndarray:
         info = self._info[seq.seq_id]
@@ -247,7 +241,8 @@ def _llama_args(o: NgramModOptions | None, n_max: int) -> list[str]:
 
 
 NGRAM_MOD = DraftType(
-    name="ngram-mod", priority=3, traits=TEXT_TRAITS, options=NgramModOptions, # the table outlives the requests where the engine keeps drafter state (the server)
+    name="ngram-mod", priority=3, traits=TEXT_TRAITS, options=NgramModOptions,
+    # the table outlives the requests where the engine keeps drafter state (the server)
     make=lambda b: NgramModProposer(b.options.n_match, b.options.n_max, b.options.n_min, keep_table=b.keep_state),
     own_n_max=lambda o: o.n_max, llama_args=_llama_args)
 TYPES = (NGRAM_MOD,)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ggspec.errors import LlamaError
 from ggspec.speculative.sampling import Candidates
 
 if TYPE_CHECKING:
@@ -94,6 +95,19 @@ class Proposer:
 
     def close(self) -> None:
         """Free owned llama.cpp objects."""
+
+
+def capture_rows(rows: dict, spans: list[Span], what: str, done: str, keep=lambda sp: sp.n_rows) -> None:
+    """observe() of a proposer that reads the target's rows: note each sequence's rows of the last
+    target decode, (first row, first position, keep(span)), until its flush uses them. Rows still
+    noted from an earlier decode were overwritten unused: a flush was missed ("{what} of sequence N
+    were never {done}")."""
+    for sp in spans:
+        if sp.seq_id in rows:
+            raise LlamaError(f"{what} of sequence {sp.seq_id} were never {done} and the target has decoded again "
+                             "since (flush before every target decode)")
+        if sp.n_rows:
+            rows[sp.seq_id] = (sp.row0, sp.pos0, keep(sp))
 
 
 def model_draft(tokens: list[int], dists: list[Candidates], n_min: int) -> Draft:

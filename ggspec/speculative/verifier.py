@@ -17,7 +17,6 @@ from ggspec.speculative.proposer import Draft
 from ggspec.speculative.sampling import Candidates, SamplerSettings, candidates
 from ggspec.speculative.sequence import Sequence
 
-
 DRAFT, VERIFY = 0, 1  # the purposes of a sequence's random draws (Sequence.rng)
 
 
