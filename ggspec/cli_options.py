@@ -220,13 +220,6 @@ def target_drafts_alone(target: Path) -> bool:
     return detected_type(target) is not None
 
 
-def concrete_seed(seed: int) -> int:
-    """llama.cpp's default seed means a random one: drawn here, once, so it can be reported and reused."""
-    import secrets
-
-    return secrets.randbelow(DEFAULT_SEED) if seed == DEFAULT_SEED else seed
-
-
 def pick(given, recommended: dict, key: str, default=None):
     """A flag the user gave wins over the pair's recommendation, which wins over `default`."""
     if given is not None:

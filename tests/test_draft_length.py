@@ -1,36 +1,40 @@
 """The adaptive draft length (`--spec-draft-n-max auto`, ggspec/speculative/draft_length.py).
 
-The rule on plain numbers (costs read off measured shapes, the best k for given acceptance and
-costs, one k for equal spans, more rows to the sequence that accepts more, looks that back off,
-drafts scored past the verified k); then on the real build: greedy output equals plain greedy
-output for every kind of drafter (DFlash, draft-simple, EAGLE3, n-gram, MTP on a hybrid target
-with capped planes, three sequences at once); DFlash rows held in host memory through steps without
-a draft give the drafts a draft-context call every step gives; the CLI and bench show the choices.
+Costs read off measured shapes and acceptance by position; then the rule driven the way the
+engine's step drives it (before, after, measured, committed) with made-up costs and drafts: the k
+it verifies follows acceptance and costs, plain decoding (k = 0) where drafting cannot pay, more
+rows to the sequence that accepts more and one k for equal spans, probes that back off while
+drafts fail and come back when the text repeats, drafts scored past the verified k; then on the
+real build: greedy output equals plain greedy output for every kind of drafter (DFlash,
+draft-simple, EAGLE3, n-gram, MTP on a hybrid target with capped planes, three sequences at once);
+DFlash rows held in host memory through steps without a draft give the drafts a draft-context call
+every step gives; the CLI and bench show the choices.
 """
 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from conftest import PROMPTS, run_cli
-from test_draft_model import DFLASH, DRAFT, TARGET
-from test_eagle3 import EAGLE3
-from test_mtp import Recorder
 from ggspec.errors import InputError
 from ggspec.fixtures.mtp_head import ensure_fitted
 from ggspec.catalogue.tiny import ensure_tiny_pair
 from ggspec.runtime import ContextParams
 from ggspec.speculative.costs import Acceptance, ShapeCosts
-from ggspec.speculative.draft_length import PROBE_FIRST, WARM_UP, DraftLength
+from ggspec.speculative.draft_length import DraftLength
 from ggspec.speculative.engine import Engine
 from ggspec.speculative.loop import generate_greedy
 from ggspec.speculative.models import PairConfig, parse_n_max
 from ggspec.speculative.planes import PlaneOptions
 from ggspec.speculative.ngram import NgramSimpleOptions
+from ggspec.speculative.proposer import Draft
+from helpers.drafts import Recorder
+from helpers.pairs import DFLASH, DRAFT, EAGLE3, TARGET
 
 CTX = ContextParams(n_ctx=2048, n_threads=1, flash_attn="off")
 N = 96
@@ -65,112 +69,166 @@ def test_acceptance_gains_fall_with_the_position():
 
 
 class _Seq:
-    """What the rule reads of a sequence."""
+    """What the rule reads of a sequence; its text is `truth`, a fixed stream of tokens."""
 
-    def __init__(self, seq_id: int, history=(), left: int = 1000) -> None:
-        self.seq_id, self.history, self.left = seq_id, list(history), left
+    def __init__(self, seq_id: int) -> None:
+        self.seq_id, self.left = seq_id, 10**6
+        self.history = [self.truth(0)]
+
+    def truth(self, pos: int) -> int:
+        return 100 + (7 * pos + self.seq_id) % 50
 
 
-def _rule(n_max=8, verify=((1, 1.0), (9, 1.1)), draft=((8, 0.1),), **kw) -> DraftLength:
-    rule = DraftLength(n_max, cheap=kw.pop("cheap", False), fixed_block=kw.pop("fixed_block", False),
+WRONG = 9999  # a drafted token the text never has
+
+
+def _linear(t1: float, t_last: float, rows_last: int = 9):
+    """Seconds of a target decode by its rows: t1 for one row, t_last for rows_last."""
+    return lambda rows: t1 + (t_last - t1) * (rows - 1) / (rows_last - 1)
+
+
+class _World:
+    """Drives the rule as the engine's step does (before, the draft call, after, the verify, measured,
+    committed), with made-up seconds for the calls and drafts whose first right(seq, step) tokens
+    are the text's. `steps` keeps each step's verified k per sequence, whether it made a draft
+    call, and its seconds."""
+
+    def __init__(self, rule: DraftLength, seqs: list[_Seq], verify, draft, right, n: int = 8) -> None:
+        self.rule, self.seqs, self.verify, self.draft, self.right, self.n = rule, seqs, verify, draft, right, n
+        self.steps: list[tuple[dict[int, int], bool, float]] = []
+        for seq in seqs:
+            rule.begin(seq)
+
+    def run(self, steps: int) -> _World:
+        for _ in range(steps):
+            self._step()
+        return self
+
+    def _step(self) -> None:
+        rule, live, i = self.rule, self.seqs, len(self.steps)
+        n, drafting = rule.before(live, live, self.n)
+        made = {}
+        for seq in drafting:
+            pos, right = len(seq.history) - 1, self.right(seq, i)
+            made[seq] = Draft(np.array([seq.truth(pos + 1 + j) if j < right else WRONG for j in range(n)], dtype=np.int32))
+        ks = rule.after(live, made) if made else {}
+        assert all(0 <= ks[seq] <= len(made[seq]) for seq in made)
+        t_draft = self.draft(len(drafting), n) if drafting else 0.0
+        rows = sum(ks.get(seq, 0) + 1 for seq in live)
+        t_verify = self.verify(rows)
+        accepted = {seq: min(ks.get(seq, 0), self.right(seq, i)) for seq in live}
+        rule.measured(len(live), len(drafting), n, t_draft, rows, t_verify, 0.0, sum(a + 1 for a in accepted.values()))
+        for seq in live:
+            pos, d = len(seq.history) - 1, made.get(seq)
+            rule.committed(seq, pos, None if d is None else d.tokens, ks.get(seq, 0), accepted[seq])
+            seq.history += [seq.truth(pos + 1 + j) for j in range(accepted[seq] + 1)]
+        self.steps.append(({seq.seq_id: ks.get(seq, 0) for seq in live}, bool(drafting), t_draft + t_verify))
+
+    def ks(self, seq_id: int = 0, last: int = 150) -> Counter:
+        """How often each k was verified for a sequence in the last steps."""
+        return Counter(k[seq_id] for k, _, _ in self.steps[-last:])
+
+    def drafting(self, since: int = 0, until: int | None = None) -> list[int]:
+        """The steps that made a draft call."""
+        return [i for i, (_, called, _) in enumerate(self.steps[:until]) if called and i >= since]
+
+
+def _rule(**kw) -> DraftLength:
+    return DraftLength(8, cheap=kw.pop("cheap", False), fixed_block=kw.pop("fixed_block", False),
                        equal_spans=kw.pop("equal_spans", False), **kw)
-    smallest = min(rows for rows, _ in verify)  # the plain steps' rows; the others verify drafts
-    for rows, t in verify:
-        (rule.plain if rows == smallest else rule.spec).add(rows, t)
-    for n, t in draft:
-        rule._draft_costs(1, exact=True).add(n, t)
-    rule.rest_plain = rule.rest_spec = 0.0
-    return rule
 
 
-def _accepting(rule: DraftLength, seq, right: int, length: int = 8, times: int = 60) -> None:
-    for _ in range(times):
-        rule.tracks[seq.seq_id].acceptance.add(length, right, length)
+def _chosen_k_is_zero(rule: DraftLength, world: _World, steps: int = 150) -> None:
+    """Over the next steps the rule itself verifies no draft: every step that does is a probe."""
+    probes, start = rule.probes, len(world.steps)
+    world.run(steps)
+    verified = [i for i, (k, _, _) in enumerate(world.steps) if i >= start and any(k.values())]
+    assert len(verified) == rule.probes - probes and len(verified) < steps // 4, (len(verified), rule.probes - probes)
 
 
-def test_the_best_length_follows_acceptance_and_costs():
-    seq = _Seq(0)
-    rule = _rule()  # memory-bound: 9 rows cost 1.1 one row's time, drafting 0.1
-    rule.begin(seq)
-    _accepting(rule, seq, right=5)
-    k = rule._choose([seq], [seq], 8, [8])[0]
-    assert 4 <= k <= 6  # the drafts that survive, hardly more
-    _accepting(rule, seq, right=0, times=600)
-    assert rule._choose([seq], [seq], 8, [8]) == [0]  # nothing survives: plain decoding
-    # compute-bound (this machine's tiny pair): an 8-row verify costs 3.1 decodes, a draft step half of one
-    compute_bound = _rule(verify=((1, 1.0), (9, 3.1)), draft=((8, 4.0),))
-    compute_bound.begin(seq)
-    for right in [0, 1] * 40:  # half the first drafts survive
-        _accepting(compute_bound, seq, right=right, times=1)
-    assert compute_bound._choose([seq], [seq], 8, [8]) == [0]
-    _accepting(compute_bound, seq, right=8, times=300)  # all of them survive: long drafts pay even here
-    assert compute_bound._choose([seq], [seq], 8, [8])[0] >= 6
+def test_the_chosen_length_follows_acceptance_and_costs():
+    memory_bound = _linear(1.0, 1.1)  # 9 rows cost 1.1 one row's time; 8 drafted tokens 0.1
+    world = _World(_rule(), [_Seq(0)], memory_bound, lambda seqs, n: 0.1 * n / 8, lambda seq, step: 5).run(300)
+    k, count = world.ks().most_common(1)[0]
+    assert 4 <= k <= 6 and count > 130, world.ks()  # the drafts that survive, hardly more
+    rule = _rule()  # nothing survives: plain decoding
+    _chosen_k_is_zero(rule, _World(rule, [_Seq(0)], memory_bound, lambda seqs, n: 0.1 * n / 8,
+                                   lambda seq, step: 0).run(150))
+    # compute-bound (the tiny pair on this machine): an 8-row verify costs 3.1 decodes, a DFlash
+    # block 4; half of the first drafts survive: plain decoding
+    compute_bound = _linear(1.0, 3.1)
+    rule = _rule(fixed_block=True)
+    _chosen_k_is_zero(rule, _World(rule, [_Seq(0)], compute_bound, lambda seqs, n: 4.0,
+                                   lambda seq, step: step % 2).run(150))
+    # all of them survive: long drafts pay even here
+    world = _World(_rule(fixed_block=True), [_Seq(0)], compute_bound, lambda seqs, n: 4.0, lambda seq, step: 8).run(300)
+    assert sum(c for k, c in world.ks().items() if k >= 6) > 130, world.ks()
 
 
 def test_several_sequences_share_rows_by_their_acceptance_and_hybrids_verify_one_length():
-    good, bad = _Seq(0), _Seq(1)
-    rule = _rule(verify=((2, 1.0), (18, 1.2)), draft=((8, 0.05),))
-    for seq in (good, bad):
-        rule.begin(seq)
-    _accepting(rule, good, right=8)
-    _accepting(rule, bad, right=0)
-    k_good, k_bad = rule._choose([good, bad], [good, bad], 8, [8, 8])
-    assert k_good >= 6 and k_bad == 0
-    hybrid = _rule(verify=((2, 1.0), (18, 1.2)), draft=((8, 0.05),), equal_spans=True)
-    for seq in (good, bad):
-        hybrid.begin(seq)
-    _accepting(hybrid, good, right=8)
-    _accepting(hybrid, bad, right=0)
-    ks = hybrid._choose([good, bad], [good, bad], 8, [8, 8])
-    assert ks[0] == ks[1] > 0  # one span length for both (the padding is paid anyway)
+    verify = _linear(1.0, 1.2, 17)
+
+    def right(seq, step):  # sequence 0's drafts are right, sequence 1's never
+        return 8 if seq.seq_id == 0 else 0
+
+    world = _World(_rule(), [_Seq(0), _Seq(1)], verify, lambda seqs, n: 0.05 * n / 8, right).run(300)
+    good, bad = world.ks(0), world.ks(1)
+    assert sum(c for k, c in good.items() if k >= 6) > 130 and bad[0] > 130, (good, bad)
+    hybrid = _World(_rule(equal_spans=True), [_Seq(0), _Seq(1)], verify, lambda seqs, n: 0.05 * n / 8, right).run(300)
+    spans = Counter((k[0], k[1]) for k, _, _ in hybrid.steps[-150:])
+    assert all(a == b for a, b in spans) and sum(c for (a, _), c in spans.items() if a > 0) > 130, spans  # (padded anyway)
 
 
 def test_a_sequence_at_zero_probes_ever_less_often_until_the_text_repeats():
-    seq = _Seq(0, history=[1])
-    rule = _rule(verify=((1, 1.0), (9, 3.1)), draft=((8, 1.6),))  # a probe costs 1.6 plain steps
-    rule.begin(seq)
-    _accepting(rule, seq, right=0, times=300)
-    rule._steps = 2 * WARM_UP  # past the measuring steps
-    longest = rule._longest_wait()
-    assert longest == 160  # probes at 1 % of the time
-    probes, right_from = [], 700
-    for step in range(900):
-        n, drafting = rule.before([seq], [seq], 8)
-        pos, right = len(seq.history) - 1, step >= right_from
-        if drafting:
-            probes.append(step)
-            k = rule._plan[0]
-            assert k >= 1  # a probe verifies drafts
-            accepted = k if right else 0
-            rule.committed(seq, pos, np.full(n, 7 if right else 9, dtype=np.int32), k, accepted)
-            seq.history += [7] * (accepted + 1)
-        else:
-            rule.committed(seq, pos, None, 0, 0)
-            seq.history.append(7)
-    gaps = np.diff(probes).tolist()
-    assert probes[0] == PROBE_FIRST - 1 and gaps[:4] == [8, 16, 32, 64] and max(gaps) == longest
-    first_right = next(i for i, step in enumerate(probes) if step >= right_from)
-    assert max(gaps[first_right:first_right + 3]) <= 2 * PROBE_FIRST  # whole drafts right: it probes often again
-    assert rule.probes == len(probes)
+    """A model drafter whose drafts never survive: k = 0 stretches, broken by probes whose waits grow
+    until probes cost about a hundredth of plain decoding; once the text repeats (whole drafts
+    right), it probes soon and verifies drafts again."""
+    plain, right_from = _linear(1.0, 3.1), 700
+    rule = _rule()
+    world = _World(rule, [_Seq(0)], plain, lambda seqs, n: 1.6 * n / 8,  # a probe costs 1.6 plain steps
+                   lambda seq, step: 8 if step >= right_from else 0)
+    world.run(40)
+    probes = rule.probes
+    world.run(right_from - 40)
+    failing = world.drafting(since=40)
+    assert rule.probes - probes == len(failing) > 5  # every draft call a probe, the rule's own choice 0
+    gaps = np.diff([i for i in world.drafting(since=8)]).tolist()
+    assert gaps == sorted(gaps) and gaps[-1] >= 4 * gaps[0], gaps  # ever less often, up to a cap
+    extra = sum(t - plain(1) for _, _, t in world.steps[40:right_from])
+    assert extra < 0.02 * sum(t for _, _, t in world.steps[40:right_from])  # probes cost ~1 % of the time
+    world.run(200)
+    after = world.drafting(since=right_from)
+    assert after[0] - right_from <= gaps[-1]
+    assert max(np.diff(after[:4])) <= gaps[0]  # a probe whose drafts were all right: it probes often again
+    assert sum(1 for k, _, _ in world.steps[-100:] if k[0] > 0) > 80  # and then verifies drafts
 
 
 def test_drafts_are_scored_past_the_verified_length_by_the_text_that_follows():
-    seq = _Seq(0, history=[5, 6, 7])
-    rule = _rule()
-    rule.begin(seq)
-    draft = np.array([8, 9, 10, 11, 12, 13], dtype=np.int32)
-    rule.committed(seq, 2, draft, k=2, accepted=2)  # both verified drafts right: the rest waits
-    assert rule.tracks[0].pending
-    seq.history += [8, 9, 10]  # the two drafts and the target's own token (= draft 3)
-    rule._score(seq)
-    assert rule.tracks[0].pending  # draft 4 is not decided yet
-    seq.history += [11, 99]  # draft 4 right, draft 5 wrong
-    rule._score(seq)
-    acc = rule.tracks[0].acceptance
-    assert not rule.tracks[0].pending
-    assert acc.tried[:5].tolist() == [1, 1, 1, 1, 1] and acc.accepted[:5].tolist() == [1, 1, 1, 1, 0]
-    rule.committed(seq, 7, draft, k=3, accepted=1)  # the verify decided: wrong at the second
-    assert acc.tried[1] == pytest.approx(0.99 + 1) and acc.accepted[1] == pytest.approx(0.99)
+    """Only two tokens of each (n-gram) draft are verified: what the rule learns of the rest comes
+    from the text committed after it. Right tails make it verify whole drafts, wrong ones two."""
+
+    def learned(tails_right: bool) -> int:
+        rule, seq = _rule(cheap=True), _Seq(0)
+        rule.begin(seq)
+        verify = _linear(1.0, 1.1)
+        for step in range(150):
+            n, drafting = rule.before([seq], [seq], 8)
+            assert (n, drafting) == (8, [seq])  # an n-gram type always drafts, at its full length
+            pos = len(seq.history) - 1
+            tokens = np.array([seq.truth(pos + 1 + j) if j < 2 or tails_right else WRONG for j in range(8)], dtype=np.int32)
+            if step % 2:
+                rule.measured(1, 1, 8, 1e-5, 3, verify(3), 0.0, 3)
+            else:
+                rule.measured(1, 0, 8, 0.0, 1, verify(1), 0.0, 1)
+            rule.committed(seq, pos, tokens, 2, 2)  # 2 verified, both right: the rest waits for the text
+            seq.history += [seq.truth(pos + 1 + j) for j in range(3)]
+        rule.before([seq], [seq], 8)
+        pos = len(seq.history) - 1
+        draft = Draft(np.array([seq.truth(pos + 1 + j) for j in range(8)], dtype=np.int32))
+        return rule.after([seq], {seq: draft})[seq]
+
+    assert learned(tails_right=True) == 8
+    assert learned(tails_right=False) == 2
 
 
 def test_the_flag_takes_auto_and_a_cap():
@@ -243,10 +301,7 @@ class _Every(DraftLength):
 class _NoHold(Recorder):
     """The recorder, for a proposer that flushes into the draft before every target decode."""
 
-    def __getattr__(self, name):
-        if name == "hold":
-            raise AttributeError(name)
-        return getattr(self.inner, name)
+    holds = False
 
 
 def test_held_dflash_rows_give_the_drafts_a_call_every_step_gives():

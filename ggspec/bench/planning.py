@@ -15,6 +15,7 @@ from ggspec import cli_options as opts
 from ggspec.bench.session import Plan
 from ggspec.errors import InputError
 from ggspec.speculative import registry
+from ggspec.speculative.sampling import concrete_seed
 
 
 @dataclass(frozen=True)
@@ -139,6 +140,6 @@ def new_plan(shared: opts.Shared, axes: AxisFlags, *, prompts: Path | None, n_pr
                         type_options=tuple(registry.flat_options(base.spec_options).items()),
                         spec_select=base.spec_select, plan_pool=base.plan_pool,
                         top_k=sampling.top_k, top_p=sampling.top_p, min_p=sampling.min_p,
-                        seed=opts.concrete_seed(sampling.seed))
+                        seed=concrete_seed(sampling.seed))
     n_max_source = "flag" if axes.n_max is not None else "pair" if "n_max" in rec else "default"
     return Plan(settings, grid, native=native, save_path=save, n_max_source=n_max_source)

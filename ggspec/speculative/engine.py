@@ -31,35 +31,12 @@ from ggspec.speculative.assembly import assemble
 from ggspec.speculative.draft_type import DraftPlan
 from ggspec.speculative.models import Models, PairConfig
 from ggspec.speculative.planes import layout_words
-from ggspec.speculative.proposer import Draft, Proposer, Span
-from ggspec.speculative.sampling import DEFAULT_SEED, SamplerSettings
+from ggspec.speculative.proposer import Draft, Proposer, Span, verify_span
+from ggspec.speculative.sampling import SamplerSettings, concrete_seed
 from ggspec.speculative.sequence import Sequence
 from ggspec.speculative.slots import CapacityError, Slots
 from ggspec.speculative.stats import EngineStats, Step, top2_margin
 from ggspec.speculative.verifier import SequenceVerifier, Verifier
-
-EMPTY = np.empty(0, dtype=np.int32)
-NO_DRAFT = Draft(EMPTY)
-
-
-def _seq_id(seq: Sequence) -> int:
-    return seq.seq_id
-
-
-def _cut(d: Draft, k: int) -> Draft:
-    """The first k tokens of a draft (with their distributions)."""
-    if len(d) <= k:
-        return d
-    return Draft(d.tokens[:k], None if d.probs is None else d.probs[:k])
-
-
-def _span(id_last: int, drafts: np.ndarray, width: int | None) -> np.ndarray:
-    """A verify span [id_last, d1..dn], padded with id_last to `width` tokens when given."""
-    span = np.empty(width or len(drafts) + 1, dtype=np.int32)
-    span[0] = id_last
-    span[1:len(drafts) + 1] = drafts
-    span[len(drafts) + 1:] = id_last
-    return span
 
 
 class Engine:
@@ -166,7 +143,7 @@ class Engine:
         slot, cached = self.slots.take(prompt)
         seq = Sequence(slot, prompt, n_predict, ignore_eos=ignore_eos, tag=tag,
                        speculate=speculate and self.proposer is not None, record_margins=record_margins,
-                       sampling=sampling, seed=self._seed(sampling.seed if seed is None else seed))
+                       sampling=sampling, seed=concrete_seed(sampling.seed if seed is None else seed))
         seq.limit = self.slots.limit(len(prompt), n_predict)  # positions it may use
         seq.n_cached = cached
         self.active.append(seq)
@@ -177,10 +154,6 @@ class Engine:
         elif self.proposer is not None:
             self.proposer.release(seq)  # its draft cells would go stale
         return seq
-
-    @staticmethod
-    def _seed(seed: int) -> int:
-        return int(np.random.SeedSequence().entropy % 2**32) if seed == DEFAULT_SEED else seed
 
     def cancel(self, seq: Sequence) -> None:
         """Stop a sequence now; its slot and cells are free for the next `add`."""
@@ -224,7 +197,7 @@ class Engine:
         Returns each sequence's step (a newly joined sequence may have two: prefill and spec)."""
         out = self.prefill()
         # in sequence-id order: llama.cpp puts consecutive sequence ids into one ubatch
-        live = sorted((seq for seq in self.active if not seq.done), key=_seq_id)
+        live = sorted((seq for seq in self.active if not seq.done), key=lambda seq: seq.seq_id)
         if live:
             out += self._transaction(live)
         self._retire_finished()
@@ -284,7 +257,7 @@ class Engine:
         step = Step([], "prefill", n_prompt=len(seq.prompt), n_cached=seq.n_cached)
         if first:
             logits = self.target.logits_view()
-            out = self.verifier.verify(logits, [(seq, NO_DRAFT, 0)])[0]
+            out = self.verifier.verify(logits, [(seq, Draft.empty(), 0)])[0]
             if seq.record_margins:
                 step.margins.append(top2_margin(logits[0]))
             seq.pos += 1
@@ -327,14 +300,14 @@ class Engine:
         t_inject = self._flush()
 
         t = time.perf_counter()
-        drafts = dict.fromkeys(live, NO_DRAFT)
+        drafts = dict.fromkeys(live, Draft.empty())
         made: dict[Sequence, Draft] = {}  # the drafts as made (the adaptive rule scores them whole)
         if drafting:
             for seq, d in zip(drafting, self.proposer.propose(drafting, n)):
-                made[seq] = _cut(d, seq.left - 1)  # drafted past the budget: never verified
+                made[seq] = d.head(seq.left - 1)  # drafted past the budget: never verified
             verified = auto.after(live, made) if auto is not None else None
             for seq, d in made.items():
-                drafts[seq] = d if verified is None else _cut(d, verified[seq])
+                drafts[seq] = d if verified is None else d.head(verified[seq])
         t_draft = time.perf_counter() - t
 
         # verify: every sequence's span [id_last, d1..dn] in one target decode
@@ -350,7 +323,7 @@ class Engine:
         batch = self._batch.clear()
         spans, blocks, row = [], [], 0
         for seq in live:
-            block = _span(seq.id_last, drafts[seq].tokens, width)
+            block = verify_span(seq.id_last, drafts[seq].tokens, width)
             blocks.append(block)
             batch.add_tokens(block, seq.pos, seq.seq_id, outputs="all")
             spans.append(Span(seq.seq_id, row, len(block), seq.pos, block))
@@ -381,7 +354,7 @@ class Engine:
             t_replay = time.perf_counter() - t
 
         t_total = time.perf_counter() - t_start
-        self._count(t_total, self._calls() - calls0)
+        self.stats.count(t_total, self._calls() - calls0)
         if auto is not None:
             auto.measured(len(live), len(drafting), n, t_draft, row, t_verify, t_total - t_draft - t_verify,
                           sum(out.accepted + 1 for out in outcomes))
@@ -407,13 +380,6 @@ class Engine:
             seq.stats.add(step)
             result.append((seq, step))
         return result
-
-    def _count(self, seconds: float, calls: int) -> None:
-        st = self.stats
-        st.steps += 1
-        st.calls += calls
-        st.max_calls = max(st.max_calls, calls)
-        st.t_steps += seconds
 
     def _span_width(self, live: list[Sequence], drafts: dict) -> int | None:
         """Hybrid targets with several sequences verify equal spans: llama.cpp splits a batch into
@@ -456,9 +422,8 @@ class Engine:
     @property
     def plane_layout(self) -> str:
         """The recurrent-state layout in words, for stats lines."""
-        if not (self.speculative and self.models.target.is_recurrent):
-            return "none"
-        return layout_words(self.target, self.cfg.planes, self.n_max, self.auto_lead)
+        hybrid = self.speculative and self.models.target.is_recurrent
+        return layout_words(self.target, self.cfg.planes, self.n_max, self.auto_lead) if hybrid else "none"
 
     def recurrent_bytes(self) -> int:
         """Recurrent state memory per sequence: planes x bytes per plane (0 for dense targets)."""

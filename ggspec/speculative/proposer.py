@@ -27,6 +27,9 @@ if TYPE_CHECKING:
     from ggspec.speculative.sequence import Sequence
 
 
+_EMPTY = np.empty(0, dtype=np.int32)
+
+
 @dataclass
 class Draft:
     """One sequence's proposal: up to n tokens that follow its last committed token."""
@@ -38,6 +41,16 @@ class Draft:
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+    @staticmethod
+    def empty() -> "Draft":
+        return Draft(_EMPTY)
+
+    def head(self, k: int) -> "Draft":
+        """The first k tokens (with their distributions)."""
+        if len(self) <= k:
+            return self
+        return Draft(self.tokens[:k], None if self.probs is None else self.probs[:k])
 
 
 @dataclass(slots=True)
@@ -95,6 +108,15 @@ class Proposer:
 
     def close(self) -> None:
         """Free owned llama.cpp objects."""
+
+
+def verify_span(id_last: int, drafts: np.ndarray, width: int | None) -> np.ndarray:
+    """A verify span [id_last, d1..dn], padded with id_last to `width` tokens when given."""
+    span = np.empty(width or len(drafts) + 1, dtype=np.int32)
+    span[0] = id_last
+    span[1:len(drafts) + 1] = drafts
+    span[len(drafts) + 1:] = id_last
+    return span
 
 
 def capture_rows(rows: dict, spans: list[Span], what: str, done: str, keep=lambda sp: sp.n_rows) -> None:

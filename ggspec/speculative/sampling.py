@@ -8,6 +8,7 @@ compare the target's p with the draft's q after the same transforms. Temperature
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,6 +16,11 @@ import numpy as np
 from ggspec.errors import InputError
 
 DEFAULT_SEED = 0xFFFFFFFF  # llama.cpp's LLAMA_DEFAULT_SEED: "pick a random seed"
+
+
+def concrete_seed(seed: int) -> int:
+    """llama.cpp's default seed means a random one: drawn here, once, so it can be reported and reused."""
+    return secrets.randbelow(DEFAULT_SEED) if seed == DEFAULT_SEED else seed
 
 
 @dataclass(frozen=True)

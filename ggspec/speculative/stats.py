@@ -198,6 +198,13 @@ class EngineStats:
     t_steps: float = 0.0  # wall time of the transactions
     tokens: int = 0  # tokens committed by transactions
 
+    def count(self, seconds: float, calls: int) -> None:
+        """One transaction: its wall time and its llama.cpp calls."""
+        self.steps += 1
+        self.calls += calls
+        self.max_calls = max(self.max_calls, calls)
+        self.t_steps += seconds
+
     @property
     def calls_per_step(self) -> float:
         return self.calls / self.steps if self.steps else 0.0
