@@ -1,0 +1,103 @@
+"""A live `ggspec serve` on loopback (driven by OpenAI's Python client and raw HTTP), and the check
+that concurrent clients of a speculative server get the target's plain greedy text."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import tempfile
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from conftest import PROMPTS
+from ggspec.bench.serving import NotReady, free_port, wait_ready
+from ggspec.speculative.engine import Engine
+from ggspec.speculative.models import PairConfig
+from helpers.drafts import greedy
+from helpers.pairs import MTP_CTX
+
+
+class LiveServer:
+    """`ggspec serve ARGS` in a subprocess on a free loopback port, ready when /health answers."""
+
+    def __init__(self, *args: str) -> None:
+        openai = pytest.importorskip("openai")
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "ggspec.cli", "serve", *args, "--port", str(self.port)]
+        self.log = tempfile.TemporaryFile("w+")  # not a pipe: nothing reads it while the server runs
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.log, text=True)
+        try:
+            wait_ready(self.url, self.proc, timeout=120)
+        except NotReady as exc:
+            raise AssertionError(f"{exc}: {self.output()}") from None
+        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+    def get(self, path: str) -> tuple[int, dict | str]:
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=30) as r:
+                body = r.read().decode()
+                return r.status, json.loads(body) if r.headers.get_content_type() == "application/json" else body
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    def post(self, path: str, body: bytes | dict) -> tuple[int, dict]:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data, {"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=120) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    def health(self) -> dict:
+        return self.get("/health")[1]
+
+    def metric(self, name: str, **labels) -> float:
+        """The value of one Prometheus sample (0 when it is not there yet)."""
+        text = self.get("/metrics")[1]
+        for line in text.splitlines():
+            if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+    def output(self) -> str:
+        self.log.seek(0)
+        return self.log.read()
+
+    def stop(self) -> tuple[int, str]:
+        """SIGTERM; the exit status and what it printed on stderr."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        return self.proc.returncode, self.output()
+
+
+def serve_equals_plain(target: Path, *server_args: str) -> None:
+    """Three concurrent clients of `ggspec serve -m target *server_args` get the target's plain
+    greedy text of the first three PROMPTS, and the server drafted."""
+    with Engine.open(PairConfig(target=target, ctx=MTP_CTX), plain=True) as eng:
+        want = {p: eng.target_model.detokenize(greedy(eng, eng.target_model.tokenize(p), 24)) for p in PROMPTS[:3]}
+    s = LiveServer("-m", str(target), *server_args, "-np", "3", "--spec-draft-n-max", "3")
+    try:
+        def complete(p):
+            r = s.client.completions.create(model=target.stem, prompt=p, max_tokens=24, temperature=0,
+                                            extra_body={"ignore_eos": True})
+            return r.choices[0].text
+        with ThreadPoolExecutor(3) as pool:
+            got = dict(zip(want, pool.map(complete, want)))
+        assert got == want
+        assert s.metric("ggspec:spec_decode_num_draft_tokens_total") > 0  # it did draft
+    finally:
+        code, err = s.stop()
+    assert code == 0, err
