@@ -5,33 +5,31 @@ the inputs of target layers 1, 2 and 3, its own 512-row head with d2t) is detect
 against the target, refused in one line where it cannot run (a head reading the final state of a
 qwen3 target, whose graph does not export it); its drafts equal those of
 llama.cpp's own loop (`--spec-type draft-eagle3`, patch 0009's dump) at every common position with
-forced acceptance of every length and with its own acceptance, p-min and n-min; greedy output
-equals plain greedy output alone and three at once; sampled drafts keep the target's
-distribution (test_sampling_engine); the CLI and the server run it.
+its own acceptance, p-min and n-min (with forced acceptance of every length, and three sequences at
+once: tests/test_exactness.py); greedy output equals plain greedy output for a long prompt;
+sampled drafts keep the target's distribution (test_sampling_engine); the CLI and the server run it.
 """
 
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from conftest import PROMPTS, run_cli
-from test_draft_model import DRAFT, TARGET
-from test_hostile_models import rewrite_gguf
-from test_mtp import Recorder, _compare, _serve_equals_plain
 from ggspec.bench.native import TOOL, find_tool, run_cpp
 from ggspec.errors import InputError
 from ggspec.runtime import ContextParams
 from ggspec.speculative.engine import Engine
-from ggspec.speculative.loop import generate_greedy, generate_spec
+from ggspec.speculative.loop import generate_spec
 from ggspec.speculative.models import Models, PairConfig
-from ggspec.testing.forced import ForcedAcceptance, cycle_lengths
+from ggspec.bench.forced import ForcedAcceptance, cycle_lengths
+from helpers.drafts import Recorder, compare, ggspec_drafts, greedy
+from helpers.gguf_edit import rewrite_gguf
+from helpers.pairs import CPP_CTX as CTX, DRAFT, EAGLE3, TARGET
+from helpers.serving import serve_equals_plain
 
-EAGLE3 = Path(__file__).resolve().parents[1] / "models" / "tiny" / "tiny-coder-eagle3.gguf"
-CTX = ContextParams(n_ctx=2048, n_threads=1, flash_attn="off")
 PROMPT = "def fibonacci(n):"
 N = 100
 
@@ -43,10 +41,6 @@ def tool(build_info):
 
 def _cfg(**kw) -> PairConfig:
     return PairConfig(**{"target": TARGET, "draft": EAGLE3, "n_max": 4, "ctx": CTX, **kw})
-
-
-def _greedy(eng: Engine, prompt, n: int) -> list[int]:
-    return [t for st in generate_greedy(eng, prompt, n, ignore_eos=True) for t in st.tokens]
 
 
 def test_the_head_is_detected_and_described():
@@ -75,53 +69,19 @@ def test_heads_that_cannot_run_are_refused_in_one_line(tmp_path, dense_pair):
             Models(cfg)
 
 
-def _drafts(cfg: PairConfig, forced: bool, text: str = PROMPT) -> tuple[list, list[int]]:
-    with Engine.open(cfg) as eng:
-        prompt = eng.target_model.tokenize(text)
-        plain = _greedy(eng, prompt, N + cfg.n_max + 2)
-        ref = np.concatenate([prompt, plain]).astype(np.int32)
-        rec = Recorder(eng.proposer)
-        proposer = ForcedAcceptance(rec, ref, cycle_lengths(cfg.n_max), eng.target_model.n_vocab) if forced else rec
-        spec = [t for st in generate_spec(eng, prompt, N, ignore_eos=True, proposer=proposer) for t in st.tokens]
-    assert spec == plain[:N]
-    return rec.log, ref.tolist()
-
-
-@pytest.mark.parametrize("n_max", range(1, 8))
-def test_forced_drafts_equal_llama_cpps_at_every_position(n_max, tool, tmp_path):
-    """Every accepted count: the pairs of the committed rows and the deferred seed each time."""
-    mine, ref = _drafts(_cfg(n_max=n_max), forced=True)
-    forced = tmp_path / "forced.txt"
-    forced.write_text(" ".join(map(str, ref)) + "\n" + " ".join(map(str, range(n_max + 1))) + "\n")
-    res = run_cpp(tool, TARGET, EAGLE3, PROMPT, N, n_max, defer=False, spec_type="draft-eagle3", forced=forced,
-                  dump_drafts=True)
-    assert _compare(mine, res.drafts, res.draft_anchors) >= len(mine) - 2
-    assert all(len(d) == n_max for _, _, d in mine)
-
-
 @pytest.mark.parametrize("text, p_min, n_min", [(PROMPT, 0.0, 0), (PROMPTS[2], 0.5, 0), (PROMPTS[2], 0.5, 2)])
 def test_the_heads_own_acceptance_and_p_min_cuts_equal_llama_cpps(text, p_min, n_min, tool):
-    mine, _ = _drafts(_cfg(n_max=6, p_min=p_min, n_min=n_min), forced=False, text=text)
+    with Engine.open(_cfg(n_max=6, p_min=p_min, n_min=n_min)) as eng:
+        mine, _ = ggspec_drafts(eng, text, 6, forced=False, n=N)
     res = run_cpp(tool, TARGET, EAGLE3, text, N, 6, defer=False, spec_type="draft-eagle3", p_min=p_min or None,
                   n_min=n_min or None, dump_drafts=True)
-    assert _compare(mine, res.drafts, res.draft_anchors) >= len(mine) - 2
+    assert compare(mine, res.drafts, res.draft_anchors) >= len(mine) - 2
     assert res.accepted > 0
     lengths = {len(d) for _, _, d in mine}
     if p_min == 0:
         assert lengths == {6} and len(mine) < N // 2  # the trained head is accepted often
     else:
         assert len(lengths) > 2 and (1 not in lengths) == (n_min == 2), lengths
-
-
-def test_three_sequences_at_once_are_each_plain_greedy():
-    with Engine.open(_cfg(parallel=3)) as eng:
-        prompts = [eng.target_model.tokenize(t) for t in PROMPTS[:3]]
-        plain = [_greedy(eng, p, 80) for p in prompts]
-        eng.reset()
-        seqs = [eng.add(p, 80 - 10 * i, ignore_eos=True) for i, p in enumerate(prompts)]
-        list(eng.run())
-    assert [s.tokens for s in seqs] == [p[:80 - 10 * i] for i, p in enumerate(plain)]
-    assert sum(s.stats.accepted for s in seqs) > 0
 
 
 def test_a_long_prompt_is_encoded_in_several_calls():
@@ -131,7 +91,7 @@ def test_a_long_prompt_is_encoded_in_several_calls():
     with Engine.open(cfg) as eng:
         prompt = eng.target_model.tokenize(text)
         assert len(prompt) > 300
-        plain = _greedy(eng, prompt, 40)
+        plain = greedy(eng, prompt, 40)
         steps = list(generate_spec(eng, prompt, 40, ignore_eos=True))
     assert [t for st in steps for t in st.tokens] == plain and sum(st.accepted for st in steps) > 0
 
@@ -152,7 +112,7 @@ def test_cli_and_server_run_it():
                   "--check")
     assert res.returncode == 0, res.stderr
     assert "draft-eagle3" in res.stderr and "identical" in res.stderr, res.stderr
-    _serve_equals_plain(TARGET, "-md", str(EAGLE3))
+    serve_equals_plain(TARGET, "-md", str(EAGLE3))
 
 
 # --- a hybrid target, a head reading its final state ------------------------------------------------
@@ -177,7 +137,7 @@ def test_a_hybrid_target_and_its_final_state(planes, hybrid_pair, hybrid_head, t
     with Engine.open(cfg) as eng:
         assert eng.plan.meta.target_layers == (1, 2, 4)
         prompt = eng.target_model.tokenize(PROMPT)
-        plain = _greedy(eng, prompt, 60 + 6)
+        plain = greedy(eng, prompt, 60 + 6)
         ref = np.concatenate([prompt, plain]).astype(np.int32)
         rec = Recorder(eng.proposer)
         steps = list(generate_spec(eng, prompt, 60, ignore_eos=True,
@@ -188,4 +148,4 @@ def test_a_hybrid_target_and_its_final_state(planes, hybrid_pair, hybrid_head, t
     forced.write_text(" ".join(map(str, ref)) + "\n" + " ".join(map(str, range(5))) + "\n")
     res = run_cpp(tool, hybrid_pair.target, hybrid_head, PROMPT, 60, 4, defer=False, spec_type="draft-eagle3",
                   forced=forced, dump_drafts=True)
-    assert _compare(rec.log, res.drafts, res.draft_anchors) >= len(rec.log) - 2
+    assert compare(rec.log, res.drafts, res.draft_anchors) >= len(rec.log) - 2

@@ -3,10 +3,11 @@
 On the converter-shaped tiny hybrid targets with one MTP block (`hybrid-mtp`: qwen35 with
 `nextn_predict_layers = 1` and the block's tensors under `blk.4.*`; `hybrid-moe-mtp`: qwen35moe,
 experts in every block), as written and with a fitted head (ggspec.fixtures.mtp_head): the drafts equal those of
-`llama-speculative-simple --spec-type draft-mtp` (patch 0009's dump) at every common position for
-n_max 1..7, forced acceptance making every accepted count occur on both sides (patch 0005); greedy
-output equals plain greedy output; a request never sees the carried state of the one before it;
-sampled drafts keep the target's distribution. Needs a `ggspec build --tools` build.
+`llama-speculative-simple --spec-type draft-mtp` (patch 0009's dump) at every common position with
+the heads' own acceptance, the p-min cut and n-min (forced acceptance of every count, n_max 1..7 on
+both targets: tests/test_exactness.py); greedy output equals plain greedy output; a request never
+sees the carried state of the one before it; sampled drafts keep the target's distribution. Needs
+a `ggspec build --tools` build.
 """
 
 from __future__ import annotations
@@ -23,22 +24,21 @@ from ggspec.bench.native import TOOL, find_tool, run_cpp
 from ggspec.errors import InputError
 from ggspec.fixtures.mtp_head import ensure_fitted
 from ggspec.catalogue.tiny import ensure_tiny_pair
-from ggspec.runtime import ContextParams
 from ggspec.speculative.draft_vocab import draft_vocab_ids, frequency_order
 from ggspec.speculative.engine import Engine
 from ggspec.speculative.loop import generate_greedy, generate_spec
 from ggspec.speculative.models import Models, PairConfig
 from ggspec.speculative.planes import PlaneOptions
 from ggspec.speculative.sampling import SamplerSettings
-from ggspec.testing.forced import ForcedAcceptance, cycle_lengths
-from ggspec.testing.oracle import run_prompts
+from ggspec.bench.forced import ForcedAcceptance, cycle_lengths
+from ggspec.speculative.oracle import run_prompts
 from ggspec.speculative.stats import merge
 from ggspec.speculative.mtp import MTPOptions
+from helpers.drafts import Recorder, compare, ggspec_drafts, three_at_once_equal_plain
+from helpers.pairs import MTP_CTX as CTX, MTP_N as N, MTP_PROMPT as PROMPT
+from helpers.serving import serve_equals_plain
+from helpers.stats import draws, p_value
 
-PROMPT = "def fibonacci(n):\n    if n < 2:"
-N = 48
-# llama.cpp's defaults: f16 caches (its MTP context's too), no flash attention on the CPU
-CTX = ContextParams(n_ctx=2048, n_threads=1)
 
 
 @pytest.fixture(scope="module")
@@ -63,49 +63,6 @@ def moe_target(fixture_dir, build_info) -> Path:
 @pytest.fixture(scope="module")
 def tool(build_info) -> Path:
     return find_tool(TOOL)
-
-
-class Recorder:
-    """Wraps a proposer and keeps every draft it makes: (position of id_last, id_last, tokens)."""
-
-    def __init__(self, inner) -> None:
-        self.inner, self.name, self.max_draft = inner, inner.name, inner.max_draft
-        self.log: list[tuple[int, int, list[int]]] = []
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def propose(self, seqs, n):
-        drafts = self.inner.propose(seqs, n)
-        self.log += [(seq.pos, seq.id_last, d.tokens.tolist()) for seq, d in zip(seqs, drafts)]
-        return drafts
-
-
-def _ggspec_drafts(eng: Engine, text: str, n_max: int, forced: bool) -> tuple[list, list[int]]:
-    """ggspec's drafts for one prompt, and the reference (prompt + plain greedy) it forced."""
-    prompt = eng.target_model.tokenize(text)
-    plain = [t for st in generate_greedy(eng, prompt, N + n_max + 2, ignore_eos=True) for t in st.tokens]
-    ref = np.concatenate([prompt, plain]).astype(np.int32)
-    rec = Recorder(eng.proposer)
-    proposer = ForcedAcceptance(rec, ref, cycle_lengths(n_max), eng.target_model.n_vocab) if forced else rec
-    spec = [t for st in generate_spec(eng, prompt, N, ignore_eos=True, proposer=proposer) for t in st.tokens]
-    assert spec == plain[:N]
-    return rec.log, ref.tolist()
-
-
-def _compare(mine: list, cpp_drafts: list, cpp_anchors: list) -> int:
-    """Drafts at every position both loops drafted from agree (llama.cpp's may be shorter: it cuts a
-    draft to the -n budget left, ggspec after drafting). Returns the number of common positions."""
-    theirs = {pos: (anchor, d) for (pos, d), anchor in zip(cpp_drafts, cpp_anchors)}
-    common = 0
-    for pos, id_last, tokens in mine:
-        if pos not in theirs:
-            continue
-        anchor, d = theirs[pos]
-        assert anchor == id_last, f"position {pos}: id_last {id_last} vs llama.cpp's {anchor}"
-        assert tokens[:len(d)] == d, f"position {pos}: ggspec drafted {tokens}, llama.cpp {d}"
-        common += 1
-    return common
 
 
 # --- detection and refusals -----------------------------------------------------------------------
@@ -145,23 +102,6 @@ def test_cli_runs_the_head_a_target_ships_with(mtp_target, hybrid_pair):
 # --- exactness against llama.cpp's draft-mtp loop ---------------------------------------------------
 
 
-@pytest.mark.parametrize("arch", ["qwen35", "qwen35moe"])
-@pytest.mark.parametrize("n_max", range(1, 8))
-def test_drafts_equal_llama_cpps_at_every_position(n_max, arch, mtp_target, moe_target, tool, tmp_path):
-    """Forced acceptance cycling 0..n_max on both sides: the same positions, every accepted count,
-    the head's catch-up over every committed row; its drafts must be llama.cpp's."""
-    target = moe_target if arch == "qwen35moe" else mtp_target
-    with Engine.open(PairConfig(target=target, n_max=n_max, ctx=CTX)) as eng:
-        mine, ref = _ggspec_drafts(eng, PROMPT, n_max, forced=True)
-    forced = tmp_path / "forced.txt"
-    forced.write_text(" ".join(map(str, ref)) + "\n" + " ".join(map(str, range(n_max + 1))) + "\n")
-    res = run_cpp(tool, target, None, PROMPT, N, n_max, defer=False, spec_type="draft-mtp", forced=forced,
-                  dump_drafts=True)
-    common = _compare(mine, res.drafts, res.draft_anchors)
-    assert common >= len(mine) - 2, (common, len(mine))  # all but the budget's last steps
-    assert sum(n_max <= len(d) for _, _, d in mine) == len(mine)  # p-min 0: full drafts
-
-
 @pytest.mark.parametrize("head", ["random", "fitted", "moe"])
 @pytest.mark.parametrize("p_min,n_min", [(0.0, 0), (0.9, 0), (0.9, 2)])
 def test_unforced_drafts_and_p_min_cuts_equal_llama_cpps(p_min, n_min, head, mtp_target, fitted_target, moe_target,
@@ -171,10 +111,10 @@ def test_unforced_drafts_and_p_min_cuts_equal_llama_cpps(p_min, n_min, head, mtp
     draft (n_min)."""
     target = {"random": mtp_target, "fitted": fitted_target, "moe": moe_target}[head]
     with Engine.open(PairConfig(target=target, n_max=5, ctx=CTX, p_min=p_min, n_min=n_min)) as eng:
-        mine, _ = _ggspec_drafts(eng, PROMPT, 5, forced=False)
+        mine, _ = ggspec_drafts(eng, PROMPT, 5, forced=False)
     res = run_cpp(tool, target, None, PROMPT, N, 5, defer=False, spec_type="draft-mtp",
                   p_min=p_min or None, n_min=n_min or None, dump_drafts=True)
-    assert _compare(mine, res.drafts, res.draft_anchors) >= len(mine) - 2
+    assert compare(mine, res.drafts, res.draft_anchors) >= len(mine) - 2
     lengths = {len(d) for _, _, d in mine}
     if p_min == 0:
         assert lengths == {5}
@@ -213,24 +153,13 @@ def test_greedy_output_is_plain_greedy_output(planes, n_max, mtp_target, fitted_
         assert stats.replays > 0  # capped planes: the replay path ran, and the MTP cache followed
 
 
-def _three_at_once_equal_plain(eng: Engine, n: int) -> list:
-    """Decode PROMPTS[:3] together; each sequence's tokens must be its plain greedy output."""
-    prompts = [eng.target_model.tokenize(p) for p in PROMPTS[:3]]
-    plain = [[t for st in generate_greedy(eng, p, n, ignore_eos=True) for t in st.tokens] for p in prompts]
-    eng.reset()
-    seqs = [eng.add(p, n, ignore_eos=True) for p in prompts]
-    list(eng.run())
-    assert [s.tokens for s in seqs] == plain
-    return seqs
-
-
 def test_parallel_sequences_draft_in_one_call_per_position(mtp_target):
     """Three sequences at once: each one's output is its plain greedy output, and a step makes at
     most 1 catch-up + n_max draft decodes + 1 verify + 1 replay calls, whatever the sequence count."""
     n_max = 4
     cfg = PairConfig(target=mtp_target, n_max=n_max, ctx=CTX, parallel=3, planes=PlaneOptions(3, "default"))
     with Engine.open(cfg) as eng:
-        _three_at_once_equal_plain(eng, 40)
+        three_at_once_equal_plain(eng, 40)
         assert eng.stats.max_calls <= 1 + n_max + 1 + 1, eng.stats
 
 
@@ -238,7 +167,7 @@ def test_parallel_sequences_draft_in_one_call_per_position(mtp_target):
 def test_a_request_never_sees_the_mtp_state_of_the_one_before(prompt_cache, mtp_target):
     """B after A runs exactly as B alone: same tokens, same drafts, same accepted counts."""
     def drafts_of(eng, text):
-        log, _ = _ggspec_drafts(eng, text, 4, forced=True)
+        log, _ = ggspec_drafts(eng, text, 4, forced=True)
         return log
 
     cfg = PairConfig(target=mtp_target, n_max=4, ctx=CTX)
@@ -256,22 +185,20 @@ def test_a_request_never_sees_the_mtp_state_of_the_one_before(prompt_cache, mtp_
 def test_sampled_mtp_drafts_keep_the_target_distribution(fitted_target):
     """At temperature 1 the head's distribution travels with its drafts: rejection sampling keeps
     the target's (chi-square over many seeds, as tests/test_sampling_engine.py)."""
-    from test_sampling_engine import _draws, _p_value
-
     cfg = PairConfig(target=fitted_target, n_max=3, ctx=replace(CTX, n_ctx=4096), parallel=8,
                      planes=PlaneOptions(3, "default"), sampling=SamplerSettings(temp=1.0, top_k=0, top_p=1.0, min_p=0))
     with Models(cfg) as models:
         prompt = models.target.tokenize(PROMPT)
         with Engine(models, cfg, plain=True) as eng:
-            plain = _draws(eng, prompt, speculate=False, n=3)
+            plain = draws(eng, prompt, speculate=False, n=3)
         with Engine(models, cfg) as eng:
-            spec = _draws(eng, prompt, speculate=True, n=3)
+            spec = draws(eng, prompt, speculate=True, n=3)
         with Engine(models, replace(cfg, parallel=1)) as eng:  # sampled drafts do get accepted
             seq = eng.add(prompt, 64, ignore_eos=True, seed=5)
             list(eng.run())
             assert seq.stats.accepted > 0
     assert len(plain) > 5
-    assert _p_value(plain, spec) > 0.01
+    assert p_value(plain, spec) > 0.01
 
 
 # --- bench and serve --------------------------------------------------------------------------------
@@ -293,34 +220,8 @@ def test_bench_runs_draft_mtp_beside_llama_cpps_loop(mtp_target, tmp_path):
     assert all(r["stats"]["drafted"] > 0 for r in spec)
 
 
-def _serve_equals_plain(target: Path, *server_args: str) -> None:
-    """Three concurrent clients of `ggspec serve -m target *server_args` get the target's plain
-    greedy text, and the server drafted."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from test_serve import LiveServer
-
-    with Engine.open(PairConfig(target=target, ctx=CTX), plain=True) as eng:
-        want = {p: eng.target_model.detokenize([t for st in generate_greedy(eng, eng.target_model.tokenize(p), 24,
-                                                                               ignore_eos=True) for t in st.tokens])
-                for p in PROMPTS[:3]}
-    s = LiveServer("-m", str(target), *server_args, "-np", "3", "--spec-draft-n-max", "3")
-    try:
-        def complete(p):
-            r = s.client.completions.create(model=target.stem, prompt=p, max_tokens=24, temperature=0,
-                                            extra_body={"ignore_eos": True})
-            return r.choices[0].text
-        with ThreadPoolExecutor(3) as pool:
-            got = dict(zip(want, pool.map(complete, want)))
-        assert got == want
-        assert s.metric("ggspec:spec_decode_num_draft_tokens_total") > 0  # it did draft
-    finally:
-        code, err = s.stop()
-    assert code == 0, err
-
-
 def test_serve_drafts_with_the_mtp_head_for_concurrent_clients(mtp_target):
-    _serve_equals_plain(mtp_target)
+    serve_equals_plain(mtp_target)
 
 
 # --- chained drafting and a reduced draft vocabulary (patch 0011) --------------------------------------
@@ -330,7 +231,7 @@ def _chained_and_not(target: Path, n_max: int, forced: bool = True, **kw) -> lis
     logs = []
     for chain in (False, True):
         with Engine.open(PairConfig(target=target, n_max=n_max, ctx=CTX, spec_options={"draft-mtp": MTPOptions(chain=chain)}, **kw)) as eng:
-            logs.append(_ggspec_drafts(eng, PROMPT, n_max, forced=forced)[0])
+            logs.append(ggspec_drafts(eng, PROMPT, n_max, forced=forced)[0])
     return logs
 
 
@@ -365,7 +266,7 @@ def test_chained_steps_make_three_calls_whatever_the_draft_length(head, fitted_t
         cfg = PairConfig(target=fitted_target if head == "fitted" else moe_target, n_max=n_max, ctx=CTX,
                          parallel=3, planes=PlaneOptions(3, "default"), spec_options={"draft-mtp": MTPOptions(chain=chain)})
         with Engine.open(cfg) as eng:
-            seqs = _three_at_once_equal_plain(eng, 48)
+            seqs = three_at_once_equal_plain(eng, 48)
             assert sum(s.stats.accepted for s in seqs) > 0
             calls[chain] = (eng.stats.max_calls, eng.stats.calls / eng.stats.steps)
     assert calls[True][0] <= 5 and calls[True][1] <= 4 and calls[False][0] >= n_max + 2, calls

@@ -4,11 +4,11 @@ On the converter-shaped tiny pair of ggspec.fixtures.gemma4 (a gemma4 target in 
 sliding-window groups, wider full-attention heads with proportional RoPE, the last layers sharing
 earlier layers' KV; a gemma4-assistant drafter of four Q-only layers): drafts equal those of
 `llama-speculative-simple -md DRAFTER --spec-type draft-mtp` (patch 0009's dump) at every common
-position for n_max 1..7, forced acceptance making every accepted count occur on both sides
-(patch 0005); greedy output equals plain greedy output, alone, with three sequences and with the
-prompt cache; a request in a reused slot drafts as it would alone; sampled drafts keep the
-target's distribution; pairs the drafter cannot read are refused in one line. Needs a
-`ggspec build --tools` build.
+position with the drafter's own acceptance, the p-min cut and n-min (forced acceptance of every
+count, n_max 1..7: tests/test_exactness.py); greedy output equals plain greedy output, alone,
+with three sequences and with the prompt cache; a request in a reused slot drafts as it would
+alone; sampled drafts keep the target's distribution; pairs the drafter cannot read are refused
+in one line. Needs a `ggspec build --tools` build.
 """
 
 from __future__ import annotations
@@ -21,8 +21,6 @@ import numpy as np
 import pytest
 
 from conftest import PROMPTS, run_cli
-from test_mtp import (CTX, N, PROMPT, Recorder, _compare, _ggspec_drafts, _serve_equals_plain,
-                      _three_at_once_equal_plain)
 from ggspec.bench.native import TOOL, find_tool, run_cpp
 from ggspec.errors import InputError
 from ggspec.fixtures.gemma4 import DRAFTER, ensure_gemma4_pair, write_gemma4_drafter
@@ -33,9 +31,13 @@ from ggspec.speculative.loop import generate_greedy, generate_spec
 from ggspec.speculative.models import Models, PairConfig
 from ggspec.speculative.sampling import SamplerSettings
 from ggspec.speculative.stats import merge
-from ggspec.testing.forced import ForcedAcceptance, cycle_lengths
-from ggspec.testing.oracle import run_prompts
+from ggspec.bench.forced import ForcedAcceptance, cycle_lengths
+from ggspec.speculative.oracle import run_prompts
 from ggspec.speculative.mtp import MTPOptions
+from helpers.drafts import Recorder, compare, ggspec_drafts, three_at_once_equal_plain
+from helpers.pairs import MTP_CTX as CTX, MTP_N as N, MTP_PROMPT as PROMPT
+from helpers.serving import serve_equals_plain
+from helpers.stats import draws, p_value
 
 
 @pytest.fixture(scope="module")
@@ -101,28 +103,13 @@ def test_cli_runs_the_drafter(gemma4, tmp_path):
 # --- exactness against llama.cpp's loop -----------------------------------------------------------
 
 
-@pytest.mark.parametrize("n_max", range(1, 8))
-def test_drafts_equal_llama_cpps_at_every_position(n_max, gemma4, tool, tmp_path):
-    """Every accepted count 0..n_max occurs on both sides (forced), so the carried h after each
-    count and every draft step at id_last's position are compared."""
-    with Engine.open(_cfg(gemma4, n_max=n_max)) as eng:
-        mine, ref = _ggspec_drafts(eng, PROMPT, n_max, forced=True)
-    forced = tmp_path / "forced.txt"
-    forced.write_text(" ".join(map(str, ref)) + "\n" + " ".join(map(str, range(n_max + 1))) + "\n")
-    res = run_cpp(tool, gemma4.target, gemma4.drafter, PROMPT, N, n_max, defer=False, spec_type="draft-mtp",
-                  forced=forced, dump_drafts=True)
-    common = _compare(mine, res.drafts, res.draft_anchors)
-    assert common >= len(mine) - 2, (common, len(mine))  # all but the budget's last steps
-    assert all(len(d) == n_max for _, _, d in mine)  # p-min 0: full drafts
-
-
 @pytest.mark.parametrize("p_min,n_min", [(0.0, 0), (0.9, 0), (0.9, 2)])
 def test_unforced_drafts_and_p_min_cuts_equal_llama_cpps(p_min, n_min, gemma4, tool):
     with Engine.open(_cfg(gemma4, n_max=5, p_min=p_min, n_min=n_min)) as eng:
-        mine, _ = _ggspec_drafts(eng, PROMPT, 5, forced=False)
+        mine, _ = ggspec_drafts(eng, PROMPT, 5, forced=False)
     res = run_cpp(tool, gemma4.target, gemma4.drafter, PROMPT, N, 5, defer=False, spec_type="draft-mtp",
                   p_min=p_min or None, n_min=n_min or None, dump_drafts=True)
-    assert _compare(mine, res.drafts, res.draft_anchors) >= len(mine) - 2
+    assert compare(mine, res.drafts, res.draft_anchors) >= len(mine) - 2
     lengths = {len(d) for _, _, d in mine}
     if p_min == 0:
         assert lengths == {5}
@@ -154,7 +141,7 @@ def test_parallel_sequences_draft_in_one_call_per_position(gemma4):
     most n_max draft decodes + 1 verify (no catch-up: the drafter reads the target's cells)."""
     n_max = 4
     with Engine.open(_cfg(gemma4, n_max=n_max, parallel=3)) as eng:
-        _three_at_once_equal_plain(eng, 40)
+        three_at_once_equal_plain(eng, 40)
         assert eng.stats.max_calls <= n_max + 1, eng.stats
 
 
@@ -162,7 +149,7 @@ def test_parallel_sequences_draft_in_one_call_per_position(gemma4):
 def test_a_request_never_sees_the_state_of_the_one_before(prompt_cache, gemma4):
     """B after A drafts exactly as B alone, and A again (all but its last token cached) as A."""
     def drafts_of(eng, text):
-        return _ggspec_drafts(eng, text, 4, forced=True)[0]
+        return ggspec_drafts(eng, text, 4, forced=True)[0]
 
     cfg = _cfg(gemma4, n_max=4)
     with Engine.open(cfg, prompt_cache=prompt_cache) as eng:
@@ -181,19 +168,17 @@ def test_a_request_never_sees_the_state_of_the_one_before(prompt_cache, gemma4):
 def test_sampled_drafts_keep_the_target_distribution(gemma4):
     """At temperature 1 the drafter's distribution travels with its drafts: rejection sampling keeps
     the target's (chi-square over many seeds, as tests/test_sampling_engine.py)."""
-    from test_sampling_engine import _draws, _p_value
-
     cfg = _cfg(gemma4, n_max=3, ctx=replace(CTX, n_ctx=4096), parallel=8,
                sampling=SamplerSettings(temp=1.0, top_k=0, top_p=1.0, min_p=0))
     with Models(cfg) as models:
         prompt = models.target.tokenize(PROMPT)
         with Engine(models, cfg, plain=True) as eng:
-            plain = _draws(eng, prompt, speculate=False, n=3)
+            plain = draws(eng, prompt, speculate=False, n=3)
         with Engine(models, cfg) as eng:
-            spec = _draws(eng, prompt, speculate=True, n=3)
+            spec = draws(eng, prompt, speculate=True, n=3)
             assert eng.draft_ctx.n_decodes > 0  # it drafted
     assert len(plain) > 5
-    assert _p_value(plain, spec) > 0.01
+    assert p_value(plain, spec) > 0.01
 
 
 # --- bench and serve --------------------------------------------------------------------------------
@@ -216,7 +201,7 @@ def test_bench_runs_the_drafter_beside_llama_cpps_loop(gemma4, tmp_path):
 
 
 def test_serve_drafts_with_the_drafter_for_concurrent_clients(gemma4):
-    _serve_equals_plain(gemma4.target, "-md", str(gemma4.drafter))
+    serve_equals_plain(gemma4.target, "-md", str(gemma4.drafter))
 
 
 # --- chained drafting and a reduced draft vocabulary (patch 0011) --------------------------------------
@@ -226,7 +211,7 @@ def _chained_and_not(gemma4, n_max: int, forced: bool = True, **kw) -> list[list
     logs = []
     for chain in (False, True):
         with Engine.open(_cfg(gemma4, n_max=n_max, spec_options={"draft-mtp": MTPOptions(chain=chain)}, **kw)) as eng:
-            logs.append(_ggspec_drafts(eng, PROMPT, n_max, forced=forced)[0])
+            logs.append(ggspec_drafts(eng, PROMPT, n_max, forced=forced)[0])
     return logs
 
 
@@ -253,7 +238,7 @@ def test_chained_steps_make_two_calls_whatever_the_draft_length(gemma4):
     calls = {}
     for chain in (False, True):
         with Engine.open(_cfg(gemma4, n_max=n_max, parallel=3, spec_options={"draft-mtp": MTPOptions(chain=chain)})) as eng:
-            _three_at_once_equal_plain(eng, 40)
+            three_at_once_equal_plain(eng, 40)
             calls[chain] = eng.stats.max_calls
             assert eng.target.params.kv_unified == chain
             assert any("unified" in w for w in eng.warnings) == chain

@@ -1,8 +1,9 @@
 """ngram-mod: llama.cpp's shared hashed n-gram table (common/ngram-mod.cpp and its speculative impl).
 
-The rules on hand-made histories, then the proposer against llama.cpp's own loop:
-`llama-speculative-simple --spec-type ngram-mod` (patch 0009's dump) drafts exactly what ggspec
-drafts at every common position on the shipped tiny-coder target, and greedy output equals plain.
+The rules on hand-made histories; the CLI; a server keeps the table across requests. Its drafts
+against llama.cpp's own loop (`--spec-type ngram-mod`, patch 0009's dump) at every position, the
+five-in-a-row reset included, greedy output against plain greedy output and B after A as B alone:
+tests/test_exactness.py.
 """
 
 from __future__ import annotations
@@ -11,19 +12,14 @@ import numpy as np
 import pytest
 
 from conftest import run_cli
-from test_mtp import Recorder
-from test_ngram import STACK, TINY_TARGET, _seq
-from test_ngram_map import assert_drafts_equal, drafts_of
-from ggspec.bench.native import TOOL, find_tool, run_cpp
 from ggspec.errors import InputError
-from ggspec.runtime import ContextParams
 from ggspec.speculative.engine import Engine
 from ggspec.speculative.loop import generate_greedy, generate_spec
 from ggspec.speculative.models import PairConfig
 from ggspec.speculative.ngram_mod import EMPTY, HASH_FACTOR, TABLE_SIZE, NgramModProposer, NgramTable
 from ggspec.speculative.ngram_mod import NgramModOptions
-
-CTX = ContextParams(n_ctx=2048, n_threads=1, flash_attn="off")
+from helpers.drafts import sequence
+from helpers.pairs import CPP_CTX as CTX, STACK, TARGET
 
 
 def _llama_index(window) -> int:
@@ -62,17 +58,17 @@ def test_adding_writes_the_next_token_and_the_last_writer_wins():
 def test_drafts_chain_lookups_and_short_ones_are_dropped():
     block = list(range(100, 110))
     prompt, gen = [1] + block * 3, block[:4]
-    (d,) = NgramModProposer(n_match=3, n_max=8, n_min=2).propose([_seq(prompt, gen)], 8)
+    (d,) = NgramModProposer(n_match=3, n_max=8, n_min=2).propose([sequence(prompt, gen)], 8)
     assert d.tokens.tolist() == (block[4:] + block)[:8]  # the chain goes round the block
     # a block of 10 can be chained for ever: n_max bounds it; nothing follows a novel window
-    (d,) = NgramModProposer(n_match=3, n_max=64, n_min=48).propose([_seq(prompt, [7, 8, 9])], 64)
+    (d,) = NgramModProposer(n_match=3, n_max=64, n_min=48).propose([sequence(prompt, [7, 8, 9])], 64)
     assert len(d) == 0
 
 
 def test_five_low_acceptance_verifies_empty_the_shared_table():
     block = list(range(100, 110))
     p = NgramModProposer(n_match=3, n_max=8, n_min=1)
-    s = _seq([1] + block * 3, block[:4])
+    s = sequence([1] + block * 3, block[:4])
     p.begin(s)
     for k in range(5):
         assert p.table.used > 0
@@ -86,69 +82,24 @@ def test_bad_settings_are_one_line():
         with pytest.raises(InputError, match=what):
             NgramModProposer(**kw)
     with pytest.raises(InputError, match="shortest draft"):
-        PairConfig(target=TINY_TARGET, spec_type="ngram-mod",
+        PairConfig(target=TARGET, spec_type="ngram-mod",
                    spec_options={"ngram-mod": NgramModOptions(n_min=65)}).validate()
 
 
-# --- against llama.cpp's loop ---------------------------------------------------------------------
-
-
-CASES = [  # prompt, tokens, n_match, n_max, n_min
-    (STACK, 160, 4, 8, 2),
-    (STACK, 200, 3, 16, 1),
-    ("for i in range(10):\n    print(i)\nfor i in range(10):\n    print(i)\n", 200, 2, 5, 1),
-    # low acceptance: the five-in-a-row reset runs on both sides
-    ("def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\n" * 3, 240, 8, 12, 4),
-]
-
-
-@pytest.fixture(scope="module")
-def tool(build_info):
-    return find_tool(TOOL)
-
-
-@pytest.mark.parametrize("prompt, n, n_match, n_max, n_min", CASES)
-def test_drafts_equal_llama_cpps_at_every_position(prompt, n, n_match, n_max, n_min, tool):
-    options = {"ngram-mod": NgramModOptions(n_match, n_max, n_min)}
-    cfg = PairConfig(target=TINY_TARGET, spec_type="ngram-mod", spec_options=options, ctx=CTX)
-    with Engine.open(cfg) as eng:
-        prompt_ids = eng.target_model.tokenize(prompt)
-        plain = [t for st in generate_greedy(eng, prompt_ids, n, ignore_eos=True) for t in st.tokens]
-        rec = Recorder(eng.proposer)
-        spec = [t for st in generate_spec(eng, prompt_ids, n, ignore_eos=True, proposer=rec) for t in st.tokens]
-    assert spec == plain
-    res = run_cpp(tool, TINY_TARGET, None, prompt, n, n_max, defer=False, spec_type="ngram-mod",
-                  options=options, dump_drafts=True)
-    assert_drafts_equal(rec.log, res, len(prompt_ids) + n - n_max - 2)
-
-
 def test_cli_runs_ngram_mod():
-    res = run_cli("run", "-m", str(TINY_TARGET), "--spec-type", "ngram-mod", "--spec-ngram-mod-n-match", "4",
+    res = run_cli("run", "-m", str(TARGET), "--spec-type", "ngram-mod", "--spec-ngram-mod-n-match", "4",
                   "--spec-ngram-mod-n-max", "8", "--spec-ngram-mod-n-min", "2", "-p", STACK, "-n", "64", "--check")
     assert res.returncode == 0, res.stderr
     assert "ngram-mod n_max 8" in res.stderr and "identical" in res.stderr, res.stderr
-    bad = run_cli("run", "-m", str(TINY_TARGET), "--spec-type", "ngram-mod", "--spec-ngram-mod-n-min", "100",
+    bad = run_cli("run", "-m", str(TARGET), "--spec-type", "ngram-mod", "--spec-ngram-mod-n-min", "100",
                   "-p", "x", "-n", "4")
     assert bad.returncode != 0 and "Traceback" not in bad.stderr and "--spec-ngram-mod-n-min" in bad.stderr
-
-
-def test_requests_one_after_another_draft_as_each_would_alone():
-    """The table is shared by the sequences running together; one that starts while none runs
-    starts afresh, so B after A drafts exactly as B alone."""
-    cfg = PairConfig(target=TINY_TARGET, spec_type="ngram-mod",
-                     spec_options={"ngram-mod": NgramModOptions(n_match=3, n_max=8, n_min=1)}, ctx=CTX)
-    with Engine.open(cfg) as eng:
-        alone = drafts_of(eng, STACK)
-    with Engine.open(cfg) as eng:
-        drafts_of(eng, STACK.replace("items", "things") * 2)  # other n-grams, some the same
-        after = drafts_of(eng, STACK)
-    assert after == alone and any(d for _, _, d in alone)
 
 
 def test_a_server_keeps_the_table_across_requests():
     """keep_draft_state (ggspec serve), as llama-server: a repeated request drafts from what the
     first one added, so more of it; the output stays plain greedy; Engine.reset forgets it."""
-    cfg = PairConfig(target=TINY_TARGET, spec_type="ngram-mod",
+    cfg = PairConfig(target=TARGET, spec_type="ngram-mod",
                      spec_options={"ngram-mod": NgramModOptions(n_match=3, n_max=8, n_min=1)}, ctx=CTX)
     with Engine.open(cfg, keep_draft_state=True) as eng:
         ids = eng.target_model.tokenize(STACK)
