@@ -29,10 +29,12 @@ from ggspec.speculative.engine import Engine
 from ggspec.speculative.models import PairConfig
 from ggspec.speculative.planes import PlaneOptions
 from ggspec.speculative.stats import merge
-from ggspec.testing.forced import ForcedAcceptance, cycle_lengths
-from ggspec.testing.oracle import run_prompts
+from ggspec.bench.forced import ForcedAcceptance, cycle_lengths
+from ggspec.speculative.oracle import run_prompts
 from ggspec.speculative.mtp import MTPOptions
 from ggspec.speculative.ngram_mod import NgramModOptions
+from helpers.drafts import ggspec_drafts
+from helpers.pairs import MTP_PROMPT
 
 N_PREDICT = 64
 N_MAX = 7  # the fixtures' block size is 8
@@ -175,8 +177,6 @@ def test_chained_mtp_drafts_equal_unchained_on_gpu(n_max, kind, gpu_build, fixtu
     """Patch 0011's chained MTP graph on the GPU (argmax, get_rows, top-k on the device): the
     same drafts as one decode per step, and greedy output equal to plain greedy output, for
     qwen35 and qwen35moe (routed + shared experts in the MTP block)."""
-    from test_mtp import PROMPT, _ggspec_drafts
-
     from ggspec.catalogue.tiny import ensure_tiny_pair
     from ggspec.fixtures.mtp_head import ensure_fitted
 
@@ -186,7 +186,7 @@ def test_chained_mtp_drafts_equal_unchained_on_gpu(n_max, kind, gpu_build, fixtu
         cfg = PairConfig(target=target, n_max=n_max, ctx=EXACT, n_gpu_layers=-1, p_min=0.01,
                          spec_options={"draft-mtp": MTPOptions(chain=chain)})
         with Engine.open(cfg) as eng:
-            logs.append(_ggspec_drafts(eng, PROMPT, n_max, forced=True)[0])
+            logs.append(ggspec_drafts(eng, MTP_PROMPT, n_max, forced=True)[0])
     assert logs[0] == logs[1]
 
 
@@ -194,9 +194,7 @@ def test_chained_mtp_drafts_equal_unchained_on_gpu(n_max, kind, gpu_build, fixtu
 @pytest.mark.parametrize("n_max", [1, 3, 7])
 def test_gemma4_drafter_chained_and_not_equal_on_gpu(n_max, gpu_build, fixture_dir):
     """A Gemma 4 assistant reading the target's cache on the GPU: unchained and chained drafts
-    agree, and greedy output equals plain greedy output (checked by _ggspec_drafts)."""
-    from test_mtp import PROMPT, _ggspec_drafts
-
+    agree, and greedy output equals plain greedy output (checked by ggspec_drafts)."""
     from ggspec.fixtures.gemma4 import ensure_gemma4_pair
 
     pair = ensure_gemma4_pair(fixture_dir)
@@ -205,7 +203,7 @@ def test_gemma4_drafter_chained_and_not_equal_on_gpu(n_max, gpu_build, fixture_d
         cfg = PairConfig(target=pair.target, draft=pair.drafter, n_max=n_max, ctx=EXACT, n_gpu_layers=-1,
                          n_gpu_layers_draft=-1, p_min=0.01, spec_options={"draft-mtp": MTPOptions(chain=chain)})
         with Engine.open(cfg) as eng:
-            logs.append(_ggspec_drafts(eng, PROMPT, n_max, forced=True)[0])
+            logs.append(ggspec_drafts(eng, MTP_PROMPT, n_max, forced=True)[0])
     assert logs[0] == logs[1]
 
 

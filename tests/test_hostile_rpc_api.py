@@ -23,7 +23,7 @@ import time
 
 import pytest
 from conftest import run_cli
-from test_rpc import PROBE, _free_port, _start_worker, _stop
+from helpers.rpc import PROBE, free_port, start_worker, stop
 
 TIMEOUT = "3"  # --rpc-timeout of every hang case
 BOUND = 25.0  # seconds any hang case may take in all (start-up + the timeout + slack on a busy machine)
@@ -47,13 +47,13 @@ def _timed(fn, *args, **kwargs):
 def worker(build_info):
     """One `ggspec rpc-server` for the module: (endpoint, process). Tests that stop it continue it
     and check it survived its vanished client."""
-    port = _free_port()
-    proc = _start_worker(port)
+    port = free_port()
+    proc = start_worker(port)
     try:
         yield f"127.0.0.1:{port}", proc
     finally:
         _continue(proc)
-        _stop(proc)
+        stop(proc)
 
 
 def _continue(proc: subprocess.Popen) -> None:
@@ -181,7 +181,7 @@ def test_rpc_server_on_a_port_in_use(build_info):
     ("192.0.2.1", "not an address of this machine"),  # TEST-NET-1: valid, not ours
 ])
 def test_rpc_server_on_a_bad_host(host, msg, build_info):
-    proc = run_cli("rpc-server", "-H", host, "-p", str(_free_port()), timeout=30)
+    proc = run_cli("rpc-server", "-H", host, "-p", str(free_port()), timeout=30)
     _assert_one_line_error(proc, msg)
 
 

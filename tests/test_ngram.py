@@ -8,18 +8,16 @@ from __future__ import annotations
 
 import re
 import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from ggspec.errors import InputError
 from ggspec.speculative.ngram import DEFAULT_SIZE_M, DEFAULT_SIZE_N, NgramProposer, ngram_simple_draft
-from ggspec.speculative.proposer import Draft
+from ggspec.speculative.proposer import Draft, Span
 from ggspec.speculative.sequence import Sequence
-
-TINY_TARGET = Path(__file__).resolve().parents[1] / "models" / "tiny" / "tiny-coder.gguf"
-
+from helpers.drafts import sequence
+from helpers.pairs import STACK, TARGET
 
 def draft(history, size_n, size_m):
     """The draft after a full history (id_last last), as a list."""
@@ -193,32 +191,24 @@ def test_equals_llama_cpps_loops_on_long_histories(seed):
 
 # ---------------------------------------------------------------- the proposer
 
-def _seq(prompt, tokens, include_id_last=True, seq_id=0):
-    s = Sequence(seq_id=seq_id, prompt=np.array(prompt, dtype=np.int32), n_predict=1000)
-    s.tokens = list(tokens)
-    s.history = list(prompt) + list(tokens if include_id_last else tokens[:-1])
-    s.id_last = tokens[-1] if tokens else -1
-    return s
-
-
 def test_proposer_drafts_from_history_with_or_without_id_last_appended():
     block = list(range(100, 130))  # period 30: 29 tokens drafted with n 12
     prompt, gen = [1] + block * 2, block[:5]
     want = (block[5:] + block)[:29]
     p = NgramProposer()
-    (d,) = p.propose([_seq(prompt, gen)], 48)
+    (d,) = p.propose([sequence(prompt, gen)], 48)
     assert isinstance(d, Draft) and d.probs is None and d.tokens.dtype == np.int32
     assert d.tokens.tolist() == want
-    (d2,) = NgramProposer().propose([_seq(prompt, gen, include_id_last=False)], 48)
+    (d2,) = NgramProposer().propose([sequence(prompt, gen, include_id_last=False)], 48)
     assert d2.tokens.tolist() == want
-    assert p.propose([_seq(prompt, gen)], 7)[0].tokens.tolist() == want[:7]  # n caps the draft
-    assert len(p.propose([_seq(prompt, gen)], 0)[0]) == 0
+    assert p.propose([sequence(prompt, gen)], 7)[0].tokens.tolist() == want[:7]  # n caps the draft
+    assert len(p.propose([sequence(prompt, gen)], 0)[0]) == 0
 
 
 def test_proposer_follows_a_growing_history_and_a_rewritten_one():
     block = list(range(100, 130))
     p = NgramProposer(size_n=4, size_m=8)
-    s = _seq([1] + block * 2, block[:5])
+    s = sequence([1] + block * 2, block[:5])
     def ref(seq):
         return ngram_simple_draft(seq.history[:-1], seq.history[-1], 4, 8).tolist()
 
@@ -229,7 +219,7 @@ def test_proposer_follows_a_growing_history_and_a_rewritten_one():
         s.history.append(t)
         s.id_last = t
     # a different sequence object with a shorter, different history: no stale state
-    other = _seq([1] + block * 2, block[:5], seq_id=1)
+    other = sequence([1] + block * 2, block[:5], seq_id=1)
     assert p.propose([s, other], 8)[1].tokens.tolist() == ref(other)
     # the same object rewritten in place (shorter history): recopied
     s.history, s.tokens = list(other.history), list(other.tokens)
@@ -253,15 +243,29 @@ def test_bad_sizes_are_input_errors(kw):
         NgramProposer(**kw)
 
 
-def test_protocol_no_ops():
+def test_the_engine_s_other_calls_change_nothing_it_drafts():
+    """ngram-simple reads no target features: begin, observe, commit (its own draft or another
+    type's), flush and hold leave its drafts those of a fresh proposer; it holds none of a
+    sequence's positions (release returns what the prompt cache keeps), and after release and close
+    it drafts from the history again."""
+    block = list(range(100, 130))
+    s = sequence([1] + block * 2, block[:5])
+    want = NgramProposer().propose([s], 48)[0].tokens.tolist()
+    assert len(want) == 29
     p = NgramProposer()
-    s = _seq([1, 2, 3], [4])
-    p.begin(s)
-    p.observe([])
-    p.commit(s, 0, 1)
+    pos = len(s.history) - 1
+    p.begin(s, cached=3)
+    p.observe([Span(s.seq_id, 0, 1, pos, np.array([s.id_last], dtype=np.int32))])
     p.flush()
-    p.release(s)
+    assert p.propose([s], 48)[0].tokens.tolist() == want
+    p.commit(s, pos, 1)
+    p.commit(s, pos, 3, other=True)
+    p.hold()
+    assert p.propose([s], 48)[0].tokens.tolist() == want
+    assert p.release(s, keep=7) == 7 and p.release(s) == 0
+    assert p.propose([s], 48)[0].tokens.tolist() == want
     p.close()
+    assert p.propose([s], 48)[0].tokens.tolist() == want
 
 
 # ---------------------------------------------------------------- llama.cpp's own loop
@@ -313,8 +317,6 @@ def plain_greedy(ctx, prompt, n):
     return out
 
 
-STACK = ("class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n"
-         "        self.items.append(item)\n\n    def pop(self):\n")
 NATIVE_CASES = [
     (STACK, 160, None, None),
     (STACK, 160, 3, 8),
@@ -341,7 +343,7 @@ def native_tool(build_info):
 def tiny_target(build_info):
     from ggspec.runtime import Context, ContextParams, Model
 
-    with Model(TINY_TARGET) as model:
+    with Model(TARGET) as model:
         yield model, lambda: Context(model, ContextParams(n_ctx=2048, n_threads=1, type_k="f16", type_v="f16",
                                                            flash_attn="off"))
 
@@ -350,7 +352,7 @@ def tiny_target(build_info):
 def test_counts_equal_llama_speculative_simple(native_tool, tiny_target, prompt, n, size_n, size_m):
     model, make_ctx = tiny_target
     sn, sm = size_n or DEFAULT_SIZE_N, size_m or DEFAULT_SIZE_M
-    cmd = [str(native_tool), "-m", str(TINY_TARGET), "--spec-type", "ngram-simple", "-p", prompt, "-n", str(n),
+    cmd = [str(native_tool), "-m", str(TARGET), "--spec-type", "ngram-simple", "-p", prompt, "-n", str(n),
            "--temp", "0", "-t", "1", "-c", "2048", "-ctk", "f16", "-ctv", "f16", "-fa", "off"]
     if size_n:
         cmd += ["--spec-ngram-simple-size-n", str(size_n), "--spec-ngram-simple-size-m", str(size_m)]

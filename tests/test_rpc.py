@@ -9,63 +9,26 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from conftest import run_cli
 from ggspec.catalogue.tiny import write_dflash_draft
+from helpers.rpc import PROBE, free_port, start_worker, stop
 
-PROBE = str(Path(__file__).with_name("rpc_probe.py"))
 PROMPT = "def parse(path):"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start_worker(port: int, host: str = "127.0.0.1") -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-m", "ggspec.cli", "rpc-server", "-H", host, "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # its own group: stop it and its ggml-rpc-server
-    deadline = time.time() + 20
-    while time.time() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                break
-        except OSError:
-            time.sleep(0.1)
-    else:
-        _stop(proc)
-        raise RuntimeError(f"RPC worker on port {port} did not start")
-    # the probe connection above was this worker's one client: let it go back to accepting
-    time.sleep(0.2)
-    return proc
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
 
 
 @pytest.fixture(scope="module")
 def workers(build_info):
-    ports = [_free_port(), _free_port()]
-    procs = [_start_worker(p) for p in ports]
+    ports = [free_port(), free_port()]
+    procs = [start_worker(p) for p in ports]
     yield ",".join(f"127.0.0.1:{p}" for p in ports)
     for p in procs:
-        _stop(p)
+        stop(p)
 
 
 def _probe(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
@@ -123,8 +86,8 @@ def test_draft_with_its_own_head_needs_the_mirror(workers, dense_pair, tmp_path)
 def test_a_worker_that_fails_mid_run_is_a_clear_error_not_a_hang(failure, dense_pair, build_info):
     """killed: its socket closes and llama.cpp aborts (turned into one line); stopped: alive with its
     socket open, llama.cpp's RPC client would wait forever (the --rpc-timeout watchdog ends it)."""
-    ports = [_free_port(), _free_port()]
-    procs = [_start_worker(p) for p in ports]
+    ports = [free_port(), free_port()]
+    procs = [start_worker(p) for p in ports]
     rpc = ",".join(f"127.0.0.1:{p}" for p in ports)
     try:
         run = subprocess.Popen([sys.executable, "-m", "ggspec.cli", "run", "-m", str(dense_pair.target),
@@ -133,7 +96,7 @@ def test_a_worker_that_fails_mid_run_is_a_clear_error_not_a_hang(failure, dense_
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         assert run.stdout.read(len(PROMPT) + 8)  # decoding has started
         if failure == "killed":
-            _stop(procs[1])
+            stop(procs[1])
         else:
             os.killpg(procs[1].pid, signal.SIGSTOP)
         try:
@@ -149,18 +112,18 @@ def test_a_worker_that_fails_mid_run_is_a_clear_error_not_a_hang(failure, dense_
         if procs[1].poll() is None:
             os.killpg(procs[1].pid, signal.SIGCONT)
         for p in procs:
-            _stop(p)
+            stop(p)
 
 
 def test_rpc_server_warns_before_binding_beyond_loopback(build_info):
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "ggspec.cli", "rpc-server", "-H", "0.0.0.0", "-p", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         first = proc.stderr.readline() + proc.stderr.readline()
         assert "warning: binding 0.0.0.0" in first and "no authentication" in first
     finally:
-        _stop(proc)
+        stop(proc)
 
 
 @pytest.mark.parametrize("args, msg", [

@@ -5,12 +5,9 @@ and 4. Statistical, not timed."""
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import replace
 
-import numpy as np
 import pytest
-from scipy.stats import chi2_contingency
 
 from ggspec.catalogue.pairs import get_entry, resolve
 from ggspec.errors import InputError
@@ -20,8 +17,8 @@ from ggspec.speculative.models import Models, PairConfig
 from ggspec.speculative.planes import PlaneOptions
 from ggspec.speculative.sampling import SamplerSettings, sample
 from ggspec.speculative.verifier import Outcome, RejectionVerifier
+from helpers.stats import draws, p_value
 
-SEEDS = 1500
 PROMPT = "import os\nimport sys\n\n\ndef main("
 CTX = ContextParams(n_ctx=2048, n_threads=1, type_k="f32", type_v="f32", flash_attn="off")
 SETTINGS = {
@@ -29,30 +26,6 @@ SETTINGS = {
     "t1.0-plain": SamplerSettings(temp=1.0, top_k=0, top_p=1.0, min_p=0.0),
     "t1.0-topk-topp": SamplerSettings(temp=1.0, top_k=20, top_p=0.9, min_p=0.0),
 }
-
-
-def _draws(eng: Engine, prompt, speculate: bool, n: int = 2) -> Counter:
-    """The first n committed tokens of every seed, as a histogram of tuples. Plain and speculative
-    runs take different seeds: the samples must be independent for the two-sample test."""
-    counts: Counter = Counter()
-    pending = list(range(SEEDS)) if speculate else list(range(10**6, 10**6 + SEEDS))
-    while pending or eng.active:
-        while pending and eng.can_add(prompt, n):
-            eng.add(prompt, n, ignore_eos=True, seed=pending.pop(), speculate=speculate, tag="x")
-        for seq in {seq: None for seq, _ in eng.step() if seq.done}:  # a joining sequence has two steps
-            counts[tuple(seq.tokens[:n])] += 1
-    return counts
-
-
-def _p_value(a: Counter, b: Counter) -> float:
-    """Two-sample chi-square: outcomes seen at least 10 times in all, the rest pooled."""
-    total = a + b
-    common = [k for k, c in total.items() if c >= 10]
-    rows = [[a[k] for k in common] + [sum(a.values()) - sum(a[k] for k in common)],
-            [b[k] for k in common] + [sum(b.values()) - sum(b[k] for k in common)]]
-    if rows[0][-1] + rows[1][-1] == 0:
-        rows = [r[:-1] for r in rows]
-    return chi2_contingency(np.array(rows)).pvalue
 
 
 @pytest.fixture(scope="module")
@@ -69,13 +42,13 @@ def test_speculative_sampling_has_the_plain_distribution(name, coder):
     cfg = replace(cfg, sampling=SETTINGS[name])
     prompt = models.target.tokenize(PROMPT)
     with Engine(models, cfg, plain=True) as eng:
-        plain = _draws(eng, prompt, speculate=False)
+        plain = draws(eng, prompt, speculate=False)
     with Engine(models, cfg) as eng:
-        spec = _draws(eng, prompt, speculate=True)
+        spec = draws(eng, prompt, speculate=True)
         drafted = eng.stats.steps
     assert len(plain) > 5, plain  # a real distribution, not a point mass
     assert drafted > 0
-    p = _p_value(plain, spec)
+    p = p_value(plain, spec)
     assert p > 0.01, (p, plain.most_common(5), spec.most_common(5))
 
 
@@ -86,14 +59,14 @@ def test_p_min_cut_sampled_drafts_keep_the_distribution(coder):
     cfg = replace(cfg, sampling=SETTINGS["t1.0-plain"], p_min=0.6)
     prompt = models.target.tokenize(PROMPT)
     with Engine(models, cfg, plain=True) as eng:
-        plain = _draws(eng, prompt, speculate=False)
+        plain = draws(eng, prompt, speculate=False)
     with Engine(models, cfg) as eng:
-        spec = _draws(eng, prompt, speculate=True)
+        spec = draws(eng, prompt, speculate=True)
     with Engine(models, replace(cfg, parallel=1)) as eng:  # how long the drafts are, one sequence
         seq = eng.add(prompt, 64, ignore_eos=True, seed=3)
         list(eng.run())
         assert 0 < seq.stats.drafted < cfg.n_max * seq.stats.spec_steps
-    assert _p_value(plain, spec) > 0.01
+    assert p_value(plain, spec) > 0.01
 
 
 @pytest.mark.parametrize("kind, name, p_min", [("draft-simple", "t0.7-defaults", 0.0), ("draft-simple", "t1.0-plain", 0.5),
@@ -109,11 +82,11 @@ def test_a_draft_models_sampled_drafts_keep_the_distribution(kind, name, p_min):
         assert models.plan.kind == kind
         prompt = models.target.tokenize(PROMPT)
         with Engine(models, cfg, plain=True) as eng:
-            plain = _draws(eng, prompt, speculate=False)
+            plain = draws(eng, prompt, speculate=False)
         with Engine(models, cfg) as eng:
-            spec = _draws(eng, prompt, speculate=True)
+            spec = draws(eng, prompt, speculate=True)
             assert eng.draft_ctx.n_decodes > 0
-    assert _p_value(plain, spec) > 0.01
+    assert p_value(plain, spec) > 0.01
 
 
 class ResampleFromP(RejectionVerifier):
@@ -136,11 +109,11 @@ def test_the_test_rejects_a_wrong_rule(coder):
     cfg = replace(cfg, sampling=SETTINGS["t1.0-plain"])
     prompt = models.target.tokenize(PROMPT)
     with Engine(models, cfg, plain=True) as eng:
-        plain = _draws(eng, prompt, speculate=False)
+        plain = draws(eng, prompt, speculate=False)
     with Engine(models, cfg) as eng:
         eng.verifier = ResampleFromP(cfg.sampling)
-        wrong = _draws(eng, prompt, speculate=True)
-    assert _p_value(plain, wrong) < 0.01
+        wrong = draws(eng, prompt, speculate=True)
+    assert p_value(plain, wrong) < 0.01
 
 
 def test_capped_planes_and_replays_keep_the_distribution(hybrid_pair, build_info):
@@ -150,10 +123,10 @@ def test_capped_planes_and_replays_keep_the_distribution(hybrid_pair, build_info
     with Models(cfg) as models:
         prompt = models.target.tokenize(PROMPT)
         with Engine(models, cfg, plain=True) as eng:
-            plain = _draws(eng, prompt, speculate=False, n=3)
+            plain = draws(eng, prompt, speculate=False, n=3)
         with Engine(models, cfg) as eng:
-            spec = _draws(eng, prompt, speculate=True, n=3)
-    assert _p_value(plain, spec) > 0.01
+            spec = draws(eng, prompt, speculate=True, n=3)
+    assert p_value(plain, spec) > 0.01
 
 
 def test_same_seed_same_text_at_parallel_1_and_4(coder):

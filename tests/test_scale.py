@@ -84,7 +84,8 @@ def test_gemma4_shapes_make_files_that_run_in_both_loops(tmp_path, tool):
     """The writer's gemma4 target and gemma4-assistant layouts (narrowed and with a small
     vocabulary: the E2B dummy itself is made by scripts/mtp_gemma4_table.sh) load in llama.cpp,
     and draft-mtp with the drafter drafts what llama.cpp's loop drafts."""
-    from test_mtp import CTX, N, PROMPT, _compare, _ggspec_drafts
+    from helpers.drafts import compare, ggspec_drafts
+    from helpers.pairs import MTP_CTX, MTP_N, MTP_PROMPT
 
     from ggspec.bench.native import run_cpp
     from ggspec.speculative.engine import Engine
@@ -101,10 +102,10 @@ def test_gemma4_shapes_make_files_that_run_in_both_loops(tmp_path, tool):
     dummy.write_f16(drafter, d, t, seed=0)
     assert read_meta(drafter).arch_key("embedding_length_out") == 256
     assert read_meta(target).arch_key("feed_forward_length") == [512] * 5 + [1024] * 5  # double-wide shared layers
-    with Engine.open(PairConfig(target=target, draft=drafter, n_max=3, ctx=CTX)) as eng:
-        mine, _ = _ggspec_drafts(eng, PROMPT, 3, forced=False)
-    res = run_cpp(tool, target, drafter, PROMPT, N, 3, defer=False, spec_type="draft-mtp", dump_drafts=True)
-    assert _compare(mine, res.drafts, res.draft_anchors) >= len(mine) - 2
+    with Engine.open(PairConfig(target=target, draft=drafter, n_max=3, ctx=MTP_CTX)) as eng:
+        mine, _ = ggspec_drafts(eng, MTP_PROMPT, 3, forced=False)
+    res = run_cpp(tool, target, drafter, MTP_PROMPT, MTP_N, 3, defer=False, spec_type="draft-mtp", dump_drafts=True)
+    assert compare(mine, res.drafts, res.draft_anchors) >= len(mine) - 2
 
 
 def _small(name: str, layers: int):
@@ -193,8 +194,8 @@ def _forced_runs(name: str, made, *, planes: str | None = None, n_predict: int =
     from ggspec.speculative.engine import Engine
     from ggspec.speculative.models import PairConfig
     from ggspec.speculative.planes import PlaneOptions
-    from ggspec.testing.forced import ForcedAcceptance, cycle_lengths
-    from ggspec.testing.oracle import run_prompts
+    from ggspec.bench.forced import ForcedAcceptance, cycle_lengths
+    from ggspec.speculative.oracle import run_prompts
 
     files = made[name]
     cfg = PairConfig(target=files.target, draft=files.draft, n_max=7, ctx=ContextParams(n_ctx=1024, n_threads=2),

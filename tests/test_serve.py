@@ -10,18 +10,15 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from conftest import run_cli
 
-from ggspec.bench.serving import NotReady, free_port, wait_ready
 from ggspec.server.text import TextStream
+from helpers.serving import LiveServer
 
 openai = pytest.importorskip("openai")
 
@@ -30,65 +27,6 @@ PAIR = "tiny-coder"
 PROMPTS = ["def fibonacci(n):", "class Stack:\n    def __init__(self):", "The quick brown fox",
            "import os\nimport sys\n\n"]
 N = 40
-
-
-class LiveServer:
-    """`ggspec serve ARGS` in a subprocess on a free loopback port, ready when /health answers."""
-
-    def __init__(self, *args: str) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "ggspec.cli", "serve", *args, "--port", str(self.port)]
-        self.log = tempfile.TemporaryFile("w+")  # not a pipe: nothing reads it while the server runs
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.log, text=True)
-        try:
-            wait_ready(self.url, self.proc, timeout=120)
-        except NotReady as exc:
-            raise AssertionError(f"{exc}: {self.output()}") from None
-        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=120)
-
-    def get(self, path: str) -> tuple[int, dict | str]:
-        try:
-            with urllib.request.urlopen(self.url + path, timeout=30) as r:
-                body = r.read().decode()
-                return r.status, json.loads(body) if r.headers.get_content_type() == "application/json" else body
-        except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read())
-
-    def post(self, path: str, body: bytes | dict) -> tuple[int, dict]:
-        data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        req = urllib.request.Request(self.url + path, data, {"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=120) as r:
-                return r.status, json.loads(r.read())
-        except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read())
-
-    def health(self) -> dict:
-        return self.get("/health")[1]
-
-    def metric(self, name: str, **labels) -> float:
-        """The value of one Prometheus sample (0 when it is not there yet)."""
-        text = self.get("/metrics")[1]
-        for line in text.splitlines():
-            if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
-                return float(line.rsplit(" ", 1)[1])
-        return 0.0
-
-    def output(self) -> str:
-        self.log.seek(0)
-        return self.log.read()
-
-    def stop(self) -> tuple[int, str]:
-        """SIGTERM; the exit status and what it printed on stderr."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        return self.proc.returncode, self.output()
 
 
 @pytest.fixture(scope="module")

@@ -12,20 +12,18 @@ import numpy as np
 import pytest
 
 from conftest import PROMPTS, run_cli
-from test_draft_model import DFLASH, DRAFT, TARGET
-from test_mtp import Recorder, _compare, _serve_equals_plain
-from test_ngram import STACK
 from ggspec.bench.native import TOOL, find_tool, run_cpp
 from ggspec.errors import InputError
-from ggspec.runtime import ContextParams
 from ggspec.speculative.engine import Engine
 from ggspec.speculative.loop import generate_greedy, generate_spec
 from ggspec.speculative.models import PairConfig, spec_types
 from ggspec.speculative.ngram_mod import NgramModProposer
 from ggspec.speculative.sequence import Sequence
 from ggspec.speculative.registry import options_from_flat
+from helpers.drafts import Recorder, compare
+from helpers.pairs import CPP_CTX as CTX, DFLASH, DRAFT, STACK, TARGET
+from helpers.serving import serve_equals_plain
 
-CTX = ContextParams(n_ctx=2048, n_threads=1, flash_attn="off")
 SIZES = dict(ngram_size_n=3, ngram_size_m=8, ngram_map_size_n=3, ngram_map_size_m=8, ngram_mod_n_match=4,
              ngram_mod_n_max=8, ngram_mod_n_min=2)
 N = 160
@@ -73,7 +71,7 @@ def test_drafts_equal_llama_cpps_at_every_position(spec_type, draft, tool):
     assert all(wins), wins  # every type drafted some of the steps
     res = run_cpp(tool, TARGET, draft, STACK, N, 4, defer=False, spec_type=spec_type, options=options_from_flat(SIZES),
                   dump_drafts=True)
-    assert _compare(rec.log, res.drafts, res.draft_anchors) >= len(rec.log) - 2
+    assert compare(rec.log, res.drafts, res.draft_anchors) >= len(rec.log) - 2
     assert res.accepted > 0
 
 
@@ -109,7 +107,7 @@ def test_cli_and_server_run_a_list():
     assert "ngram-simple,draft-simple" in res.stderr and "identical" in res.stderr, res.stderr
     bad = run_cli("run", "-m", str(TARGET), "-md", str(DRAFT), "--spec-type", "draft-simple,draft-dflash", "-p", "x")
     assert bad.returncode != 0 and "Traceback" not in bad.stderr and "one draft model" in bad.stderr
-    _serve_equals_plain(TARGET, "-md", str(DRAFT), "--spec-type", "ngram-mod,draft-simple")
+    serve_equals_plain(TARGET, "-md", str(DRAFT), "--spec-type", "ngram-mod,draft-simple")
 
 
 # --- the cost rule --------------------------------------------------------------------------------

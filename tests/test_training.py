@@ -69,7 +69,7 @@ def test_the_shipped_eagle3_head_drafts_what_its_pytorch_twin_predicts(build_inf
     from train_tiny_eagle3 import Eagle3, target_features
 
     from conftest import PROMPTS
-    from test_mtp import Recorder
+    from helpers.drafts import Recorder
     from ggspec.runtime import ContextParams
     from ggspec.speculative.engine import Engine
     from ggspec.speculative.loop import generate_spec
