@@ -53,3 +53,22 @@ def test_no_product_module_imports_the_test_fixtures():
             if any(n == "ggspec.fixtures" or n.startswith("ggspec.fixtures.") for n in names):
                 offenders.append(f"{path.relative_to(REPO)}:{node.lineno}")
     assert offenders == []
+
+
+def test_no_test_module_imports_another():
+    """What test modules share lives in tests/helpers (or conftest): a test module imported by
+    another would run its tests' module-level setup for it, and tie the two together."""
+    tests = REPO / "tests"
+    modules = {p.stem for p in tests.glob("test_*.py")}
+    offenders = []
+    for path in sorted(tests.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [node.module]
+            else:
+                continue
+            if any(n.split(".")[0] in modules for n in names):
+                offenders.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert offenders == []

@@ -1,6 +1,7 @@
-"""What several test modules share (never imported from a test module: tests/test_architecture.py's
-neighbours keep the suite's shape). `from helpers.drafts import Recorder` resolves like
-`from conftest import ...`: pytest puts tests/ on sys.path (rootdir-relative, no __init__.py in tests/).
+"""What several test modules share: a test module imports helpers from here or from conftest, never
+from another test module (tests/test_architecture.py checks it). `from helpers.drafts import
+Recorder` resolves like `from conftest import ...`: pytest's default (prepend) import mode puts
+tests/ on sys.path, since tests/ has no __init__.py.
 
   pairs      the shipped tiny models, the prompts and the context settings the exactness cases share
   drafts     recording drafts, comparing them with llama.cpp's dumps, forced acceptance, plain greedy
