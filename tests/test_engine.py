@@ -19,8 +19,8 @@ from ggspec.speculative.engine import CapacityError, Engine
 from ggspec.speculative.loop import generate_greedy
 from ggspec.speculative.models import Models, PairConfig
 from ggspec.speculative.planes import PlaneOptions
-from ggspec.testing.forced import ForcedAcceptance, cycle_lengths
-from ggspec.testing.oracle import compare
+from ggspec.bench.forced import ForcedAcceptance, cycle_lengths
+from ggspec.speculative.oracle import compare
 
 N_PREDICT = 48
 N_MAX = 7

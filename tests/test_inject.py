@@ -11,7 +11,7 @@ import pytest
 from conftest import PROMPTS
 from ggspec.runtime import ContextParams
 from ggspec.speculative.dflash import INJECT_MODES
-from ggspec.testing.forced import ForcedAcceptance, cycle_lengths
+from ggspec.bench.forced import ForcedAcceptance, cycle_lengths
 from ggspec.speculative.loop import generate_greedy, generate_spec
 from ggspec.speculative.engine import Engine
 from ggspec.speculative.models import PairConfig

@@ -125,8 +125,8 @@ def test_dflash_is_lossless(arch, proposer, arch_pairs):
     """A random DFlash draft (reading layers 1 and n_layer - 1) gives the plain greedy output
     token for token (up to a rounding near-tie); forced acceptance makes every acceptance length
     0..n_max happen."""
-    from ggspec.testing.forced import ForcedAcceptance, cycle_lengths
-    from ggspec.testing.oracle import run_prompts
+    from ggspec.bench.forced import ForcedAcceptance, cycle_lengths
+    from ggspec.speculative.oracle import run_prompts
     from ggspec.speculative.engine import Engine
     from ggspec.speculative.models import PairConfig
     from ggspec.speculative.stats import merge

@@ -2,7 +2,7 @@
 
 Run on the real patched build with tiny random-weight pairs (dense qwen3 and hybrid qwen35),
 with the real DFlash draft and with forced acceptance lengths covering 0..n_max.
-At a divergence the report gives the target's own top-2 margin there (see ggspec.testing.oracle).
+At a divergence the report gives the target's own top-2 margin there (see ggspec.speculative.oracle).
 The hybrid target keeps F32 matrices and wide logit margins: every prompt must match exactly.
 The dense target has F16 matrices like converted files, whose activations are rounded to F16
 inside the matmuls: there, as on real models, a batched verify can flip a genuine near-tie; such
@@ -19,8 +19,8 @@ import pytest
 
 from conftest import PROMPTS
 from ggspec.runtime import ContextParams
-from ggspec.testing.forced import ForcedAcceptance, cycle_lengths
-from ggspec.testing.oracle import run_prompts
+from ggspec.bench.forced import ForcedAcceptance, cycle_lengths
+from ggspec.speculative.oracle import run_prompts
 from ggspec.speculative.engine import Engine
 from ggspec.speculative.models import PairConfig
 from ggspec.speculative.stats import merge

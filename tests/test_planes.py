@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from ggspec.errors import InputError
-from ggspec.testing.forced import profile_lengths
+from ggspec.bench.forced import profile_lengths
 from ggspec.speculative.planes import AutoLead, PlaneOptions, covered_accepts, default_lead
 
 

@@ -52,7 +52,7 @@ def test_a_draft_reading_the_mtp_block_is_refused(fixture_dir, tmp_path):
 
 def test_mtp_target_runs_lossless(fixture_dir, build_info):
     """The MTP block is loaded but never run: speculation over the trunk equals plain greedy."""
-    from ggspec.testing.oracle import run_prompts
+    from ggspec.speculative.oracle import run_prompts
     from ggspec.speculative.engine import Engine
     from ggspec.speculative.models import PairConfig
 

@@ -128,7 +128,7 @@ def test_fixtures_are_deterministic(tmp_path, dense_pair):
 @pytest.mark.parametrize("kind", ["dense", "hybrid"])
 def test_draft_cache_holds_exactly_the_committed_positions(kind, request, build_info):
     """Before every draft, the draft cache covers positions 0..P-1 (P = id_last's position)."""
-    from ggspec.testing.forced import ForcedAcceptance, cycle_lengths
+    from ggspec.bench.forced import ForcedAcceptance, cycle_lengths
     from ggspec.speculative.loop import generate_greedy
 
     pair = request.getfixturevalue(f"{kind}_pair")

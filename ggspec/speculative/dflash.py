@@ -78,6 +78,11 @@ def is_dflash(meta: GGUFMeta) -> bool:
     return meta.arch == "dflash"
 
 
+def is_dspark(meta: GGUFMeta) -> bool:
+    """A DFlash draft with a Markov head (read from its tensor list only: no key is parsed)."""
+    return is_dflash(meta) and "markov_w1.weight" in meta.tensors
+
+
 def _flag(value, default: bool) -> bool:
     """A boolean key as llama.cpp reads it (a bool, or the text "true")."""
     if value is None:
@@ -95,7 +100,7 @@ def dflash_info(draft: GGUFMeta) -> DFlashInfo:
     mask = draft.get("tokenizer.ggml.mask_token_id")
     if mask is None:
         raise InputError(f"DFlash draft has no mask token (tokenizer.ggml.mask_token_id): {draft.path}", field="draft")
-    dspark = "markov_w1.weight" in draft.tensors
+    dspark = is_dspark(draft)
     return DFlashInfo(
         target_layers=tuple(int(x) for x in layers),
         block_size=int(draft.get("dflash.block_size", 16)),
@@ -448,6 +453,6 @@ _TRAITS = Traits(draft_model="required", target_features=True, fixed_block=True,
 DRAFT_DFLASH = DraftType(name="draft-dflash", priority=8, traits=_TRAITS, plan=_plan("draft-dflash", False), make=_make,
                          detect=lambda target, draft: draft is not None and is_dflash(draft), detect_rank=3)
 DRAFT_DSPARK = DraftType(name="draft-dspark", priority=9, traits=_TRAITS, plan=_plan("draft-dspark", True), make=_make,
-                         detect=lambda target, draft: draft is not None and is_dflash(draft) and dflash_info(draft).dspark,
+                         detect=lambda target, draft: draft is not None and is_dspark(draft),
                          detect_rank=2)
 TYPES = (DRAFT_DFLASH, DRAFT_DSPARK)
