@@ -226,9 +226,12 @@ def test_what_to_try_leaves_out_the_setting_in_use():
     from types import SimpleNamespace
 
     from ggspec.console.verdict import what_to_try as _what_to_try
+    from ggspec.speculative import registry
+    from ggspec.speculative.draft_type import DraftPlan
 
     def engine(spec_type, n_max, auto):
-        return SimpleNamespace(plan=SimpleNamespace(spec_type=spec_type), n_max=n_max, draft_length=object() if auto else None)
+        return SimpleNamespace(plan=DraftPlan(registry.get(spec_type)), n_max=n_max,
+                               draft_length=object() if auto else None)
 
     assert _what_to_try(engine("draft-dflash", 7, False)) == (
         "a shorter draft (--spec-draft-n-max 3), --spec-draft-n-max auto (chooses the length, none included, every "

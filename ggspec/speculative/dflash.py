@@ -34,9 +34,8 @@ import numpy as np
 from ggspec.errors import InputError
 from ggspec.runtime import Batch, Context
 from ggspec.runtime.gguf_meta import GGUFMeta
-from ggspec.runtime.preflight import check_model
 from ggspec.speculative.archs import LAYER_INPUT_ARCHS
-from ggspec.speculative.draft_type import Build, DraftPlan, DraftType, Traits, check_draft_given
+from ggspec.speculative.draft_type import Build, DraftPlan, DraftType, Traits, draft_of_kind
 from ggspec.speculative.proposer import Draft, Proposer, Span, capture_rows
 from ggspec.speculative.sampling import candidates
 from ggspec.speculative.verifier import DRAFT
@@ -417,11 +416,8 @@ def _plan(name: str, dspark: bool):
     def plan(cfg, target: GGUFMeta, draft: GGUFMeta | None, warnings: list[str]) -> DraftPlan:
         """A DFlash-family draft that fits the target (its layers, vocabulary, block), of this
         type (a Markov head makes a DSpark draft), and its head placeable on the devices."""
-        draft = check_draft_given(name, draft)
-        if not is_dflash(draft):
-            raise InputError(f"the draft is not a DFlash model (architecture '{draft.arch}'): {draft.path}",
-                             field="draft")
-        check_model(draft, "draft")
+        draft = draft_of_kind(name, draft, is_dflash, "the draft is not a DFlash model (architecture '{arch}'): {path}",
+                              "draft")
         info = dflash_info(draft)
         check_compatible(target, draft, info)
         if dspark and not info.dspark:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ggspec.errors import InputError
 from ggspec.runtime import Context
+from ggspec.runtime.preflight import check_model
 from ggspec.speculative.archs import is_mtp_drafter
 
 if TYPE_CHECKING:
@@ -227,4 +228,15 @@ def check_draft_given(name: str, draft: "GGUFMeta | None") -> "GGUFMeta":
         raise InputError(f"the draft is a {draft.arch} MTP drafter: its spec type is draft-mtp", field="spec_type")
     if draft is None:
         raise InputError(f"{name} needs a draft model", field="draft")
+    return draft
+
+
+def draft_of_kind(name: str, draft: "GGUFMeta | None", is_kind: Callable[["GGUFMeta"], bool], refusal: str,
+                  field: str) -> "GGUFMeta":
+    """check_draft_given, then a draft of this type's kind (else `refusal`, formatted with the
+    file's `arch` and `path`, naming `field`) whose values llama.cpp can load (preflight)."""
+    draft = check_draft_given(name, draft)
+    if not is_kind(draft):
+        raise InputError(refusal.format(arch=draft.arch, path=draft.path), field=field)
+    check_model(draft, "draft")
     return draft

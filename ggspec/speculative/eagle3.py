@@ -37,10 +37,9 @@ import numpy as np
 
 from ggspec.errors import InputError, LlamaError
 from ggspec.runtime import Batch, Context
-from ggspec.runtime.preflight import check_model
 from ggspec.speculative.archs import FINAL_STATE_ARCHS, LAYER_INPUT_ARCHS
 from ggspec.speculative.autoregressive import draft_tokens
-from ggspec.speculative.draft_type import Build, DraftPlan, DraftType, Traits, check_draft_given
+from ggspec.speculative.draft_type import Build, DraftPlan, DraftType, Traits, draft_of_kind
 from ggspec.speculative.proposer import Draft, Proposer, Span, capture_rows, model_draft
 
 
@@ -279,11 +278,8 @@ class Eagle3Proposer(Proposer):
 def _plan(cfg, target, draft, warnings: list[str]) -> DraftPlan:
     """draft-eagle3: the draft must be an EAGLE3 head that fits the target (llama.cpp needs
     --spec-type draft-eagle3 said; ggspec detects the architecture)."""
-    draft = check_draft_given("draft-eagle3", draft)
-    if not is_eagle3(draft):
-        raise InputError(f"draft-eagle3 needs an EAGLE3 head (architecture 'eagle3'); the draft's is '{draft.arch}'",
-                         field="spec_type")
-    check_model(draft, "draft")
+    draft = draft_of_kind("draft-eagle3", draft, is_eagle3,
+                          "draft-eagle3 needs an EAGLE3 head (architecture 'eagle3'); the draft's is '{arch}'", "spec_type")
     info = eagle3_info(draft)
     check_eagle3(target, draft, info)
     return DraftPlan(DRAFT_EAGLE3, meta=info, reads_draft=True)
