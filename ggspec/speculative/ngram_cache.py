@@ -103,21 +103,19 @@ class NgramCacheProposer(Proposer):
         self._caches[seq] = NgramCache()
 
     def propose(self, seqs: list[Sequence], n: int) -> list[Draft]:
-        out = []
-        for seq in seqs:
-            if not seq.started:
-                out.append(Draft(_EMPTY))
-                continue
-            cache = self._caches.get(seq)
-            if cache is None:  # (a sequence added without begin)
-                cache = self._caches[seq] = NgramCache()
-            inp = seq.history[:seq.pos + 1]  # up to and with id_last
-            if cache.size < len(inp):
-                cache.update(inp[cache.size:])
-                cache.size = len(inp)
-            d = cache.draft(inp, min(n, N_DRAFT))
-            out.append(Draft(np.asarray(d, dtype=np.int32) if d else _EMPTY))
-        return out
+        # nothing to draft from before a sequence's prompt is decoded
+        return [Draft(self._draft_one(seq, n)) if seq.started else Draft.empty() for seq in seqs]
+
+    def _draft_one(self, seq: Sequence, n: int) -> np.ndarray:
+        cache = self._caches.get(seq)
+        if cache is None:  # (a sequence added without begin)
+            cache = self._caches[seq] = NgramCache()
+        inp = seq.history[:seq.pos + 1]  # up to and with id_last
+        if cache.size < len(inp):
+            cache.update(inp[cache.size:])
+            cache.size = len(inp)
+        d = cache.draft(inp, min(n, N_DRAFT))
+        return np.asarray(d, dtype=np.int32) if d else _EMPTY
 
     def release(self, seq: Sequence, keep: int = 0) -> int:
         cache = self._caches.pop(seq, None)

@@ -217,19 +217,16 @@ class NgramMapProposer(Proposer):
                 self._maps[seq].accept(n_committed - 1)
 
     def propose(self, seqs: list[Sequence], n: int) -> list[Draft]:
-        out = []
-        for seq in seqs:
-            if not seq.started:  # nothing to draft from before its prompt is decoded
-                out.append(Draft(_EMPTY))
-                continue
-            if seq not in self._maps:  # (a sequence added without begin: start its map now)
-                self.begin(seq)
-            hist, extra = split_history(seq)
-            full = self._hist[seq].sync(hist, extra)
-            d = self._maps[seq].draft(full[:-1], int(full[-1])) if len(full) else _EMPTY
-            self._drafted.add(seq)
-            out.append(Draft(d[:n] if len(d) > n else d))
-        return out
+        # nothing to draft from before a sequence's prompt is decoded
+        return [Draft(self._draft_one(seq)[:n]) if seq.started else Draft.empty() for seq in seqs]
+
+    def _draft_one(self, seq: Sequence) -> np.ndarray:
+        if seq not in self._maps:  # (a sequence added without begin: start its map now)
+            self.begin(seq)
+        hist, extra = split_history(seq)
+        full = self._hist[seq].sync(hist, extra)
+        self._drafted.add(seq)
+        return self._maps[seq].draft(full[:-1], int(full[-1])) if len(full) else _EMPTY
 
     def release(self, seq: Sequence, keep: int = 0) -> int:
         self._maps.pop(seq, None)

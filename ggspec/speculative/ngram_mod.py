@@ -157,6 +157,9 @@ class NgramModProposer(Proposer):
             info.n_low = 0
 
     def _draft_one(self, seq: Sequence) -> np.ndarray:
+        if seq not in self._hist:  # (a sequence added without begin)
+            self.begin(seq)
+        self._drafted.add(seq)
         info = self._info[seq.seq_id]
         info.n_draft_last = 0
         hist, extra = split_history(seq)
@@ -182,17 +185,8 @@ class NgramModProposer(Proposer):
         return np.asarray(out, dtype=np.int32)
 
     def propose(self, seqs: list[Sequence], n: int) -> list[Draft]:
-        out = []
-        for seq in seqs:
-            if not seq.started:  # nothing to draft from before its prompt is decoded
-                out.append(Draft(_EMPTY_DRAFT))
-                continue
-            if seq not in self._hist:  # (a sequence added without begin)
-                self.begin(seq)
-            d = self._draft_one(seq)
-            self._drafted.add(seq)
-            out.append(Draft(d[:n] if len(d) > n else d))
-        return out
+        # nothing to draft from before a sequence's prompt is decoded
+        return [Draft(self._draft_one(seq)[:n]) if seq.started else Draft.empty() for seq in seqs]
 
     def release(self, seq: Sequence, keep: int = 0) -> int:
         self._hist.pop(seq, None)
