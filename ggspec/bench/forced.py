@@ -19,17 +19,22 @@ class ForcedAcceptance:
     """Wraps a proposer: its real drafts are made and discarded, the target's true continuation
     (corrupted at the wanted position) is proposed instead."""
 
-    def __init__(self, inner, reference, accept_lengths: Iterator[int], n_vocab: int) -> None:
+    def __init__(self, inner, reference=None, accept_lengths: Iterator[int] | None = None, n_vocab: int = 0) -> None:
         """`reference` (or `reference(seq)` when it is callable, for several sequences): the greedy
         token at each position (the prompt followed by its plain greedy continuation);
         `accept_lengths` yields the wanted accepted count for each sequence's step (values above
-        the step's draft length mean "accept everything")."""
+        the step's draft length mean "accept everything"). Made with the engine (Engine's
+        `wrap_proposer`), it is armed with them before each decode (`arm`)."""
         self.inner = inner
-        self.reference = reference if callable(reference) else (lambda _seq, r=np.asarray(reference): r)
-        self.accept_lengths = accept_lengths
         self.n_vocab = n_vocab
         self.name = inner.name
         self.max_draft = inner.max_draft
+        self.arm(reference, accept_lengths)
+
+    def arm(self, reference, accept_lengths: Iterator[int] | None) -> None:
+        """The continuation and the acceptance lengths of the next decode (see __init__)."""
+        self.reference = reference if callable(reference) else (lambda _seq, r=np.asarray(reference): r)
+        self.accept_lengths = accept_lengths
 
     def __getattr__(self, name):  # begin, observe, commit, flush, release, reset, close
         return getattr(self.inner, name)

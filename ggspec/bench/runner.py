@@ -36,7 +36,7 @@ from ggspec.runtime.devices import Placement
 from ggspec.speculative import registry
 from ggspec.speculative.driver import Request, drive
 from ggspec.speculative.engine import Engine
-from ggspec.speculative.loop import generate_greedy, proposing
+from ggspec.speculative.loop import generate_greedy
 from ggspec.speculative.models import Models, PairConfig
 from ggspec.speculative.oracle import Divergence, compare
 from ggspec.speculative.planes import PlaneOptions
@@ -196,7 +196,12 @@ class Runner:
                           placement=s.placement, n_gpu_layers=s.n_gpu_layers, n_gpu_layers_draft=s.n_gpu_layers)
 
     def _pair(self, cfg: BenchConfig) -> Engine:
-        return Engine(self.models, self._pair_config(cfg, self._ctx(cfg)))
+        """ggspec's speculative engine of a configuration; with an acceptance profile (a benchmark
+        device) its proposer is wrapped in forced acceptance, armed before each decode (_decode)."""
+        forced = None
+        if self.s.profile_weights is not None:
+            forced = lambda inner: ForcedAcceptance(inner, n_vocab=self.models.target.n_vocab)  # noqa: E731
+        return Engine(self.models, self._pair_config(cfg, self._ctx(cfg)), wrap_proposer=forced)
 
     def _baseline(self, base: BenchConfig) -> Engine:
         """ggspec's plain engine of a baseline configuration (kept for the whole benchmark)."""
@@ -249,14 +254,12 @@ class Runner:
         """Decode `prompts` (indices) through `sp`, as many at a time as it has slots and cells
         (continuous batching, speculative.driver; one prompt: a plain single-sequence run). `seed`:
         the acceptance profile's draws (benchmark device) when there is one."""
-        proposer = None
         if sp.speculative and self.s.profile_weights is not None:
             refs = {i: self._reference(cfg, i, cfg.n_max) for i in prompts}  # before anything is timed
-            proposer = ForcedAcceptance(sp.proposer, lambda seq: refs[seq.tag], self._lengths(seed, cfg.n_max),
-                                        sp.target_model.n_vocab)
+            sp.proposer.arm(lambda seq: refs[seq.tag], self._lengths(seed, cfg.n_max))
         out = {i: Decoded() for i in prompts}
         requests = [Request(self.tokens[i], n, tag=i, seed=self.s.prompt_seed(i), ignore_eos=True) for i in prompts]
-        with proposing(sp, proposer), closing(drive(sp, requests)) as events:
+        with closing(drive(sp, requests)) as events:
             for ev in events:
                 d = out[ev.tag]
                 d.stats.add(ev.step)

@@ -6,6 +6,7 @@ the target's context.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from ggspec.errors import InputError
@@ -90,10 +91,12 @@ class Assembly:
                 obj.close()
 
 
-def assemble(models: Models, cfg: PairConfig, plan: DraftPlan, *, keep_state: bool, warnings: list[str]) -> Assembly:
+def assemble(models: Models, cfg: PairConfig, plan: DraftPlan, *, keep_state: bool, warnings: list[str],
+             wrap: Callable[[Proposer], Proposer] | None = None) -> Assembly:
     """The draft length and the checks of the options against it, the target's context (with
     rollback planes on a hybrid target), the proposer of the plan's types (and the draft context
-    one of them opens), prepared-plan pools for each context, and the adaptive rule."""
+    one of them opens; `wrap` makes the one the engine drafts with from it: a benchmark's forced
+    acceptance), prepared-plan pools for each context, and the adaptive rule."""
     speculative = plan.types != ()
     recurrent = models.target.is_recurrent
     n_max, caps = draft_lengths(cfg, plan, warnings)
@@ -119,6 +122,8 @@ def assemble(models: Models, cfg: PairConfig, plan: DraftPlan, *, keep_state: bo
                 warnings.append("a rule choosing between speculative types needs several of them (--spec-type a,b)")
             if plan.type is not None:
                 parts.proposer = _build(parts, models, cfg, plan, n_max, keep_state)
+        if wrap is not None and parts.proposer is not None:
+            parts.proposer = wrap(parts.proposer)
         _set_plan_pools(cfg, [parts.target, parts.draft_ctx])
     except BaseException:
         parts.close()

@@ -21,7 +21,7 @@ the target decodes again", lives in `_decode_target`, the only place the target 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -45,7 +45,8 @@ class Engine:
 
     def __init__(self, models: Models, cfg: PairConfig, *, verifier: Verifier | None = None,
                  plain: bool = False, prompt_cache: bool = False, cache_ram: int | None = 0,
-                 first_token_from_prefill: bool = False, keep_draft_state: bool = False) -> None:
+                 first_token_from_prefill: bool = False, keep_draft_state: bool = False,
+                 wrap_proposer: Callable[[Proposer], Proposer] | None = None) -> None:
         """`plain`: no drafting at all (a baseline over the same weights, with no draft context
         and no rollback planes). `prompt_cache`: a slot keeps the cells of its last sequence, and
         a new prompt goes to the free slot whose cells hold the longest prefix of it: only the
@@ -57,9 +58,11 @@ class Engine:
         token from its last row, as llama-server does, a step earlier than llama.cpp's own loop,
         whose draft positions `ggspec run` and the benchmarks mirror (see _prefill).
         `keep_draft_state`: what a drafter learns from one request serves the next (ngram-mod's
-        table lives as long as the engine, as llama-server's; else each run starts afresh)."""
+        table lives as long as the engine, as llama-server's; else each run starts afresh).
+        `wrap_proposer`: makes the proposer it drafts with from its own (forced acceptance)."""
         cfg.validate()
         self.models = models
+        self.target_model, self.draft_model = models.target, models.draft  # the weights (Models owns them)
         self.cfg = cfg
         self.parallel = cfg.parallel
         self.warnings: list[str] = list(models.warnings)
@@ -70,7 +73,8 @@ class Engine:
         self._owns_models = False
         self._closed = False
         self._state_bytes: int | None = None  # one recurrent state's bytes, measured at the first prefill
-        parts = assemble(models, cfg, self.plan, keep_state=keep_draft_state, warnings=self.warnings)
+        parts = assemble(models, cfg, self.plan, keep_state=keep_draft_state, warnings=self.warnings,
+                         wrap=wrap_proposer)
         self.n_max, self.target, self.draft_ctx = parts.n_max, parts.target, parts.draft_ctx
         self.proposer: Proposer | None = parts.proposer
         self.auto_lead, self.draft_length = parts.auto_lead, parts.draft_length
@@ -408,14 +412,6 @@ class Engine:
     def store(self):
         """The prompt cache's host-memory store (None without one)."""
         return self.slots.store
-
-    @property
-    def target_model(self):
-        return self.models.target
-
-    @property
-    def draft_model(self):
-        return self.models.draft
 
     # --- reporting -------------------------------------------------------------------------------
 
