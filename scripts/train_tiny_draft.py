@@ -16,7 +16,6 @@ when it drafts). Corpus and held-out split are train_tiny_pair.py's. Same seed a
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import sys
@@ -34,18 +33,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tinypair import corpus, export  # noqa: E402
 from tinypair import tokenizer as tk  # noqa: E402
 from tinypair.model import Target, TargetConfig  # noqa: E402
-from tinypair.train import greedy_continuations, random_windows  # noqa: E402
+from tinypair.train import deterministic, greedy_continuations, log, random_windows  # noqa: E402
 
 from ggspec.distill.export import block_tensors  # noqa: E402
 from ggspec.distill.target_file import _field_value  # noqa: E402
-from ggspec.distill.train import cosine_lr  # noqa: E402
+from ggspec.distill.train import descend, set_cosine_lr  # noqa: E402
+from ggspec.files import file_sha256  # noqa: E402
 
 DRAFT_FILE = "tiny-coder-draft.gguf"
 DRAFT = dict(n_embd=64, n_layer=2, n_head=2, n_head_kv=1, head_dim=32, n_ff=192)
-
-
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def load_target(path: Path) -> tuple[Target, dict]:
@@ -73,26 +69,15 @@ def load_target(path: Path) -> tuple[Target, dict]:
 def write_draft(path: Path, model: Target, tokenizer: dict, name: str) -> None:
     """The draft as a qwen3 GGUF with the target's tokenizer keys copied as they are."""
     c = model.cfg
-    w = gguf.GGUFWriter(str(path), "qwen3")
-    w.add_key_value("general.name", name, gguf.GGUFValueType.STRING)
-    export._u32(w, "general.file_type", 0)
-    export._attention_keys(w, "qwen3", c.n_ctx, c.n_embd, c.n_layer, c.n_ff, c.n_head, c.n_head_kv, c.head_dim,
-                           c.eps, c.rope_base)
-    for k, (value, vtype, sub) in tokenizer.items():
-        w.add_key_value(k, value, vtype, sub_type=sub)
+    w = export.start(path, "qwen3", name, n_ctx_train=c.n_ctx, n_embd=c.n_embd, n_layer=c.n_layer, n_ff=c.n_ff,
+                     n_head=c.n_head, n_head_kv=c.n_head_kv, head_dim=c.head_dim, rms_eps=c.eps,
+                     rope_freq_base=c.rope_base)
+    export.copy_keys(w, tokenizer)
     tensors = [("token_embd.weight", model.embed.weight)]
     for il, blk in enumerate(model.blocks):
         tensors += block_tensors(f"blk.{il}.", blk)
     tensors += [("output_norm.weight", model.norm.weight), ("output.weight", model.head.weight)]
-    export._write(w, tensors)
-
-
-def encode(tok, texts: list[str], eos: int) -> np.ndarray:
-    ids: list[int] = []
-    for t in texts:
-        ids += tok.encode(t).ids
-        ids.append(eos)
-    return np.asarray(ids, dtype=np.int32)
+    export.finish(w, tensors)
 
 
 def distill(target: Target, draft: Target, streams: list[np.ndarray], steps: int, batch: int, seq: int,
@@ -103,17 +88,13 @@ def distill(target: Target, draft: Target, streams: list[np.ndarray], steps: int
     t0 = time.time()
     per = batch // len(streams)
     for step in range(steps):
-        for g in opt.param_groups:
-            g["lr"] = cosine_lr(step, steps, lr, max(1, steps // 20))
+        set_cosine_lr(opt, step, steps, lr)
         x = torch.cat([random_windows(s, per, seq, gen)[:, :-1] for s in streams])
         with torch.no_grad():
             p_log = F.log_softmax(target(x)[0], dim=-1)
         q_log = F.log_softmax(draft(x)[0], dim=-1)
         loss = F.kl_div(q_log.flatten(0, 1), p_log.flatten(0, 1), log_target=True, reduction="batchmean")
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
-        opt.step()
+        descend(opt, loss, draft.parameters())
         if step % 50 == 0 or step == steps - 1:
             with torch.no_grad():
                 agree = (q_log.argmax(-1) == p_log.argmax(-1)).float().mean().item()
@@ -140,9 +121,7 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="a few steps of everything (pipeline check)")
     args = ap.parse_args()
 
-    torch.set_num_threads(args.threads)
-    torch.use_deterministic_algorithms(True)
-    log = lambda msg: print(msg, flush=True)  # noqa: E731
+    deterministic(args.threads)
     t_start = time.time()
     plan = dict(steps=args.steps, n_seq=args.n_seq, batch=16, seq=256, prompt_len=64, gen_len=192, lr=3e-3)
     if args.smoke:
@@ -156,8 +135,8 @@ def main() -> None:
     if vocab.tokens != tokenizer["tokenizer.ggml.tokens"][0]:
         sys.exit("the stdlib here trains another tokenizer than the target's: train with the Python "
                  "that made it (see models/tiny/train.json)")
-    train_ids = encode(tok, train_texts, vocab.eos)
-    held_ids = encode(tok, corpus.read_texts(held_files), vocab.eos)
+    train_ids = tk.encode(tok, train_texts, vocab.eos)
+    held_ids = tk.encode(tok, corpus.read_texts(held_files), vocab.eos)
     log(f"corpus: {len(train_ids)} train tokens, {len(held_ids)} held out")
 
     seqs, _ = greedy_continuations(target, train_ids, plan["n_seq"], plan["prompt_len"], plan["gen_len"],
@@ -180,11 +159,11 @@ def main() -> None:
     path = args.out / DRAFT_FILE
     write_draft(path, draft, tokenizer, f"ggspec tiny-coder draft model (seed {args.seed})")
     report = {"seed": args.seed, "threads": args.threads, "torch": torch.__version__, "target": str(args.target),
-              "target_sha256": sha256(args.target), "plan": plan, "draft": asdict(dcfg),
+              "target_sha256": file_sha256(args.target), "plan": plan, "draft": asdict(dcfg),
               "heldout_argmax_agreement": round(held, 4), "minutes": round((time.time() - t_start) / 60, 1),
-              "file": {"name": path.name, "sha256": sha256(path), "bytes": path.stat().st_size}}
+              "file": {"name": path.name, "sha256": file_sha256(path), "bytes": path.stat().st_size}}
     (args.out / "train-draft.json").write_text(json.dumps(report, indent=2) + "\n")
-    log(f"{path}  {path.stat().st_size} bytes  sha256 {sha256(path)}  ({report['minutes']} min)")
+    log(f"{path}  {path.stat().st_size} bytes  sha256 {file_sha256(path)}  ({report['minutes']} min)")
 
 
 if __name__ == "__main__":

@@ -19,14 +19,12 @@ on its own continuations. Same seed and thread count -> byte-identical GGUF file
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import sys
 import time
 from pathlib import Path
 
-import gguf
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -36,11 +34,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from tinypair import corpus, export  # noqa: E402
 from tinypair import tokenizer as tk  # noqa: E402
-from tinypair.train import random_windows  # noqa: E402
-from train_tiny_draft import encode, load_target, sha256  # noqa: E402
+from tinypair.train import deterministic, log, random_windows  # noqa: E402
+from train_tiny_draft import load_target  # noqa: E402
 
+from ggspec.catalogue.gguf_write import add_i32_arr, add_u32  # noqa: E402
 from ggspec.distill.model import RMSNorm, SwiGLU  # noqa: E402
-from ggspec.distill.train import cosine_lr  # noqa: E402
+from ggspec.distill.train import descend, set_cosine_lr  # noqa: E402
+from ggspec.files import file_sha256  # noqa: E402
 
 OUT_FILE = "tiny-coder-eagle3.gguf"
 # llama.cpp ids: the inputs of layers 1, 2 and 3 (an id of n_layer would mean the final normed state,
@@ -191,8 +191,7 @@ def train(target, seqs: torch.Tensor, steps: int, batch: int, lr: float, seed: i
     L = seqs.shape[1]
     t0 = time.time()
     for step in range(steps):
-        for g in opt.param_groups:
-            g["lr"] = cosine_lr(step, steps, lr, max(1, steps // 20))
+        set_cosine_lr(opt, step, steps, lr)
         idx = torch.randint(0, len(seqs), (batch,), generator=gen)
         x, f, y = seqs[idx], feats[idx], greedy[idx]
         emb_next = F.embedding(torch.cat([x[:, 1:], x[:, -1:]], dim=1), embed)  # token k + 1 at position k
@@ -207,10 +206,7 @@ def train(target, seqs: torch.Tensor, steps: int, batch: int, lr: float, seed: i
             loss = loss + STEP_WEIGHTS[s - 1] * F.cross_entropy(logits.flatten(0, 1), lab.flatten(), ignore_index=-100)
             ok = lab != -100
             accs.append(((logits.argmax(-1) == lab) & ok).sum().item() / max(1, ok.sum().item()))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        descend(opt, loss, model.parameters())
         if step % 50 == 0 or step == steps - 1:
             log(f"eagle3 step {step:5d}/{steps}  loss {loss.item():.3f}  acc/step "
                 + " ".join(f"{a:.2f}" for a in accs) + f"  {time.time() - t0:5.0f} s")
@@ -219,29 +215,20 @@ def train(target, seqs: torch.Tensor, steps: int, batch: int, lr: float, seed: i
 
 def write(path: Path, model: Eagle3, d2t: torch.Tensor, target, tokenizer: dict, name: str) -> None:
     c = target.cfg
-    w = gguf.GGUFWriter(str(path), "eagle3")
-    w.add_key_value("general.name", name, gguf.GGUFValueType.STRING)
-    export._u32(w, "general.file_type", 0)
-    export._attention_keys(w, "eagle3", c.n_ctx, c.n_embd, 1, N_FF, HEADS, HEADS_KV, HEAD_DIM, c.eps, c.rope_base)
-    w.add_key_value("eagle3.target_layers", list(TARGET_LAYERS), gguf.GGUFValueType.ARRAY,
-                    sub_type=gguf.GGUFValueType.INT32)
-    export._u32(w, "eagle3.target_hidden_size", c.n_embd)
-    for k, (value, vtype, sub) in tokenizer.items():
-        w.add_key_value(k, value, vtype, sub_type=sub)
+    w = export.start(path, "eagle3", name, n_ctx_train=c.n_ctx, n_embd=c.n_embd, n_layer=1, n_ff=N_FF, n_head=HEADS,
+                     n_head_kv=HEADS_KV, head_dim=HEAD_DIM, rms_eps=c.eps, rope_freq_base=c.rope_base)
+    add_i32_arr(w, "eagle3.target_layers", TARGET_LAYERS)
+    add_u32(w, "eagle3.target_hidden_size", c.n_embd)
+    export.copy_keys(w, tokenizer)
     tensors = [("fc.weight", model.fc.weight), ("blk.0.attn_norm.weight", model.attn_norm.weight),
                ("blk.0.attn_norm_2.weight", model.hidden_norm.weight), ("blk.0.attn_q.weight", model.q.weight),
                ("blk.0.attn_k.weight", model.k.weight), ("blk.0.attn_v.weight", model.v.weight),
                ("blk.0.attn_output.weight", model.o.weight), ("blk.0.ffn_norm.weight", model.ffn_norm.weight),
                ("blk.0.ffn_gate.weight", model.ffn.gate.weight), ("blk.0.ffn_up.weight", model.ffn.up.weight),
                ("blk.0.ffn_down.weight", model.ffn.down.weight), ("output_norm.weight", model.norm.weight),
-               ("output.weight", model.head.weight)]
-    for n, t in tensors:
-        w.add_tensor(n, np.ascontiguousarray(t.detach().cpu().numpy(), dtype=np.float32))
-    w.add_tensor("d2t", d2t.numpy().astype(np.int64))  # absolute target ids (what the converter writes)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+               ("output.weight", model.head.weight),
+               ("d2t", d2t.numpy().astype(np.int64))]  # absolute target ids (what the converter writes)
+    export.finish(w, tensors)
 
 
 def main() -> None:
@@ -254,9 +241,7 @@ def main() -> None:
     ap.add_argument("--n-seq", type=int, default=512)
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    torch.use_deterministic_algorithms(True)
-    log = lambda msg: print(msg, flush=True)  # noqa: E731
+    deterministic(args.threads)
     t_start = time.time()
     plan = dict(steps=args.steps, n_seq=args.n_seq, batch=16, prompt_len=64, gen_len=192, lr=3e-3)
     if args.smoke:
@@ -267,19 +252,19 @@ def main() -> None:
     tok = tk.train_tokenizer(texts, target.cfg.n_vocab)
     if tk.vocab_of(tok).tokens != tokenizer["tokenizer.ggml.tokens"][0]:
         sys.exit("the stdlib here trains another tokenizer than the target's: train with the Python that made it")
-    stream = encode(tok, texts, tk.vocab_of(tok).eos)
+    stream = tk.encode(tok, texts, tk.vocab_of(tok).eos)
     seqs = continuations(target, stream, plan["n_seq"], plan["prompt_len"], plan["gen_len"], args.seed + 1, log)
     model, d2t = train(target, seqs, plan["steps"], plan["batch"], plan["lr"], args.seed + 2, log)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / OUT_FILE
     write(path, model, d2t, target, tokenizer, f"ggspec tiny-coder EAGLE3 head (seed {args.seed})")
     report = {"seed": args.seed, "threads": args.threads, "torch": torch.__version__, "target": str(args.target),
-              "target_sha256": sha256(args.target), "plan": plan, "target_layers": list(TARGET_LAYERS),
+              "target_sha256": file_sha256(args.target), "plan": plan, "target_layers": list(TARGET_LAYERS),
               "n_vocab_draft": N_VOCAB_DRAFT, "ttt_steps": STEPS_TTT,
               "minutes": round((time.time() - t_start) / 60, 1),
-              "file": {"name": path.name, "sha256": sha256(path), "bytes": path.stat().st_size}}
+              "file": {"name": path.name, "sha256": file_sha256(path), "bytes": path.stat().st_size}}
     (args.out / "train-eagle3.json").write_text(json.dumps(report, indent=2) + "\n")
-    log(f"{path}  {path.stat().st_size} bytes  sha256 {sha256(path)}  ({report['minutes']} min)")
+    log(f"{path}  {path.stat().st_size} bytes  sha256 {file_sha256(path)}  ({report['minutes']} min)")
 
 
 if __name__ == "__main__":

@@ -15,14 +15,12 @@ draft proposals) when a ggspec build is available.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -30,22 +28,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tinypair import corpus, export  # noqa: E402
 from tinypair import tokenizer as tk  # noqa: E402
 from tinypair.model import DraftConfig, TargetConfig  # noqa: E402
-from tinypair.train import evaluate, greedy_continuations, train_draft, train_target  # noqa: E402
+from tinypair.train import deterministic, evaluate, greedy_continuations, log, train_draft, train_target  # noqa: E402
+
+from ggspec.files import file_sha256  # noqa: E402
 
 TARGET_FILE = "tiny-coder.gguf"
 DRAFT_FILE = "tiny-coder-dflash-b8.gguf"
-
-
-def encode(tok, texts: list[str], eos: int) -> np.ndarray:
-    ids: list[int] = []
-    for t in texts:
-        ids += tok.encode(t).ids
-        ids.append(eos)
-    return np.asarray(ids, dtype=np.int32)
-
-
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def main() -> None:
@@ -61,9 +49,7 @@ def main() -> None:
     ap.add_argument("--no-check", action="store_true", help="skip the llama.cpp parity check")
     args = ap.parse_args()
 
-    torch.set_num_threads(args.threads)
-    torch.use_deterministic_algorithms(True)
-    log = lambda msg: print(msg, flush=True)  # noqa: E731
+    deterministic(args.threads)
     t_start = time.time()
 
     plan = dict(target_steps=args.target_steps, draft_steps=args.draft_steps, n_seq=args.n_seq,
@@ -75,8 +61,8 @@ def main() -> None:
     train_texts = corpus.read_texts(train_files)
     tok = tk.train_tokenizer(train_texts, args.vocab)
     vocab = tk.vocab_of(tok)
-    train_ids = encode(tok, train_texts, vocab.eos)
-    held_ids = encode(tok, corpus.read_texts(held_files), vocab.eos)
+    train_ids = tk.encode(tok, train_texts, vocab.eos)
+    held_ids = tk.encode(tok, corpus.read_texts(held_files), vocab.eos)
     log(f"corpus: {len(train_files)} train files ({len(train_ids)} tokens), {len(held_files)} held out "
         f"({len(held_ids)} tokens); vocab {len(vocab.tokens)}")
 
@@ -103,11 +89,11 @@ def main() -> None:
         "train_tokens": int(len(train_ids)), "heldout_loss": round(val, 4), "plan": plan,
         "target": asdict(tcfg), "draft": asdict(replace(dcfg)),
         "minutes": round((time.time() - t_start) / 60, 1),
-        "files": {p.name: {"sha256": sha256(p), "bytes": p.stat().st_size} for p in (target_path, draft_path)},
+        "files": {p.name: {"sha256": file_sha256(p), "bytes": p.stat().st_size} for p in (target_path, draft_path)},
     }
     (args.out / "train.json").write_text(json.dumps(report, indent=2) + "\n")
     for p in (target_path, draft_path):
-        log(f"{p}  {p.stat().st_size} bytes  sha256 {sha256(p)}")
+        log(f"{p}  {p.stat().st_size} bytes  sha256 {file_sha256(p)}")
 
     if not args.no_check:
         from tinypair.parity import check

@@ -10,7 +10,7 @@ from __future__ import annotations
 import gguf
 from gguf import GGUFValueType
 
-from ggspec.catalogue.tiny import _add_f32, _add_u32
+from ggspec.catalogue.gguf_write import add_f32, add_u32
 
 
 def write_gemma4_keys(w: gguf.GGUFWriter, arch: str, *, n_layer: int, n_ctx_train: int, n_embd: int,
@@ -21,31 +21,31 @@ def write_gemma4_keys(w: gguf.GGUFWriter, arch: str, *, n_layer: int, n_ctx_trai
     """What Gemma3Model / Gemma4Model(.set_gguf_parameters) write, in their order, and the
     assistant's two more keys (`n_embd_out`: the target's hidden size)."""
     a = arch
-    _add_u32(w, f"{a}.block_count", n_layer)
-    _add_u32(w, f"{a}.context_length", n_ctx_train)
-    _add_u32(w, f"{a}.embedding_length", n_embd)
+    add_u32(w, f"{a}.block_count", n_layer)
+    add_u32(w, f"{a}.context_length", n_ctx_train)
+    add_u32(w, f"{a}.embedding_length", n_embd)
     if isinstance(n_ff, list):  # use_double_wide_mlp: one width per layer
         w.add_key_value(f"{a}.feed_forward_length", n_ff, GGUFValueType.ARRAY, sub_type=GGUFValueType.UINT32)
     else:
-        _add_u32(w, f"{a}.feed_forward_length", n_ff)
-    _add_u32(w, f"{a}.attention.head_count", n_head)
-    _add_f32(w, f"{a}.attention.layer_norm_rms_epsilon", rms_eps)
-    _add_u32(w, f"{a}.attention.key_length", head_dim_full)
-    _add_u32(w, f"{a}.attention.value_length", head_dim_full)
-    _add_f32(w, f"{a}.rope.freq_base", rope_freq_base)
+        add_u32(w, f"{a}.feed_forward_length", n_ff)
+    add_u32(w, f"{a}.attention.head_count", n_head)
+    add_f32(w, f"{a}.attention.layer_norm_rms_epsilon", rms_eps)
+    add_u32(w, f"{a}.attention.key_length", head_dim_full)
+    add_u32(w, f"{a}.attention.value_length", head_dim_full)
+    add_f32(w, f"{a}.rope.freq_base", rope_freq_base)
     if final_softcap:
-        _add_f32(w, f"{a}.final_logit_softcapping", final_softcap)
-    _add_u32(w, f"{a}.attention.sliding_window", sliding_window)
-    _add_u32(w, f"{a}.attention.head_count_kv", n_head_kv)
-    _add_f32(w, f"{a}.rope.freq_base_swa", rope_freq_base_swa)
-    _add_u32(w, f"{a}.attention.shared_kv_layers", shared_kv_layers)
-    _add_u32(w, f"{a}.embedding_length_per_layer_input", 0)  # no per-layer embeddings
+        add_f32(w, f"{a}.final_logit_softcapping", final_softcap)
+    add_u32(w, f"{a}.attention.sliding_window", sliding_window)
+    add_u32(w, f"{a}.attention.head_count_kv", n_head_kv)
+    add_f32(w, f"{a}.rope.freq_base_swa", rope_freq_base_swa)
+    add_u32(w, f"{a}.attention.shared_kv_layers", shared_kv_layers)
+    add_u32(w, f"{a}.embedding_length_per_layer_input", 0)  # no per-layer embeddings
     w.add_key_value(f"{a}.attention.sliding_window_pattern", list(sliding), GGUFValueType.ARRAY,
                     sub_type=GGUFValueType.BOOL)
-    _add_u32(w, f"{a}.attention.key_length_swa", head_dim_swa)
-    _add_u32(w, f"{a}.attention.value_length_swa", head_dim_swa)
-    _add_u32(w, f"{a}.rope.dimension_count", head_dim_full)  # proportional RoPE: rope_freqs mask the rest
-    _add_u32(w, f"{a}.rope.dimension_count_swa", head_dim_swa)
+    add_u32(w, f"{a}.attention.key_length_swa", head_dim_swa)
+    add_u32(w, f"{a}.attention.value_length_swa", head_dim_swa)
+    add_u32(w, f"{a}.rope.dimension_count", head_dim_full)  # proportional RoPE: rope_freqs mask the rest
+    add_u32(w, f"{a}.rope.dimension_count_swa", head_dim_swa)
     if n_embd_out:
-        _add_u32(w, f"{a}.embedding_length_out", n_embd_out)
-        _add_u32(w, f"{a}.nextn_predict_layers", n_layer)
+        add_u32(w, f"{a}.embedding_length_out", n_embd_out)
+        add_u32(w, f"{a}.nextn_predict_layers", n_layer)

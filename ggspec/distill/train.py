@@ -58,6 +58,20 @@ def cosine_lr(step: int, total: int, peak: float, warmup: int) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+def set_cosine_lr(opt: torch.optim.Optimizer, step: int, total: int, peak: float) -> None:
+    """The learning rate of `step` of `total`: `cosine_lr` after a warmup of a twentieth of the steps."""
+    for g in opt.param_groups:
+        g["lr"] = cosine_lr(step, total, peak, max(1, total // 20))
+
+
+def descend(opt: torch.optim.Optimizer, loss: torch.Tensor, params) -> None:
+    """One optimizer step on `loss`, the gradient of `params` clipped to norm 1."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
+
+
 class Blocks:
     """Builds training blocks from a dataset: anchors where the whole block lies in the target's
     own continuation."""
@@ -161,14 +175,10 @@ def train(ds: Dataset, cfg: DraftConfig, vocab: DraftVocab, embed: np.ndarray, h
     step = 0
     loss = torch.tensor(0.0)
     while step < total:
-        for g in opt.param_groups:
-            g["lr"] = cosine_lr(step, total, plan.lr, max(1, total // 20))
+        set_cosine_lr(opt, step, total, plan.lr)
         batch = train_blocks.random_batch(gen, plan.batch, plan.anchors)
         loss, logits, labels = _loss(draft, batch, embed_t, head_t, weights, plan.anchors)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
-        opt.step()
+        descend(opt, loss, draft.parameters())
         step += 1
         elapsed = time.time() - t0
         if plan.minutes > 0 and step == 5:  # fit the schedule to the time budget

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+import numpy as np
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 EOS = "<|endoftext|>"
@@ -52,3 +53,12 @@ def vocab_of(tok: Tokenizer) -> Vocab:
     assert [i for _, i in by_id] == list(range(len(tokens)))
     merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
     return Vocab(tokens=tokens, merges=merges, eos=tokens.index(EOS), mask=tokens.index(MASK))
+
+
+def encode(tok: Tokenizer, texts: list[str], eos: int) -> np.ndarray:
+    """The texts' token ids back to back, each followed by `eos`."""
+    ids: list[int] = []
+    for t in texts:
+        ids += tok.encode(t).ids
+        ids.append(eos)
+    return np.asarray(ids, dtype=np.int32)

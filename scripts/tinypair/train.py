@@ -10,10 +10,20 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ggspec.distill.train import cosine_lr
+from ggspec.distill.train import descend, set_cosine_lr
 from tinypair.model import DFlashDraft, DraftConfig, Target, TargetConfig
 
 Log = Callable[[str], None]
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def deterministic(threads: int) -> None:
+    """Same seed and thread count -> the same weights, and so byte-identical files."""
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(True)
 
 
 def random_windows(stream: np.ndarray, n: int, length: int, gen: torch.Generator) -> torch.Tensor:
@@ -38,15 +48,11 @@ def train_target(cfg: TargetConfig, stream: np.ndarray, steps: int, batch: int, 
     gen = torch.Generator().manual_seed(seed)
     t0 = time.time()
     for step in range(steps):
-        for g in opt.param_groups:
-            g["lr"] = cosine_lr(step, steps, lr, max(1, steps // 20))
+        set_cosine_lr(opt, step, steps, lr)
         xy = random_windows(stream, batch, seq, gen)
         logits, _ = model(xy[:, :-1])
         loss = F.cross_entropy(logits.flatten(0, 1), xy[:, 1:].flatten())
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        descend(opt, loss, model.parameters())
         if step % 50 == 0 or step == steps - 1:
             log(f"target step {step:5d}/{steps}  loss {loss.item():.3f}  {time.time() - t0:6.0f} s")
     return model.eval()
@@ -136,18 +142,14 @@ def train_draft(target: Target, dcfg: DraftConfig, seqs, feats, steps: int, batc
     L = seqs.shape[1]
     t0 = time.time()
     for step in range(steps):
-        for g in opt.param_groups:
-            g["lr"] = cosine_lr(step, steps, lr, max(1, steps // 20))
+        set_cosine_lr(opt, step, steps, lr)
         idx = torch.randint(0, len(seqs), (batch,), generator=gen)
         f, tok, pos, labels, mask = draft_batch(seqs, feats, idx, anchors_per_seq, B, first_anchor, mask_id, gen)
         hidden = draft(f, torch.arange(L), F.embedding(tok, embed), pos, mask)
         logits = (hidden @ head.T).reshape(batch, anchors_per_seq, B, -1)[:, :, 1:]
         ce = F.cross_entropy(logits.flatten(0, 2), labels.flatten(), reduction="none").reshape(labels.shape)
         loss = (ce * weights).sum(-1).mean() / weights.sum()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
-        opt.step()
+        descend(opt, loss, draft.parameters())
         if step % 50 == 0 or step == steps - 1:
             with torch.no_grad():
                 acc = (logits.argmax(-1) == labels).float().mean(dim=(0, 1))
