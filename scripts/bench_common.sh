@@ -1,4 +1,11 @@
-# Sourced by the table scripts (scale_tables.sh, mtp_tables.sh): OUT, THREADS, N and REPS are theirs.
+# Sourced by the table scripts (scale, mtp, mtp_gemma4, ngram, types) once they have set OUT:
+#     source "$(dirname "$0")/bench_common.sh"
+# Strict mode, the repository root as the working folder, $OUT made and N (tokens per prompt, 64
+# unless set); THREADS and REPS are the scripts' own.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+N=${N:-64}
+mkdir -p "$OUT"
 
 bench() {  # bench NAME ARGS...: one saved benchmark, its markdown next to it
     local name=$1; shift

@@ -13,16 +13,11 @@
 #
 # Knobs: N (64 tokens per prompt), REPS (3 tiny, 1 e2b), DEPTHS (1,3,5 tiny; 2,3,5 e2b), VOCAB (32768),
 # PROFILE (mtp).
-set -euo pipefail
-cd "$(dirname "$0")/.."
 OUT=docs/mtp
-N=${N:-64}
+source "$(dirname "$0")/bench_common.sh"  # strict mode, the repository root, $OUT, N; bench NAME ARGS...
 PROFILE=${PROFILE:-mtp}
 VOCAB=${VOCAB:-32768}
 PARTS=${*:-tiny e2b}
-mkdir -p "$OUT"
-
-source scripts/bench_common.sh  # bench NAME ARGS...
 
 for part in $PARTS; do
     case $part in

@@ -9,19 +9,14 @@
 #   scripts/mtp_tables.sh [SIZE...]      SIZE: 0.8b 2b 4b (default: 0.8b 4b)
 #
 # Knobs: THREADS (2), N (64 tokens per prompt), REPS (1), DEPTHS (2,3,5), VOCAB (32768), PROFILE (mtp).
-set -euo pipefail
-cd "$(dirname "$0")/.."
 OUT=docs/mtp
+source "$(dirname "$0")/bench_common.sh"  # strict mode, the repository root, $OUT, N; bench NAME ARGS...
 THREADS=${THREADS:-2}
-N=${N:-64}
 REPS=${REPS:-1}
 DEPTHS=${DEPTHS:-2,3,5}
 VOCAB=${VOCAB:-32768}
 PROFILE=${PROFILE:-mtp}
 SIZES=${*:-0.8b 4b}
-mkdir -p "$OUT"
-
-source scripts/bench_common.sh  # bench NAME ARGS...
 
 for s in $SIZES; do
     ggspec models make "dummy-qwen3.5-$s"

@@ -9,16 +9,11 @@
 #
 # Knobs: N (64 tokens per prompt), REPS (3), DEPTH (8); the sizes below (llama.cpp's defaults need
 # longer repeats than 64-token answers hold: size 12 / n_match 24 rarely match there).
-set -euo pipefail
-cd "$(dirname "$0")/.."
 OUT=docs/ngram
-N=${N:-64}
+source "$(dirname "$0")/bench_common.sh"  # strict mode, the repository root, $OUT, N; bench NAME ARGS...
 REPS=${REPS:-3}
 DEPTH=${DEPTH:-8}
 TYPES=${*:-ngram-simple ngram-map-k ngram-map-k4v ngram-mod}
-mkdir -p "$OUT"
-
-source scripts/bench_common.sh  # bench NAME ARGS...
 
 sizes() {
     case $1 in

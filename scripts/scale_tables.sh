@@ -9,22 +9,17 @@
 # ("0.6b 1.7b 4b"), VERIFY_HYBRID ("0.8b 4b": hybrid shapes in the verify-cost table), HYBRID
 # ("0.8b": seed 000's table, short prompts and the 4.3k-token one on the first size only; the 4B
 # hybrid's ten configurations take ~25 minutes here), CACHE_SIZE (1.7b), PARALLEL (1,4).
-set -euo pipefail
-cd "$(dirname "$0")/.."
 OUT=docs/scale
+source "$(dirname "$0")/bench_common.sh"  # strict mode, the repository root, $OUT, N; bench NAME ARGS...
 THREADS=${THREADS:-2}
-N=${N:-64}
 REPS=${REPS:-1}
 SIZES=${SIZES:-"0.6b 1.7b 4b"}
 HYBRID=${HYBRID:-"0.8b"}
 VERIFY_HYBRID=${VERIFY_HYBRID:-"0.8b 4b"}
 PARALLEL=${PARALLEL:-1,4}
 TABLES=${*:-make verify pays seed000 cache}
-mkdir -p "$OUT"
 head -n 1 "$OUT/prompts.jsonl" > "$OUT/prompts-code.jsonl"
 sed -n 3p "$OUT/prompts.jsonl" >> "$OUT/prompts-code.jsonl"  # one code, one prose prompt
-
-source scripts/bench_common.sh  # bench NAME ARGS...
 
 for table in $TABLES; do
     case $table in

@@ -11,10 +11,8 @@
 #
 # Knobs: N (64 tokens), REPS (2), SERVE=0 skips the parallel-4 runs; REAL=1 runs the draft-free
 # types on the real Gemma 3 270M instead (the registry pair, -t 2; results named TYPE-gemma-*).
-set -euo pipefail
-cd "$(dirname "$0")/.."
 OUT=docs/types
-N=${N:-64}
+source "$(dirname "$0")/bench_common.sh"  # strict mode, the repository root, $OUT, N; bench NAME ARGS...
 REPS=${REPS:-2}
 SERVE=${SERVE:-1}
 REAL=${REAL:-0}
@@ -26,9 +24,6 @@ if [ "$REAL" = 1 ]; then
     SUFFIX=-gemma
     TYPES=${*:-ngram-simple ngram-map-k ngram-map-k4v ngram-mod ngram-cache}
 fi
-mkdir -p "$OUT"
-
-source scripts/bench_common.sh  # bench NAME ARGS...
 
 # the pair and flags of each type; draft-dspark and draft-mtp have no trained tiny-coder model:
 # they run on their tests' fixtures only and are left out here (said in the summary)
