@@ -51,6 +51,14 @@ def lc(build_info):
 
 
 @pytest.fixture(scope="session")
+def tool(build_info) -> Path:
+    """llama.cpp's speculative loop (llama-speculative-simple) of that build."""
+    from ggspec.bench.native import TOOL, find_tool
+
+    return find_tool(TOOL)
+
+
+@pytest.fixture(scope="session")
 def fixture_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("fixtures")
 

@@ -15,25 +15,19 @@ import numpy as np
 import pytest
 
 from conftest import PROMPTS, run_cli
-from ggspec.bench.native import TOOL, find_tool, run_cpp
 from ggspec.errors import InputError
 from ggspec.speculative.engine import Engine
 from ggspec.speculative.loop import generate_spec
 from ggspec.speculative.models import Models, PairConfig
 from ggspec.speculative.planes import PlaneOptions
 from ggspec.bench.forced import ForcedAcceptance, cycle_lengths
-from helpers.drafts import Recorder, compare, ggspec_drafts, greedy
+from helpers.drafts import Recorder, greedy, unforced_drafts_equal_llama_cpps
 from helpers.gguf_edit import rewrite_gguf
 from helpers.pairs import CPP_CTX as CTX, DFLASH, DRAFT, TARGET
 from helpers.serving import serve_equals_plain
 
 PROMPT = "def fibonacci(n):"
 N = 100
-
-
-@pytest.fixture(scope="module")
-def tool(build_info):
-    return find_tool(TOOL)
 
 
 def _cfg(**kw) -> PairConfig:
@@ -95,17 +89,9 @@ def test_cli_runs_a_draft_model_and_says_what_is_wrong():
 @pytest.mark.parametrize("p_min,n_min", [(0.0, 0), (0.3, 0), (0.3, 2)])
 def test_the_drafts_own_acceptance_and_p_min_cuts_equal_llama_cpps(p_min, n_min, tool):
     text = PROMPT if p_min == 0 else PROMPTS[2]  # (the class body: the draft is unsure of many tokens)
-    with Engine.open(_cfg(n_max=6, p_min=p_min, n_min=n_min)) as eng:
-        mine, _ = ggspec_drafts(eng, text, 6, forced=False, n=N)
-    res = run_cpp(tool, TARGET, DRAFT, text, N, 6, defer=False, spec_type="draft-simple", p_min=p_min or None,
-                  n_min=n_min or None, dump_drafts=True)
-    assert compare(mine, res.drafts, res.draft_anchors) >= len(mine) - 2
-    assert res.accepted > 0
-    lengths = {len(d) for _, _, d in mine}
-    if p_min == 0:
-        assert lengths == {6} and len(mine) < N // 3  # the trained draft is accepted often
-    else:  # cut drafts of several lengths; with n_min 2, none of length 1
-        assert len(lengths) > 2 and (1 not in lengths) == (n_min == 2), lengths
+    cfg = _cfg(n_max=6, p_min=p_min, n_min=n_min)
+    mine, res = unforced_drafts_equal_llama_cpps(tool, cfg, text, "draft-simple", N, cut_lengths=3)
+    assert res.accepted > 0 and (p_min > 0 or len(mine) < N // 3)  # the trained draft is accepted often
 
 
 # --- losslessness ---------------------------------------------------------------------------------

@@ -18,25 +18,20 @@ import numpy as np
 import pytest
 
 from conftest import PROMPTS, run_cli
-from ggspec.bench.native import TOOL, find_tool, run_cpp
+from ggspec.bench.native import run_cpp
 from ggspec.errors import InputError
 from ggspec.runtime import ContextParams
 from ggspec.speculative.engine import Engine
 from ggspec.speculative.loop import generate_spec
 from ggspec.speculative.models import Models, PairConfig
 from ggspec.bench.forced import ForcedAcceptance, cycle_lengths
-from helpers.drafts import Recorder, compare, ggspec_drafts, greedy
+from helpers.drafts import Recorder, compare, greedy, unforced_drafts_equal_llama_cpps
 from helpers.gguf_edit import rewrite_gguf
 from helpers.pairs import CPP_CTX as CTX, DRAFT, EAGLE3, TARGET
 from helpers.serving import serve_equals_plain
 
 PROMPT = "def fibonacci(n):"
 N = 100
-
-
-@pytest.fixture(scope="module")
-def tool(build_info):
-    return find_tool(TOOL)
 
 
 def _cfg(**kw) -> PairConfig:
@@ -71,17 +66,9 @@ def test_heads_that_cannot_run_are_refused_in_one_line(tmp_path, dense_pair):
 
 @pytest.mark.parametrize("text, p_min, n_min", [(PROMPT, 0.0, 0), (PROMPTS[2], 0.5, 0), (PROMPTS[2], 0.5, 2)])
 def test_the_heads_own_acceptance_and_p_min_cuts_equal_llama_cpps(text, p_min, n_min, tool):
-    with Engine.open(_cfg(n_max=6, p_min=p_min, n_min=n_min)) as eng:
-        mine, _ = ggspec_drafts(eng, text, 6, forced=False, n=N)
-    res = run_cpp(tool, TARGET, EAGLE3, text, N, 6, defer=False, spec_type="draft-eagle3", p_min=p_min or None,
-                  n_min=n_min or None, dump_drafts=True)
-    assert compare(mine, res.drafts, res.draft_anchors) >= len(mine) - 2
-    assert res.accepted > 0
-    lengths = {len(d) for _, _, d in mine}
-    if p_min == 0:
-        assert lengths == {6} and len(mine) < N // 2  # the trained head is accepted often
-    else:
-        assert len(lengths) > 2 and (1 not in lengths) == (n_min == 2), lengths
+    cfg = _cfg(n_max=6, p_min=p_min, n_min=n_min)
+    mine, res = unforced_drafts_equal_llama_cpps(tool, cfg, text, "draft-eagle3", N, cut_lengths=3)
+    assert res.accepted > 0 and (p_min > 0 or len(mine) < N // 2)  # the trained head is accepted often
 
 
 def test_a_long_prompt_is_encoded_in_several_calls():

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from conftest import PROMPTS
-from ggspec.bench.native import TOOL, find_tool, run_cpp
+from ggspec.bench.native import run_cpp
 from ggspec.runtime import ContextParams
 from ggspec.speculative.draft_type import Options
 from ggspec.speculative.engine import Engine
@@ -171,11 +171,6 @@ def pairs(fixture_dir, build_info) -> Callable[[str], tuple[Path, Path | None]]:
             made[name] = PAIRS[name](fixture_dir)
         return made[name]
     return get
-
-
-@pytest.fixture(scope="module")
-def tool(build_info) -> Path:
-    return find_tool(TOOL)
 
 
 def _case(name: str) -> Case:

@@ -20,13 +20,11 @@ import numpy as np
 import pytest
 
 from conftest import PROMPTS, run_cli
-from ggspec.bench.native import TOOL, find_tool, run_cpp
 from ggspec.errors import InputError
 from ggspec.fixtures.mtp_head import ensure_fitted
 from ggspec.catalogue.tiny import ensure_tiny_pair
 from ggspec.speculative.draft_vocab import draft_vocab_ids, frequency_order
 from ggspec.speculative.engine import Engine
-from ggspec.speculative.loop import generate_greedy, generate_spec
 from ggspec.speculative.models import Models, PairConfig
 from ggspec.speculative.planes import PlaneOptions
 from ggspec.speculative.sampling import SamplerSettings
@@ -34,10 +32,11 @@ from ggspec.bench.forced import ForcedAcceptance, cycle_lengths
 from ggspec.speculative.oracle import run_prompts
 from ggspec.speculative.stats import merge
 from ggspec.speculative.mtp import MTPOptions
-from helpers.drafts import Recorder, compare, ggspec_drafts, three_at_once_equal_plain
+from helpers.drafts import ggspec_drafts, spec_equals_plain, three_at_once_equal_plain, \
+    unforced_drafts_equal_llama_cpps
 from helpers.pairs import MTP_CTX as CTX, MTP_N as N, MTP_PROMPT as PROMPT
 from helpers.serving import serve_equals_plain
-from helpers.stats import draws, p_value
+from helpers.stats import p_value, plain_and_spec_draws
 
 
 
@@ -58,11 +57,6 @@ def moe_target(fixture_dir, build_info) -> Path:
     """qwen35moe (routed experts + a shared expert in every block, the MTP block's too), with its
     MTP head fitted like `fitted_target`'s."""
     return ensure_fitted(fixture_dir, ensure_tiny_pair(fixture_dir, "hybrid-moe-mtp").target)
-
-
-@pytest.fixture(scope="module")
-def tool(build_info) -> Path:
-    return find_tool(TOOL)
 
 
 # --- detection and refusals -----------------------------------------------------------------------
@@ -110,16 +104,8 @@ def test_unforced_drafts_and_p_min_cuts_equal_llama_cpps(p_min, n_min, head, mtp
     confidence cut (top-10 softmax of the argmax below p_min ends the draft) and its shortest
     draft (n_min)."""
     target = {"random": mtp_target, "fitted": fitted_target, "moe": moe_target}[head]
-    with Engine.open(PairConfig(target=target, n_max=5, ctx=CTX, p_min=p_min, n_min=n_min)) as eng:
-        mine, _ = ggspec_drafts(eng, PROMPT, 5, forced=False)
-    res = run_cpp(tool, target, None, PROMPT, N, 5, defer=False, spec_type="draft-mtp",
-                  p_min=p_min or None, n_min=n_min or None, dump_drafts=True)
-    assert compare(mine, res.drafts, res.draft_anchors) >= len(mine) - 2
-    lengths = {len(d) for _, _, d in mine}
-    if p_min == 0:
-        assert lengths == {5}
-    else:  # cut drafts of several lengths; with n_min 2, none of length 1
-        assert len(lengths) > 1 and (1 not in lengths) == (n_min == 2), lengths
+    cfg = PairConfig(target=target, n_max=5, ctx=CTX, p_min=p_min, n_min=n_min)
+    mine, res = unforced_drafts_equal_llama_cpps(tool, cfg, PROMPT, "draft-mtp", N)
     if head != "random" and p_min == 0:
         assert res.accepted > 0  # real acceptance moved the positions (the dense fitted head: often)
         assert head == "moe" or len(mine) < N - 4
@@ -189,10 +175,7 @@ def test_sampled_mtp_drafts_keep_the_target_distribution(fitted_target):
                      planes=PlaneOptions(3, "default"), sampling=SamplerSettings(temp=1.0, top_k=0, top_p=1.0, min_p=0))
     with Models(cfg) as models:
         prompt = models.target.tokenize(PROMPT)
-        with Engine(models, cfg, plain=True) as eng:
-            plain = draws(eng, prompt, speculate=False, n=3)
-        with Engine(models, cfg) as eng:
-            spec = draws(eng, prompt, speculate=True, n=3)
+        plain, spec = plain_and_spec_draws(models, cfg, prompt, n=3)
         with Engine(models, replace(cfg, parallel=1)) as eng:  # sampled drafts do get accepted
             seq = eng.add(prompt, 64, ignore_eos=True, seed=5)
             list(eng.run())
@@ -278,18 +261,12 @@ def test_a_reduced_vocabulary_changes_acceptance_never_the_output(head, fitted_t
     cfg = PairConfig(target=fitted_target if head == "fitted" else moe_target, n_max=4, ctx=CTX,
                      spec_options={"draft-mtp": MTPOptions(chain=True, vocab=n_vocab_draft)})
     with Engine.open(cfg) as eng:
-        rec = Recorder(eng.proposer)
-        runs = []
-        for text in PROMPTS[:6]:
-            prompt = eng.target_model.tokenize(text)
-            plain = [t for st in generate_greedy(eng, prompt, 48, ignore_eos=True) for t in st.tokens]
-            spec = [t for st in generate_spec(eng, prompt, 48, ignore_eos=True, proposer=rec) for t in st.tokens]
-            runs.append(plain == spec)
+        same, log = spec_equals_plain(eng, PROMPTS[:6], 48)
         allowed = set(draft_vocab_ids(eng.target_model, n_vocab_draft).tolist())
     assert len(allowed) >= n_vocab_draft
-    assert all(runs)
-    assert all(set(d) <= allowed for _, _, d in rec.log)
-    assert any(d for _, _, d in rec.log)
+    assert same
+    assert all(set(d) <= allowed for _, _, d in log)
+    assert any(d for _, _, d in log)
 
 
 def test_chain_options_are_refused_in_one_line_where_they_cannot_apply(hybrid_pair, mtp_target):

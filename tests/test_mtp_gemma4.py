@@ -15,39 +15,32 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from conftest import PROMPTS, run_cli
-from ggspec.bench.native import TOOL, find_tool, run_cpp
 from ggspec.errors import InputError
 from ggspec.fixtures.gemma4 import DRAFTER, ensure_gemma4_pair, write_gemma4_drafter
 from ggspec.catalogue.tiny import ensure_tiny_pair
 from ggspec.speculative.engine import Engine
 from ggspec.speculative.draft_vocab import draft_vocab_ids
-from ggspec.speculative.loop import generate_greedy, generate_spec
 from ggspec.speculative.models import Models, PairConfig
 from ggspec.speculative.sampling import SamplerSettings
 from ggspec.speculative.stats import merge
 from ggspec.bench.forced import ForcedAcceptance, cycle_lengths
 from ggspec.speculative.oracle import run_prompts
 from ggspec.speculative.mtp import MTPOptions
-from helpers.drafts import Recorder, compare, ggspec_drafts, three_at_once_equal_plain
+from helpers.drafts import ggspec_drafts, spec_equals_plain, three_at_once_equal_plain, \
+    unforced_drafts_equal_llama_cpps
 from helpers.pairs import MTP_CTX as CTX, MTP_N as N, MTP_PROMPT as PROMPT
 from helpers.serving import serve_equals_plain
-from helpers.stats import draws, p_value
+from helpers.stats import draft_model_decoded, p_value, plain_and_spec_draws
 
 
 @pytest.fixture(scope="module")
 def gemma4(fixture_dir):
     return ensure_gemma4_pair(fixture_dir)
-
-
-@pytest.fixture(scope="module")
-def tool(build_info) -> Path:
-    return find_tool(TOOL)
 
 
 def _cfg(gemma4, **kw) -> PairConfig:
@@ -105,16 +98,7 @@ def test_cli_runs_the_drafter(gemma4, tmp_path):
 
 @pytest.mark.parametrize("p_min,n_min", [(0.0, 0), (0.9, 0), (0.9, 2)])
 def test_unforced_drafts_and_p_min_cuts_equal_llama_cpps(p_min, n_min, gemma4, tool):
-    with Engine.open(_cfg(gemma4, n_max=5, p_min=p_min, n_min=n_min)) as eng:
-        mine, _ = ggspec_drafts(eng, PROMPT, 5, forced=False)
-    res = run_cpp(tool, gemma4.target, gemma4.drafter, PROMPT, N, 5, defer=False, spec_type="draft-mtp",
-                  p_min=p_min or None, n_min=n_min or None, dump_drafts=True)
-    assert compare(mine, res.drafts, res.draft_anchors) >= len(mine) - 2
-    lengths = {len(d) for _, _, d in mine}
-    if p_min == 0:
-        assert lengths == {5}
-    else:  # cut drafts of several lengths; with n_min 2, none of length 1
-        assert len(lengths) > 1 and (1 not in lengths) == (n_min == 2), lengths
+    unforced_drafts_equal_llama_cpps(tool, _cfg(gemma4, n_max=5, p_min=p_min, n_min=n_min), PROMPT, "draft-mtp", N)
 
 
 # --- losslessness ---------------------------------------------------------------------------------
@@ -172,11 +156,7 @@ def test_sampled_drafts_keep_the_target_distribution(gemma4):
                sampling=SamplerSettings(temp=1.0, top_k=0, top_p=1.0, min_p=0))
     with Models(cfg) as models:
         prompt = models.target.tokenize(PROMPT)
-        with Engine(models, cfg, plain=True) as eng:
-            plain = draws(eng, prompt, speculate=False, n=3)
-        with Engine(models, cfg) as eng:
-            spec = draws(eng, prompt, speculate=True, n=3)
-            assert eng.draft_ctx.n_decodes > 0  # it drafted
+        plain, spec = plain_and_spec_draws(models, cfg, prompt, n=3, check=draft_model_decoded)
     assert len(plain) > 5
     assert p_value(plain, spec) > 0.01
 
@@ -248,14 +228,8 @@ def test_chained_steps_make_two_calls_whatever_the_draft_length(gemma4):
 def test_a_reduced_vocabulary_changes_acceptance_never_the_output(gemma4):
     n_vocab_draft = 200  # of the fixture's 512 tokens
     with Engine.open(_cfg(gemma4, n_max=4, spec_options={"draft-mtp": MTPOptions(chain=True, vocab=n_vocab_draft)})) as eng:
-        rec = Recorder(eng.proposer)
-        same = []
-        for text in PROMPTS[:4]:
-            prompt = eng.target_model.tokenize(text)
-            plain = [t for st in generate_greedy(eng, prompt, 40, ignore_eos=True) for t in st.tokens]
-            spec = [t for st in generate_spec(eng, prompt, 40, ignore_eos=True, proposer=rec) for t in st.tokens]
-            same.append(plain == spec)
+        same, log = spec_equals_plain(eng, PROMPTS[:4], 40)
         allowed = set(draft_vocab_ids(eng.target_model, n_vocab_draft).tolist())
         assert eng.draft_model.draft_vocab is not None  # on the drafter's head, not the target's
-    assert all(same)
-    assert all(set(d) <= allowed for _, _, d in rec.log) and any(d for _, _, d in rec.log)
+    assert same
+    assert all(set(d) <= allowed for _, _, d in log) and any(d for _, _, d in log)

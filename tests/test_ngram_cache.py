@@ -9,10 +9,9 @@ plain greedy output and B after A as B alone: tests/test_exactness.py.
 
 from __future__ import annotations
 
-import pytest
 
 from conftest import run_cli
-from ggspec.bench.native import TOOL, find_tool, run_cpp
+from ggspec.bench.native import run_cpp
 from ggspec.speculative.engine import Engine
 from ggspec.speculative.loop import generate_greedy, generate_spec
 from ggspec.speculative.models import PairConfig
@@ -44,11 +43,6 @@ def test_a_tie_goes_to_the_continuation_seen_first_later():
     c = NgramCache()
     c.update([8, 1, 5, 8, 1, 6])  # [8, 1] -> 5 once, then -> 6 once: 50 % each
     assert c.draft([0, 8, 1], 1) == [6] and c.ties == 1
-
-
-@pytest.fixture(scope="module")
-def tool(build_info):
-    return find_tool(TOOL)
 
 
 def test_ties_decide_some_drafts_on_the_stack_prompt():

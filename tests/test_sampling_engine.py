@@ -17,7 +17,7 @@ from ggspec.speculative.models import Models, PairConfig
 from ggspec.speculative.planes import PlaneOptions
 from ggspec.speculative.sampling import SamplerSettings, sample
 from ggspec.speculative.verifier import Outcome, RejectionVerifier
-from helpers.stats import draws, p_value
+from helpers.stats import draft_model_decoded, draws, p_value, plain_and_spec_draws
 
 PROMPT = "import os\nimport sys\n\n\ndef main("
 CTX = ContextParams(n_ctx=2048, n_threads=1, type_k="f32", type_v="f32", flash_attn="off")
@@ -36,18 +36,17 @@ def coder():
         yield models, cfg
 
 
+def _stepped(eng: Engine) -> None:
+    assert eng.stats.steps > 0
+
+
 @pytest.mark.parametrize("name", list(SETTINGS))
 def test_speculative_sampling_has_the_plain_distribution(name, coder):
     models, cfg = coder
     cfg = replace(cfg, sampling=SETTINGS[name])
     prompt = models.target.tokenize(PROMPT)
-    with Engine(models, cfg, plain=True) as eng:
-        plain = draws(eng, prompt, speculate=False)
-    with Engine(models, cfg) as eng:
-        spec = draws(eng, prompt, speculate=True)
-        drafted = eng.stats.steps
+    plain, spec = plain_and_spec_draws(models, cfg, prompt, check=_stepped)
     assert len(plain) > 5, plain  # a real distribution, not a point mass
-    assert drafted > 0
     p = p_value(plain, spec)
     assert p > 0.01, (p, plain.most_common(5), spec.most_common(5))
 
@@ -58,10 +57,7 @@ def test_p_min_cut_sampled_drafts_keep_the_distribution(coder):
     models, cfg = coder
     cfg = replace(cfg, sampling=SETTINGS["t1.0-plain"], p_min=0.6)
     prompt = models.target.tokenize(PROMPT)
-    with Engine(models, cfg, plain=True) as eng:
-        plain = draws(eng, prompt, speculate=False)
-    with Engine(models, cfg) as eng:
-        spec = draws(eng, prompt, speculate=True)
+    plain, spec = plain_and_spec_draws(models, cfg, prompt)
     with Engine(models, replace(cfg, parallel=1)) as eng:  # how long the drafts are, one sequence
         seq = eng.add(prompt, 64, ignore_eos=True, seed=3)
         list(eng.run())
@@ -81,11 +77,7 @@ def test_a_draft_models_sampled_drafts_keep_the_distribution(kind, name, p_min):
     with Models(cfg) as models:
         assert models.plan.kind == kind
         prompt = models.target.tokenize(PROMPT)
-        with Engine(models, cfg, plain=True) as eng:
-            plain = draws(eng, prompt, speculate=False)
-        with Engine(models, cfg) as eng:
-            spec = draws(eng, prompt, speculate=True)
-            assert eng.draft_ctx.n_decodes > 0
+        plain, spec = plain_and_spec_draws(models, cfg, prompt, check=draft_model_decoded)
     assert p_value(plain, spec) > 0.01
 
 
@@ -122,10 +114,7 @@ def test_capped_planes_and_replays_keep_the_distribution(hybrid_pair, build_info
                      planes=PlaneOptions(3, "default"), sampling=SamplerSettings(temp=1.0, top_k=0, top_p=1.0, min_p=0))
     with Models(cfg) as models:
         prompt = models.target.tokenize(PROMPT)
-        with Engine(models, cfg, plain=True) as eng:
-            plain = draws(eng, prompt, speculate=False, n=3)
-        with Engine(models, cfg) as eng:
-            spec = draws(eng, prompt, speculate=True, n=3)
+        plain, spec = plain_and_spec_draws(models, cfg, prompt, n=3)
     assert p_value(plain, spec) > 0.01
 
 

@@ -20,7 +20,7 @@ from ggspec.errors import InputError
 from ggspec.files import file_sha256
 from ggspec.catalogue import dummy
 from ggspec.catalogue.shapes import load_shapes
-from ggspec.catalogue.pairs import catalog_path, check_files, get_entry, make, resolve
+from ggspec.catalogue.pairs import catalog_path, check_files, get_entry, make
 from ggspec.runtime.gguf_meta import read_meta
 
 SHAPES = load_shapes(catalog_path())
@@ -71,13 +71,6 @@ def test_a_bad_shape_is_one_line(tmp_path):
                    'rms_norm_eps = 1e-6\nsource = "x"\n')
     with pytest.raises(InputError, match="target 'nope' is not a target shape"):
         load_shapes(bad)
-
-
-@pytest.fixture(scope="module")
-def tool(build_info) -> Path:
-    from ggspec.bench.native import TOOL, find_tool
-
-    return find_tool(TOOL)
 
 
 def test_gemma4_shapes_make_files_that_run_in_both_loops(tmp_path, tool):

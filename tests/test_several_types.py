@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import PROMPTS, run_cli
-from ggspec.bench.native import TOOL, find_tool, run_cpp
+from ggspec.bench.native import run_cpp
 from ggspec.errors import InputError
 from ggspec.speculative.engine import Engine
 from ggspec.speculative.loop import generate_greedy, generate_spec
@@ -52,11 +52,6 @@ def test_a_list_is_taken_in_llama_cpps_order_of_preference():
 
 CASES = [("ngram-simple,draft-simple", DRAFT), ("ngram-mod,draft-simple", DRAFT),
          ("ngram-map-k4v,draft-dflash", DFLASH), ("ngram-map-k,ngram-mod", None)]
-
-
-@pytest.fixture(scope="module")
-def tool(build_info):
-    return find_tool(TOOL)
 
 
 @pytest.mark.parametrize("spec_type, draft", CASES)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from conftest import PROMPTS
 
-from ggspec.bench.native import PLAIN_TOOL, TOOL, CppResult, find_tool, parse_drafts, run_cpp, run_plain
+from ggspec.bench.native import PLAIN_TOOL, CppResult, find_tool, parse_drafts, run_cpp, run_plain
 from ggspec.errors import InputError, LlamaError
 from ggspec.files import file_sha256
 from ggspec.fixtures.variants import base_pair, ensure_variant, write_dflash2_draft, write_dspark_draft
@@ -37,11 +37,6 @@ CTX = ContextParams(n_ctx=2048, n_batch=2048, n_ubatch=512, type_k="f16", type_v
 def coder(fixture_dir, build_info):
     """The variants built on the trained tiny-coder draft: {"dflash2": pair, "dspark": pair}."""
     return {v: ensure_variant(fixture_dir, v, "tiny-coder") for v in SPEC_TYPE}
-
-
-@pytest.fixture(scope="module")
-def tool(build_info) -> Path:
-    return find_tool(TOOL)
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,9 @@ from pathlib import Path
 import numpy as np
 
 from conftest import PROMPTS
+from ggspec.bench.native import run_cpp
 from ggspec.speculative.engine import Engine
+from ggspec.speculative.models import PairConfig
 from ggspec.speculative.loop import generate_greedy, generate_spec
 from ggspec.speculative.sequence import Sequence
 from ggspec.bench.forced import ForcedAcceptance, cycle_lengths
@@ -68,6 +70,38 @@ def compare(mine: list, cpp_drafts: list, cpp_anchors: list) -> int:
         assert tokens[:len(d)] == d, f"position {pos}: ggspec drafted {tokens}, llama.cpp {d}"
         common += 1
     return common
+
+
+def unforced_drafts_equal_llama_cpps(tool: Path, cfg: PairConfig, text: str, spec_type: str, n: int,
+                                     cut_lengths: int = 2) -> tuple:
+    """ggspec's drafts with their own acceptance (`cfg`'s n_max, p_min and n_min) equal those of
+    llama.cpp's `spec_type` loop on the same files at every common position: full length uncut,
+    at least `cut_lengths` lengths and none shorter than n_min where p_min cuts them. Returns
+    ggspec's drafts (a Recorder log) and llama.cpp's run."""
+    with Engine.open(cfg) as eng:
+        mine, _ = ggspec_drafts(eng, text, cfg.n_max, forced=False, n=n)
+    res = run_cpp(tool, cfg.target, cfg.draft, text, n, cfg.n_max, defer=False, spec_type=spec_type,
+                  p_min=cfg.p_min or None, n_min=cfg.n_min or None, dump_drafts=True)
+    assert compare(mine, res.drafts, res.draft_anchors) >= len(mine) - 2
+    lengths = {len(d) for _, _, d in mine}
+    if cfg.p_min == 0:
+        assert lengths == {cfg.n_max}
+    else:  # cut drafts of several lengths; with n_min 2, none of length 1
+        assert len(lengths) >= cut_lengths and (1 not in lengths) == (cfg.n_min == 2), lengths
+    return mine, res
+
+
+def spec_equals_plain(eng: Engine, texts: list[str], n: int) -> tuple[bool, list]:
+    """Whether speculative output equals plain greedy output (n tokens) for every text, and every
+    draft made on the way (a Recorder log)."""
+    rec = Recorder(eng.proposer)
+    same = []
+    for text in texts:
+        prompt = eng.target_model.tokenize(text)
+        plain = [t for st in generate_greedy(eng, prompt, n, ignore_eos=True) for t in st.tokens]
+        spec = [t for st in generate_spec(eng, prompt, n, ignore_eos=True, proposer=rec) for t in st.tokens]
+        same.append(plain == spec)
+    return all(same), rec.log
 
 
 def assert_drafts_equal(log: list, res, budget_end: int) -> None:

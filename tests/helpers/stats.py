@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 
 import numpy as np
 from scipy.stats import chi2_contingency
 
 from ggspec.speculative.engine import Engine
+from ggspec.speculative.models import Models, PairConfig
 
 SEEDS = 1500
 
@@ -23,6 +25,24 @@ def draws(eng: Engine, prompt, speculate: bool, n: int = 2) -> Counter:
         for seq in {seq: None for seq, _ in eng.step() if seq.done}:  # a joining sequence has two steps
             counts[tuple(seq.tokens[:n])] += 1
     return counts
+
+
+def plain_and_spec_draws(models: Models, cfg: PairConfig, prompt, n: int = 2,
+                         check: Callable[[Engine], None] | None = None) -> tuple[Counter, Counter]:
+    """`draws` of plain sampling, then of speculative decoding, each on its own engine over `models`;
+    `check(engine)` looks at the speculative engine before it closes (that it drafted)."""
+    with Engine(models, cfg, plain=True) as eng:
+        plain = draws(eng, prompt, speculate=False, n=n)
+    with Engine(models, cfg) as eng:
+        spec = draws(eng, prompt, speculate=True, n=n)
+        if check is not None:
+            check(eng)
+    return plain, spec
+
+
+def draft_model_decoded(eng: Engine) -> None:
+    """A `check` for `plain_and_spec_draws`: the draft model's context decoded (it drafted)."""
+    assert eng.draft_ctx.n_decodes > 0
 
 
 def p_value(a: Counter, b: Counter) -> float:
