@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ggspec.errors import InputError
@@ -88,6 +88,25 @@ def check_text(text: str, what: str) -> str:
     if bad:
         raise InputError(f"{what}: not valid UTF-8 text ({bad})")
     return text
+
+
+def parse_json(text: str, what: str, not_this: str = "not JSON") -> object:
+    """`text` as JSON, or InputError with one line: `{what}: {not_this} ({why})` (a document nested
+    deeper than Python's recursion allows: "nested too deeply")."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{what}: {not_this} ({exc.msg})") from None
+    except RecursionError:
+        raise InputError(f"{what}: {not_this} (nested too deeply)") from None
+
+
+def json_lines(path: Path, what: str) -> Iterator[tuple[int, object]]:
+    """The values of a JSONL file's non-blank lines with their line numbers; `what` names the file in
+    messages ("--prompts FILE"): a line that is not JSON is `{what}:{n}: not JSON ({why})`."""
+    for n, line in enumerate(read_text(path, what).splitlines(), 1):
+        if line.strip():
+            yield n, parse_json(line, f"{what}:{n}")
 
 
 def read_text(path: Path, what: str) -> str:

@@ -29,14 +29,18 @@ def _f(x, spec: str = ".2f") -> str:
     return "" if x is None else format(x, spec)
 
 
+def _table(columns: list[str], body: list[list]) -> str:
+    """A markdown table: the header, its rule, then one row of cells per entry."""
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    return "\n".join(lines + ["| " + " | ".join(map(str, cells)) + " |" for cells in body])
+
+
 def pays(folder: Path) -> str:
-    out = ["| model | profile | n_max | plain t/s (ggspec / llama.cpp) | ggspec t/s | llama.cpp t/s (imm / def) | "
-           "ggspec ÷ llama.cpp | speedup vs plain | τ | break-even τ | identical |", "|" + "---|" * 11]
+    body = []
     for path in sorted(folder.glob("pays-*.json")):
         rs = rows(path)
         base = next(r for r in rs if r["kind"] == "baseline")
         nbase = next((r for r in rs if r["kind"] == "native-baseline"), None)
-        model = _model(path)
         for r in sorted((r for r in rs if r["kind"] == "spec"), key=lambda r: r["n_max"]):
             nat = {x["inject"]: x for x in rs if x["kind"] == "native" and x["n_max"] == r["n_max"]}
             best = max((x for x in nat.values()), key=lambda x: x["speedup_mean"] or 0, default=None)
@@ -44,43 +48,42 @@ def pays(folder: Path) -> str:
             breakeven = r["tau_pooled"] / r["s_max"] if r["s_max"] else None
             plain = f"{base['decode_tps_mean']:.1f} / {_f(nbase and nbase['decode_tps_mean'], '.1f')}"
             theirs = " / ".join(_f(nat.get(m, {}).get("decode_tps_mean"), ".1f") for m in ("immediate", "deferred"))
-            out.append(f"| {model} | {r['acceptance_profile']} | {r['n_max']} | {plain} | {r['decode_tps_mean']:.1f} | "
-                       f"{theirs} | {_f(ratio)} | {_f(r['speedup_mean'])} | {_f(r['tau_pooled'])} | {_f(breakeven)} | "
-                       f"{r['identical']} |")
-    return "\n".join(out)
+            body.append([_model(path), r["acceptance_profile"], r["n_max"], plain, format(r["decode_tps_mean"], ".1f"),
+                         theirs, _f(ratio), _f(r["speedup_mean"]), _f(r["tau_pooled"]), _f(breakeven), r["identical"]])
+    return _table(["model", "profile", "n_max", "plain t/s (ggspec / llama.cpp)", "ggspec t/s",
+                   "llama.cpp t/s (imm / def)", "ggspec ÷ llama.cpp", "speedup vs plain", "τ", "break-even τ",
+                   "identical"], body)
 
 
 def seed000(folder: Path) -> str:
-    out = ["| model | prompt | planes | lead | decode t/s | speedup vs plain | replay | recurrent state | "
-           "peak RSS MiB | τ | identical |", "|" + "---|" * 11]
+    body = []
     for path in sorted(folder.glob("seed000-*.json"), key=lambda p: (p.stem.endswith("-long"), p.stem)):
-        long = path.stem.endswith("-long")
-        model = _model(path)
+        prompt = "4.3k tokens" if path.stem.endswith("-long") else "short"
         rs = sorted((r for r in rows(path) if r["kind"] == "spec"),
                     key=lambda r: (r["planes"] != "uncapped", -int(r["planes"]) if r["planes"].isdigit() else 0, r["lead"]))
         for r in rs:
             state = f"{r['plane_bytes'] / 2**20:.0f} MiB ({r['plane_layout']})" if r["plane_bytes"] else ""
-            out.append(f"| {model} | {'4.3k tokens' if long else 'short'} | {r['planes']} | {r['lead']} | "
-                       f"{r['decode_tps_mean']:.1f} | {_f(r['speedup_mean'])} | {_f(r['replay_share'], '.0%')} | "
-                       f"{state} | {_f(r['peak_rss_mib'], '.0f')} | {_f(r['tau_pooled'])} | {r['identical']} |")
-    return "\n".join(out)
+            body.append([_model(path), prompt, r["planes"], r["lead"], format(r["decode_tps_mean"], ".1f"),
+                         _f(r["speedup_mean"]), _f(r["replay_share"], ".0%"), state, _f(r["peak_rss_mib"], ".0f"),
+                         _f(r["tau_pooled"]), r["identical"]])
+    return _table(["model", "prompt", "planes", "lead", "decode t/s", "speedup vs plain", "replay", "recurrent state",
+                   "peak RSS MiB", "τ", "identical"], body)
 
 
 def cache(folder: Path) -> str:
-    out = ["| model | cache | parallel | aggregate t/s (spec) | plain aggregate t/s | speedup vs plain | "
-           "spec aggregate ÷ parallel 1 | τ | identical |", "|" + "---|" * 9]
+    body = []
     for path in sorted(folder.glob("cache-*.json")):
         rs = rows(path)
         spec = sorted((r for r in rs if r["kind"] == "spec"), key=lambda r: r["parallel"])
         base = {r["parallel"]: r for r in rs if r["kind"] == "baseline"}
         one = next((r["decode_tps_mean"] for r in spec if r["parallel"] == 1), None)
-        model = _model(path)
         for r in spec:
             b = base.get(r["parallel"])
-            out.append(f"| {model} | {r['ctk']}/{r['ctv']} | {r['parallel']} | {r['decode_tps_mean']:.1f} | "
-                       f"{_f(b and b['decode_tps_mean'], '.1f')} | {_f(r['speedup_mean'])} | "
-                       f"{_f(r['decode_tps_mean'] / one if one else None)} | {_f(r['tau_pooled'])} | {r['identical']} |")
-    return "\n".join(out)
+            body.append([_model(path), f"{r['ctk']}/{r['ctv']}", r["parallel"], format(r["decode_tps_mean"], ".1f"),
+                         _f(b and b["decode_tps_mean"], ".1f"), _f(r["speedup_mean"]),
+                         _f(r["decode_tps_mean"] / one if one else None), _f(r["tau_pooled"]), r["identical"]])
+    return _table(["model", "cache", "parallel", "aggregate t/s (spec)", "plain aggregate t/s", "speedup vs plain",
+                   "spec aggregate ÷ parallel 1", "τ", "identical"], body)
 
 
 def main() -> None:

@@ -9,12 +9,11 @@ shown code, and English prose.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from ggspec.errors import InputError
-from ggspec.files import check_text, read_text
+from ggspec.files import check_text, json_lines
 
 
 @dataclass(frozen=True)
@@ -87,15 +86,7 @@ def load_prompts(path: Path | None) -> list[Prompt]:
     if path is None:
         return list(BUILTIN)
     prompts = []
-    for n, line in enumerate(read_text(path, f"--prompts {path}").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"--prompts {path}:{n}: not JSON ({exc.msg})") from None
-        except RecursionError:
-            raise InputError(f"--prompts {path}:{n}: not JSON (nested too deeply)") from None
+    for n, obj in json_lines(path, f"--prompts {path}"):
         if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str) or not obj["prompt"]:
             raise InputError(f"--prompts {path}:{n}: expected an object with a non-empty string \"prompt\"")
         category = obj.get("category", "default")

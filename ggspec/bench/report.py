@@ -22,7 +22,7 @@ from ggspec.bench.forced import PROFILES
 from ggspec.bench.prompts import Prompt
 from ggspec.bench.runner import Run, Settings
 from ggspec.errors import InputError
-from ggspec.files import atomic_write, describe_bad_text, read_text
+from ggspec.files import atomic_write, describe_bad_text, parse_json, read_text
 from ggspec.runtime.devices import Placement, parse_endpoint
 from ggspec.speculative import registry
 from ggspec.speculative.stats import RunStats, k_shares, merge
@@ -236,13 +236,7 @@ def load(path: Path) -> dict:
     """A saved document, checked through and through: anything damaged is one InputError here,
     before a model is loaded or the file is touched."""
     what = f"--resume {path}"
-    text = read_text(path, what)
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{what}: not a ggspec bench JSON file ({exc.msg})") from None
-    except RecursionError:
-        raise InputError(f"{what}: not a ggspec bench JSON file (nested too deeply)") from None
+    doc = parse_json(read_text(path, what), what, "not a ggspec bench JSON file")
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
         raise InputError(f"{what}: not a {SCHEMA} document")
     check_document(doc, what)
