@@ -147,31 +147,26 @@ class Context(OwnedHandle):
 
     def decode(self, batch) -> None:
         """Run one `llama_process` over the batch; raises LlamaError on any failure code."""
-        watchdog.begin()  # watched only while RPC workers are in use
-        try:
-            rc = self.lc.llama_process(self.ptr, self.lc.LLAMA_PROCESS_TYPE_DECODE, batch.ptr)
-            self.n_decodes += 1
-        finally:
-            watchdog.end()
-        if rc != 0:
-            raise LlamaError(f"llama_process failed (rc={rc}): {last_log_error()}")
-        self._n_outputs = batch.n_outputs
-        self._n_rows = batch.n_tokens
+        self._process(batch, self.lc.LLAMA_PROCESS_TYPE_DECODE, "llama_process")
         self._extracted = self._layer_inputs_on
 
     def encode(self, batch) -> None:
         """Run one `llama_process` of type ENCODE (an EAGLE3 head's feature encoder)."""
-        watchdog.begin()
+        self._process(batch, self.lc.LLAMA_PROCESS_TYPE_ENCODE, "llama_process (encode)")
+        self._extracted = frozenset()
+
+    def _process(self, batch, process_type: int, what: str) -> None:
+        """One `llama_process` call of `process_type` (counted in n_decodes); LlamaError on a failure code."""
+        watchdog.begin()  # watched only while RPC workers are in use
         try:
-            rc = self.lc.llama_process(self.ptr, self.lc.LLAMA_PROCESS_TYPE_ENCODE, batch.ptr)
+            rc = self.lc.llama_process(self.ptr, process_type, batch.ptr)
             self.n_decodes += 1
         finally:
             watchdog.end()
         if rc != 0:
-            raise LlamaError(f"llama_process (encode) failed (rc={rc}): {last_log_error()}")
+            raise LlamaError(f"{what} failed (rc={rc}): {last_log_error()}")
         self._n_outputs = batch.n_outputs
         self._n_rows = batch.n_tokens
-        self._extracted = frozenset()
 
     def logits(self) -> np.ndarray:
         """Logits of the last decode's output rows, shape (n_outputs, n_vocab), copied."""
