@@ -1,27 +1,34 @@
 """`ggspec run`'s last line, and `--check`: speculation measured against plain decoding.
 
-The verdict decodes the (single) prompt again, plain, on the same engine right after the
-speculative decode and says whether speculation paid, with what to try when it lost; `--check`
+The verdict times the (single) prompt again on the same engine, plain and speculative in turn,
+and says whether speculation paid, with what to try when it lost. The decode the user saw went
+first, cold (graphs built, caches touched); the runs timed after it alternate, plain first, so
+both kinds are warm and drift hits both alike: the verdict is the median of their paired ratios,
+with their range (how sure it is). `--check`
 decodes every prompt plain greedy and says, per prompt, whether the outputs are identical and, where
 not, whether the difference is a benign near-tie or a REAL divergence (ggspec.speculative.oracle).
 """
 
 from __future__ import annotations
 
+import time
+from statistics import median
+
 from ggspec.console import err
 
-COMPARE_MAX_S = 5.0  # `run` follows a speculative decode this short with a plain one, to say whether it paid
-BREAK_EVEN = 0.05  # closer to 1× than this, one run each, is no difference worth a verdict
+COMPARE_MAX_S = 5.0  # `run` times a speculative decode this short against plain decoding, to say whether it paid
+BREAK_EVEN = 0.05  # closer to 1× than this is no difference worth a verdict
+PAIRS = 5  # plain + speculative pairs timed at most
+# ... while they have taken less than this many times the decode the user saw, or a second (one pair at least)
+PAIRS_BUDGET, PAIRS_MIN_S = 2.0, 1.0
 
 
 def verdict(sp, tokens: list[list[int]], seqs: list, n_predict: int, ignore_eos: bool, compare: bool | None,
             bench_args: str, checked: bool) -> str:
     """The run's last line: the speedup against plain decoding of the same prompt on the same
-    engine, measured right after (one run each), with what to try when speculation lost; or, for a
-    long decode or several prompts, how to measure it. At temperature 0 it also says whether the
-    two outputs are identical (--check, when given, says it in its own lines)."""
-    from ggspec.speculative.loop import decode_plain
-
+    engine, timed right after in alternating warm runs (module docstring), with what to try when
+    speculation lost; or, for a long decode or several prompts, how to measure it. At temperature 0
+    it also says whether the two outputs are identical (--check, when given, says it in its own lines)."""
     bench = bench_command(bench_args)
     if len(seqs) != 1:
         batched = bench_command(bench_args, f"-np {sp.parallel}" if sp.parallel > 1 else "")
@@ -31,23 +38,49 @@ def verdict(sp, tokens: list[list[int]], seqs: list, n_predict: int, ignore_eos:
         return (f"speedup vs plain decoding: not measured (the decode took {s.t_decode:.0f} s; --compare measures "
                 f"it); {bench} measures it side by side with llama.cpp")
     greedy = sp.sampling.greedy
-    # sampled: plain decoding draws other tokens, so it decodes as many as speculation committed
-    plain = decode_plain(sp, tokens[0], n_predict if greedy else s.n_generated, ignore_eos=ignore_eos or not greedy)
-    if s.decode_tps <= 0 or plain.stats.decode_tps <= 0:
+    # sampled: plain decoding draws other tokens, so each run decodes as many as speculation committed
+    n, all_tokens = (n_predict, ignore_eos) if greedy else (s.n_generated, True)
+    budget = max(PAIRS_MIN_S, PAIRS_BUDGET * s.t_decode)
+    spec_tps, plain_tps, plain_tokens = timed_pairs(sp, tokens[0], n, all_tokens, budget)
+    if not plain_tps or min(spec_tps + plain_tps) <= 0:
         return "speedup vs plain decoding: not measured (too few tokens decoded after the prompt)"
     if not s.spec_steps:  # (say, n-gram drafts that never found a match)
-        return (f"speculation never verified a draft in this text: {s.decode_tps:.1f} t/s against "
-                f"{plain.stats.decode_tps:.1f} t/s plain, one run each")
-    ratio = s.decode_tps / plain.stats.decode_tps
-    speeds = f"{ratio:.2f}× plain decoding ({s.decode_tps:.1f} vs {plain.stats.decode_tps:.1f} t/s, one run each"
+        return (f"speculation never verified a draft in this text: {median(spec_tps):.1f} t/s against "
+                f"{median(plain_tps):.1f} t/s plain ({runs_words(len(plain_tps))})")
+    ratios = sorted(a / b for a, b in zip(spec_tps, plain_tps))
+    ratio = median(ratios)
+    speeds = f"{ratio:.2f}× plain decoding ({median(spec_tps):.1f} vs {median(plain_tps):.1f} t/s, {runs_words(len(ratios))}"
+    if len(ratios) > 1:
+        speeds += f", paired ratios {ratios[0]:.2f}-{ratios[-1]:.2f}×"
     if greedy and not checked:
-        speeds += "; output " + same_as_plain(sp, tokens[0], seq.tokens, plain.tokens, n_predict, ignore_eos)
+        speeds += "; output " + same_as_plain(sp, tokens[0], seq.tokens, plain_tokens, n_predict, ignore_eos)
     speeds += ")"
     if ratio >= 1 + BREAK_EVEN:
         return f"speculation paid: {speeds}"
     if ratio > 1 - BREAK_EVEN:
         return f"speculation broke even: {speeds}; {bench} measures it with repetitions"
     return f"speculation lost on this machine: {speeds}; try {what_to_try(sp)}, or measure with {bench}"
+
+
+def timed_pairs(sp, prompt: list[int], n: int, ignore_eos: bool, budget: float) -> tuple[list, list, list[int]]:
+    """Plain then speculative decodes of `prompt`, in turn, PAIRS pairs or as many as `budget`
+    seconds allow (one at least): their decode speeds, and the first plain run's tokens."""
+    from ggspec.speculative.loop import decode_one
+
+    spec_tps, plain_tps, plain_tokens = [], [], None
+    t0 = time.perf_counter()
+    while len(plain_tps) < PAIRS and (not plain_tps or time.perf_counter() - t0 < budget):
+        plain = decode_one(sp, prompt, n, speculate=False, ignore_eos=ignore_eos)
+        spec = decode_one(sp, prompt, n, ignore_eos=ignore_eos)
+        plain_tokens = plain.tokens if plain_tokens is None else plain_tokens
+        plain_tps.append(plain.stats.decode_tps)
+        spec_tps.append(spec.stats.decode_tps)
+    return spec_tps, plain_tps, plain_tokens
+
+
+def runs_words(n: int) -> str:
+    """How the speeds were measured, for the verdict line."""
+    return "one warm run each" if n == 1 else f"median of {n} alternating warm runs each"
 
 
 def bench_command(*args: str) -> str:

@@ -2,7 +2,7 @@
 
 `generate_spec` decodes speculatively (output equals `generate_greedy`'s token for token);
 `generate_greedy` is the plain baseline (`--no-spec`) through the same engine and caches;
-`decode_plain` runs that baseline to the end, for its text and its speed.
+`decode_plain` runs that baseline to the end, for its text and its speed (`decode_one` either way).
 """
 
 from __future__ import annotations
@@ -60,7 +60,14 @@ def generate_greedy(engine: Engine, prompt, n_predict: int, *, record_margins: b
 def decode_plain(engine: Engine, prompt, n_predict: int, *, ignore_eos: bool = False, seed: int | None = None):
     """Plain decoding of one prompt to the end, with the engine's sampler (greedy at
     temperature 0), on an otherwise idle engine: the finished Sequence (its tokens and stats)."""
-    seq = engine.add(prompt, n_predict, ignore_eos=ignore_eos, speculate=False, seed=seed)
+    return decode_one(engine, prompt, n_predict, speculate=False, ignore_eos=ignore_eos, seed=seed)
+
+
+def decode_one(engine: Engine, prompt, n_predict: int, *, speculate: bool = True, ignore_eos: bool = False,
+               seed: int | None = None):
+    """One prompt decoded to the end (speculatively unless `speculate` is False) on an otherwise
+    idle engine: the finished Sequence."""
+    seq = engine.add(prompt, n_predict, ignore_eos=ignore_eos, speculate=speculate, seed=seed)
     for _ in _one(engine, seq):
         pass
     return seq
