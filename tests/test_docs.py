@@ -29,7 +29,7 @@ README_MAX_LINES = 150
 RUN_COMMAND = ("pip install -e . && ggspec build && ggspec run --pair tiny-coder -n 128 -p $'class Stack:\\n    def "
                "__init__(self):\\n        self.items = []\\n\\n    def push(self, item):\\n'")
 TEST_COMMAND = ("pip install -e '.[test,train,cuda]' && ggspec build --tools && ggspec models pull gemma-3-270m && "
-                "python -m pytest -q")
+                "ggspec models pull qwen2.5-coder-1.5b && python -m pytest -q")
 
 SHELL_FENCE = re.compile(r"^```(?:bash|sh|shell|console)[ \t]*\n(.*?)^```", re.S | re.M)
 ANSI_C_STRING = re.compile(r"\$'((?:[^'\\]|\\.)*)'")

