@@ -63,3 +63,17 @@ def test_models_command_lists_pairs(build_info):
 def test_unknown_pair_is_one_line():
     proc = run_cli("run", "--pair", "no-such-pair")
     assert proc.returncode == 1 and "unknown pair" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("extra, needle", [
+    ('draft_packages = ["d-part1==1.0"]\n', "draft_packages need packages, a draft file and its draft_sha256"),
+    ('draft = "d.gguf"\ndraft_sha256 = "' + "0" * 64 + '"\ndraft_packages = "d-part1"\n', "draft_packages must be a list"),
+])
+def test_a_registry_draft_needs_its_file_checksum_and_packages(tmp_path, extra, needle):
+    """A draft pulled beside a registry target (draft_packages) is refused in one line when the
+    entry cannot say which file it assembles or how to check it."""
+    path = tmp_path / "models.toml"
+    path.write_text('[pairs.p]\ntarget = "t.gguf"\ntarget_sha256 = "' + "0" * 64 + '"\npackages = ["t-part1==1.0"]\n'
+                    + extra)
+    with pytest.raises(InputError, match=needle):
+        load_catalog(path)

@@ -10,19 +10,20 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from conftest import PROMPTS, run_cli
+from helpers.drafts import Recorder, compare
+from helpers.pairs import CPP_CTX as CTX
+from helpers.pairs import DFLASH, DRAFT, STACK, TARGET
+from helpers.serving import serve_equals_plain
+
 from ggspec.bench.native import run_cpp
 from ggspec.errors import InputError
 from ggspec.speculative.engine import Engine
 from ggspec.speculative.loop import generate_greedy, generate_spec
-from ggspec.speculative.models import PairConfig, spec_types
+from ggspec.speculative.models import PairConfig
 from ggspec.speculative.ngram_mod import NgramModProposer
+from ggspec.speculative.registry import options_from_flat, spec_types
 from ggspec.speculative.sequence import Sequence
-from ggspec.speculative.registry import options_from_flat
-from helpers.drafts import Recorder, compare
-from helpers.pairs import CPP_CTX as CTX, DFLASH, DRAFT, STACK, TARGET
-from helpers.serving import serve_equals_plain
 
 SIZES = dict(ngram_size_n=3, ngram_size_m=8, ngram_map_size_n=3, ngram_map_size_m=8, ngram_mod_n_match=4,
              ngram_mod_n_max=8, ngram_mod_n_min=2)

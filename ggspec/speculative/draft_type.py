@@ -131,13 +131,6 @@ class DraftPlan:
     def uses_draft_model(self) -> bool:
         return self.reads_draft or any(p.reads_draft for p in self.parts)
 
-    @property
-    def model_part(self) -> "DraftPlan | None":
-        """The plan of the one type that drafts with a model (or a head), if any."""
-        plans = self.parts or (self,)
-        found = [p for p in plans if p.type is not None and not p.type.traits.cheap]
-        return found[0] if found else None
-
 
 # --- building a proposer ---------------------------------------------------------------------------
 

@@ -22,7 +22,6 @@ from ggspec.speculative import registry
 from ggspec.speculative.dflash import INJECT_MODES, is_dflash
 from ggspec.speculative.draft_type import DraftPlan, DraftType, Options
 from ggspec.speculative.planes import PlaneOptions
-from ggspec.speculative.registry import spec_types  # noqa: F401  (the comma-list parser, where callers look for it)
 from ggspec.speculative.sampling import SamplerSettings
 
 DEFAULT_N_MAX = 15  # draft tokens per step when neither the user nor a named pair gives one

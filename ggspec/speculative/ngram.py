@@ -34,13 +34,12 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ggspec.errors import InputError
-from ggspec.speculative.draft_type import TEXT_TRAITS, DraftType, Options, option
+from ggspec.speculative.draft_type import SIZE_LIMIT, TEXT_TRAITS, DraftType, Options, option
 from ggspec.speculative.proposer import Draft, Proposer
 from ggspec.speculative.sequence import Sequence
 
 DEFAULT_SIZE_N = 12  # --spec-ngram-simple-size-n: the looked-up n-gram's length
 DEFAULT_SIZE_M = 48  # --spec-ngram-simple-size-m: the most tokens one draft holds
-SIZE_LIMIT = 1024  # both sizes are 1..1024 on llama.cpp's command line
 
 _EMPTY = np.empty(0, dtype=np.int32)
 

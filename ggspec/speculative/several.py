@@ -47,6 +47,7 @@ class SeveralProposer(Proposer):
         self.proposers = proposers
         self.caps = caps
         self.select = select
+        self.model_last = not registry.get(proposers[-1].name).traits.cheap  # the last drafts with a model
         self.name = ",".join(p.name for p in proposers)
         limits = [p.max_draft for p in proposers if p.max_draft is not None]
         self.max_draft: int | None = max(limits) if len(limits) == len(proposers) else None
@@ -59,10 +60,6 @@ class SeveralProposer(Proposer):
         self._verified: dict[int, tuple[int, int]] = {}  # seq_id -> (proposer, draft length) verified now
         self._unused: dict[int, list[tuple[int, int, np.ndarray]]] = {}  # seq_id -> (proposer, pos0, tokens)
         self._scoring: dict[int, tuple[int, list]] = {}  # seq_id -> (pos0, unused drafts) waiting for tokens
-
-    @property
-    def model_last(self) -> bool:
-        return not registry.get(self.proposers[-1].name).traits.cheap
 
     # --- following the target ---------------------------------------------------------------------
 
