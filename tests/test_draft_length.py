@@ -340,5 +340,6 @@ def test_bench_runs_auto_beside_fixed_lengths(tmp_path):
     auto = next(row for row in rows if row["label"].startswith("auto7"))
     assert sum(auto["k_hist"]) > 0 and 0 <= auto["k0_share"] <= 1 and auto["identical"].split("/")[0] == \
         auto["identical"].split("/")[1]
-    assert "llama.cpp's loop has no adaptive draft length" in r.stdout + r.stderr
+    # llama.cpp's loop has no adaptive length: beside auto7 it drafts the cap, 7, fixed
     assert any(row["label"].startswith("llama.cpp n3") for row in rows)
+    assert any(row["label"].startswith("llama.cpp n7") for row in rows)

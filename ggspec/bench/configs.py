@@ -240,10 +240,8 @@ def expand(axes: Axes, recurrent: bool, n_tokens: int, native: bool = False,
                 skipped.append(Skipped(f"llama.cpp {cfg.label}", "llama.cpp's own loop decodes one sequence: "
                                                                   "--native rows are parallel 1 only"))
                 continue
-            if cfg.adaptive:
-                skipped.append(Skipped(f"llama.cpp {cfg.label}", "llama.cpp's loop has no adaptive draft length: "
-                                                                  "compare with its fixed-length rows"))
-                continue
+            if cfg.adaptive:  # llama.cpp's loop has no adaptive length: its row drafts the cap, fixed
+                cfg = replace(cfg, adaptive=False)
             if not native_loop:
                 skipped.append(Skipped(f"llama.cpp {cfg.label}", "llama.cpp's own loop rows are run for DFlash "
                                                                   "and MTP drafts only"))

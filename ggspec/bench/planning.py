@@ -120,7 +120,8 @@ def new_plan(shared: opts.Shared, axes: AxisFlags, *, prompts: Path | None, n_pr
         ctk=split_list("-ctk", axes.type_k, (opts.recommended(rec, "ctk"),)),
         ctv=split_list("-ctv", axes.type_v, (opts.recommended(rec, "ctv"),)),
         n_ctx=split_list("-c", axes.n_ctx, (int(opts.recommended(rec, "ctx")),), int),
-        n_max=split_list("--spec-draft-n-max", axes.n_max, (n_max,), lambda t: n_max_item(t, n_max)),
+        # no length given: the adaptive one, capped at the pair's (as `run` and `serve` decode by default)
+        n_max=split_list("--spec-draft-n-max", axes.n_max, (f"auto:{n_max}",), lambda t: n_max_item(t, n_max)),
         planes=split_list("--spec-draft-rs-planes", axes.rs_planes, (str(opts.recommended(rec, "planes")),)),
         lead=split_list("--spec-draft-rs-planes-lead", axes.rs_lead, (str(opts.recommended(rec, "lead")),)),
         inject=split_list("--spec-dflash-inject", axes.inject, (d["inject"],)),

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ggspec.bench import report
-from ggspec.bench.configs import Axes, BenchConfig, Skipped, expand
+from ggspec.bench.configs import Axes, BenchConfig, Skipped, expand, n_max_value
 from ggspec.bench.forced import PROFILES
 from ggspec.bench.meta import collect
 from ggspec.bench.report import check_profile_weights
@@ -104,12 +104,17 @@ class BenchSession:
     def _fit_n_max(self, plan: Plan, limit: int | None) -> Axes:
         """A draft length nobody typed follows `ggspec run`: clamped to the draft's block."""
         axes = plan.axes
-        if plan.n_max_source == "flag" or limit is None or max(axes.n_max) <= limit:
+        longest = max(n_max_value(item)[0] for item in axes.n_max)
+        if plan.n_max_source == "flag" or limit is None or longest <= limit:
             return axes
         if plan.n_max_source == "pair":
-            self.warnings.append(f"the pair's --spec-draft-n-max {max(axes.n_max)} exceeds the draft's block size "
+            self.warnings.append(f"the pair's --spec-draft-n-max {longest} exceeds the draft's block size "
                                  f"{limit + 1} - 1; using {limit}")
-        return replace(axes, n_max=tuple(dict.fromkeys(min(n, limit) for n in axes.n_max)))
+
+        def fit(item):
+            n, adaptive = n_max_value(item)
+            return f"auto:{min(n, limit)}" if adaptive else min(n, limit)
+        return replace(axes, n_max=tuple(dict.fromkeys(fit(item) for item in axes.n_max)))
 
     def _check_same_models(self) -> None:
         from ggspec.bench.meta import file_sha256

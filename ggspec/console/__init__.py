@@ -25,6 +25,13 @@ def error(message: str) -> None:
     err.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
 
 
+def note(message: str) -> None:
+    """One note line: how it runs, not a problem (the message is text, not markup)."""
+    from rich.markup import escape
+
+    err.print(f"[cyan]note:[/] {escape(message)}", soft_wrap=True)
+
+
 def warn(message: str) -> None:
     """One warning line (the message may carry markup)."""
     err.print(f"[yellow]warning:[/] {message}", soft_wrap=True)

@@ -15,7 +15,8 @@ def pair_config(shared: opts.Shared, *, plain: bool, n_gpu_layers_draft: int | N
     from ggspec.speculative.models import parse_n_max
     from ggspec.speculative.planes import PlaneOptions
 
-    cap, adaptive = parse_n_max(n_max) if n_max is not None else (None, False)
+    # no length given: the adaptive length, capped at the pair's recommendation (else the default)
+    cap, adaptive = parse_n_max(n_max) if n_max is not None else (None, True)
     target, draft, rec = shared.resolve_models(plain=plain)
     if draft is None and shared.needs_draft and not plain and shared.pair is not None \
             and not opts.target_drafts_alone(target):  # a target-only pair (its draft is not made yet)

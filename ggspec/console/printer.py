@@ -66,6 +66,8 @@ def stats_line(s, sp) -> str:
             f"prompt {s.prompt_tps:.1f} t/s ({s.n_prompt} tokens)")
     if not sp.speculative:
         return line + "  (no speculation)"
+    if sp.plain_by_cost:
+        return line + f"  (plain: no {sp.plan.spec_type} draft length pays on this machine)"
     sh = s.time_shares()
     length = f"auto ≤ {sp.n_max}" if sp.draft_length is not None else f"n_max {sp.n_max}"
     line += (f"  τ {s.tau:.2f} (pooled: committed/steps, {sp.plan.spec_type} {length})  "

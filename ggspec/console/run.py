@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ggspec.console import err, warn
+from ggspec.console import err, note, warn
 from ggspec.console.printer import OrderedPrinter
 from ggspec.console.verdict import check_lossless, verdict
 from ggspec.errors import InputError
@@ -62,6 +62,8 @@ def decode_prompts(cfg, prompts: list[str], n_predict: int, ignore_eos: bool, pr
     with Engine.open(cfg) as sp:
         for w in sp.warnings:
             warn(w)
+        for n in sp.notes:
+            note(n)
         tokens = [sp.target_model.tokenize(p) for p in prompts]
         for k, t in enumerate(tokens):  # every prompt before the first is decoded
             try:

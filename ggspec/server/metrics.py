@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest  # noqa: F401 (re-exported)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from ggspec.speculative.stats import Step, count_positions
+from ggspec.speculative.stats import Step, bump, count_positions
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 _ITL_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
@@ -69,6 +69,7 @@ class Totals:
     replays: int = 0
     drafted_per_pos: list[int] = field(default_factory=list)
     accepted_per_pos: list[int] = field(default_factory=list)
+    chosen_k: list[int] = field(default_factory=list)  # the adaptive length: sequence steps by verified drafts
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     ttft: Buckets = field(default_factory=lambda: Buckets(_LATENCY_BUCKETS))
     itl: Buckets = field(default_factory=lambda: Buckets(_ITL_BUCKETS))
@@ -128,6 +129,8 @@ class Metrics:
                 continue
             transaction = transaction or step
             tot.replays += step.replayed
+            if step.k is not None:
+                bump(tot.chosen_k, step.k)
             if step.drafted:
                 tot.drafts += 1
                 tot.draft_tokens += step.drafted
@@ -168,6 +171,9 @@ class Metrics:
         yield counter("ggspec:spec_decode_num_draft_tokens_per_pos",
                       "Draft tokens verified at each draft position (0 = the first).", "position",
                       {str(i): n for i, n in enumerate(tot.drafted_per_pos)})
+        yield counter("ggspec:spec_decode_chosen_draft_length",
+                      "Sequence steps by the drafted tokens the adaptive length chose to verify (0: a plain step).",
+                      "k", {str(k): n for k, n in enumerate(tot.chosen_k) if n})
         yield counter("ggspec:step_seconds", "Engine wall time by phase.", "phase", tot.seconds)
         for name, doc, buckets in (
                 ("ggspec:time_to_first_token_seconds", "From arrival to the first generated token.", tot.ttft),

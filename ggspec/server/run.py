@@ -51,6 +51,7 @@ def build_service(engine: Engine, options: ServeOptions):
     cfg = engine.cfg
     info = {"target": str(cfg.target), "draft": None if options.plain or cfg.draft is None else str(cfg.draft),
             "speculative": engine.speculative, "spec_type": engine.plan.spec_type, "n_max": engine.n_max,
+            "adaptive": engine.draft_length is not None, "plain_by_cost": engine.plain_by_cost,
             "parallel": engine.parallel, "n_ctx_slot": engine.capacity, "n_vocab": engine.target_model.n_vocab,
             "prompt_cache": engine.prompt_cache, "cache_ram_mib": options.cache_ram_mib if engine.store is not None else 0,
             "chat_template": template.source}
@@ -69,6 +70,8 @@ def serve(cfg: PairConfig, options: ServeOptions, log: Callable[[str], None] = p
                      first_token_from_prefill=True, keep_draft_state=True) as engine:
         for w in engine.warnings:
             log(f"warning: {w}")
+        for n in engine.notes:
+            log(f"note: {n}")
         service = build_service(engine, options)
         config = uvicorn.Config(create_app(service), host=options.host, port=options.port,
                                 log_level=options.log_level, access_log=False, lifespan="on",
@@ -79,8 +82,9 @@ def serve(cfg: PairConfig, options: ServeOptions, log: Callable[[str], None] = p
         # walks what requests allocate (vLLM's engine does the same)
         gc.collect()
         gc.freeze()
-        spec = (f"speculative ({engine.plan.spec_type}, n_max {engine.n_max})" if engine.speculative
-                else "plain decoding")
+        length = f"auto ≤ {engine.n_max}" if engine.draft_length is not None else f"n_max {engine.n_max}"
+        spec = ("plain decoding (no draft length pays here)" if engine.plain_by_cost
+                else f"speculative ({engine.plan.spec_type}, {length})" if engine.speculative else "plain decoding")
         log(f"serving '{options.model_id}' on http://{options.host}:{options.port}/v1  ({spec}, {engine.parallel} "
             f"slot{'s' if engine.parallel != 1 else ''} of {engine.capacity} tokens, chat template: {service.template.source}); Ctrl-C stops")
         previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}

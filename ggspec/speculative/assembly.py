@@ -106,7 +106,7 @@ def assemble(models: Models, cfg: PairConfig, plan: DraftPlan, *, keep_state: bo
     parts = Assembly(n_max, Context(models.target, _target_params(models, cfg, plan, n_max, speculative, warnings),
                                     what="target"),
                      shares_cells=any(p.shares_cells for p in plan.parts or (plan,)))
-    if cfg.adaptive and speculative:
+    if cfg.auto and speculative:
         parts.draft_length = make_draft_length(cfg, plan, n_max, recurrent)
     try:
         if speculative and recurrent and cfg.planes.capped(n_max):

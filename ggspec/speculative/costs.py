@@ -90,6 +90,19 @@ class ShapeCosts:
         """Each measured size's estimate."""
         return {size: sorted(v)[len(v) // 4] for size, v in self.samples.items()}
 
+    def to_json(self) -> dict[str, list[float]]:
+        """The recent calls of each size (what `seeded` makes a ShapeCosts of again)."""
+        return {str(size): list(v) for size, v in self.samples.items()}
+
+    @classmethod
+    def seeded(cls, samples: dict[str, list[float]], proportional: bool = False) -> "ShapeCosts":
+        """A ShapeCosts holding these calls (to_json's), which the calls measured next replace."""
+        costs = cls(proportional)
+        for size, seconds in samples.items():
+            for s in seconds:
+                costs.add(int(size), float(s))
+        return costs
+
     def __contains__(self, size: int) -> bool:
         return size in self.samples
 

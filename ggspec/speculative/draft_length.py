@@ -30,8 +30,15 @@ time beyond plain decoding (at most WAIT_MAX steps). A probe whose every drafted
 sequence starts from what the last sequence to finish learned (its counts scaled to PRIOR_WEIGHT
 drafts, and its wait: the same workload usually continues), the first one from an even prior.
 
-Costs: the first WARM_UP steps draft at the full length, as many more verify nothing, so both ends
-are measured (the first half of those steps not: an engine's first calls of each shape build and
+Where no draft length could pay even with drafts as good as the best pairs' (`hopeless`: each
+drafted token surviving with chance HOPE), the engine does not speculate at all and the draft model
+is never called (on two CPU cores the real Qwen2.5-Coder 1.5B + 0.5B pair is such a case: a step
+verifying k drafts costs more than the k + 1 plain steps it could save).
+
+Costs: an engine starts from tables measured before its first step (calibration.py: a schedule of
+lengths run through the engine itself, cached per machine, build, files and settings, refined as it
+runs). Without them (a context too small for the schedule, `calibrate=False`) the first WARM_UP
+steps draft at the full length, as many more verify nothing, so both ends are measured (the first half of those steps not: an engine's first calls of each shape build and
 allocate graphs, 2-4x the time of later ones); costs of shapes not seen yet are read off the line through the nearest ones seen
 (costs.ShapeCosts). Plain and speculative steps are measured apart: a draft call evicts the
 target's weights from the caches, so the target decode after it is slower (on the tiny pair, a
@@ -47,6 +54,7 @@ steps costs more than a stretch of either: on the tiny pair this lifted auto:3 f
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -62,6 +70,8 @@ REPLAN_MIN = 4  # steps between two computations of the rule (each costs tens of
 STRETCH = 16  # steps a choice to verify drafts lasts at least (the first speculative steps after
 # plain ones pay for cold caches: alternating costs more than either kind of stretch)
 COST_REFRESH = 16  # steps between two readings of the cost tables
+HOPE = 0.95  # the chance a drafted token survives on the best workloads (the real Qwen2.5-Coder pair: 91-96 % on
+# code): where no draft length pays even at this rate, a model drafter is not called at all
 WARM_UP = 8  # steps at the full length, then as many without drafts, before the rule decides
 
 
@@ -112,6 +122,9 @@ class DraftLength:
         self._probing = False  # this step probes
         self._plan: dict[int, int] = {}  # seq_id -> k, for the drafts of this step
         self._learned: tuple | None = None  # (tried, accepted, wait) a new sequence starts from
+        self._forced: deque[int] = deque()  # a calibration's k per step, for every sequence alike
+        self._forcing = False  # this step's k is the calibration's
+        self._skip = WARM_UP // 2  # steps up to this one are not measured (their graphs are new)
 
     # --- sequences --------------------------------------------------------------------------------
 
@@ -143,6 +156,13 @@ class DraftLength:
             self._wake(eligible)
         for seq in eligible:
             self._score(seq)
+        self._forcing = bool(self._forced)
+        if self._forcing:  # a calibration step: every sequence verifies the schedule's k
+            k = self._forced.popleft()
+            self._plan = dict.fromkeys((seq.seq_id for seq in eligible), k)
+            if self.cheap:
+                return n, eligible
+            return (self._ask(n, [k]), eligible) if k else (0, [])
         if self.cheap:  # drafting is free: draft everywhere, choose k once the drafts are known (after)
             return n, eligible
         if self._steps <= 2 * WARM_UP:  # measure both ends first: the full length, then none
@@ -225,7 +245,7 @@ class DraftLength:
 
     def after(self, live: list, drafts: dict) -> dict:
         """Each drafting sequence's verified length (drafts: seq -> Draft, as the proposer made them)."""
-        if self.cheap:
+        if self.cheap and not self._forcing:
             seqs = [seq for seq, d in drafts.items() if len(d)]
             ks = self._choose(live, seqs, self.n_max, [len(drafts[seq]) for seq in seqs]) if seqs else []
             return {**dict.fromkeys(drafts, 0), **dict(zip(seqs, ks))}
@@ -300,6 +320,63 @@ class DraftLength:
             return self.draft.setdefault(n_seqs, ShapeCosts(proportional=not (self.cheap or self.fixed_block)))
         return self.draft[min(self.draft, key=lambda c: abs(c - n_seqs))]
 
+    # --- costs known before the first step (calibration.py) ---------------------------------------
+
+    def force(self, ks: list[int], skip: int = WARM_UP // 2) -> None:
+        """Verify exactly these lengths in the next steps, one per step and every sequence alike
+        (a calibration's schedule); the steps are measured as any others but the first `skip`."""
+        self._forced = deque(ks)
+        self._skip = self._steps + skip
+
+    @property
+    def steps(self) -> int:
+        """Steps the rule has seen (a calibration's included)."""
+        return self._steps
+
+    @property
+    def forcing(self) -> bool:
+        return bool(self._forced)
+
+    def settle(self) -> None:
+        """The calibration is over: what its sequences' drafts taught is forgotten (its text is not
+        the user's), what its steps cost is kept, and the rule decides from the next step on."""
+        self.tracks.clear()
+        self._plan.clear()
+        self._learned = None
+        self._forced.clear()
+        self.probes = 0
+        self._quiet = self._quiet_seqs = self._quiet_steps = 0
+        self._steps = max(self._steps, 2 * WARM_UP)  # no warm-up: the costs are known
+
+    def tables(self) -> dict:
+        """The cost tables as plain data (JSON): what `seed` starts another rule from."""
+        return {"plain": self.plain.to_json(), "spec": self.spec.to_json(),
+                "draft": {str(n): c.to_json() for n, c in self.draft.items()},
+                "rest_plain": self.rest_plain, "rest_spec": self.rest_spec, "probe_cost": self.probe_cost}
+
+    def seed(self, tables: dict) -> None:
+        """Start from costs measured before (`tables`): no warm-up; what this rule measures refines them."""
+        proportional = not (self.cheap or self.fixed_block)
+        self.plain, self.spec = ShapeCosts.seeded(tables["plain"]), ShapeCosts.seeded(tables["spec"])
+        self.draft = {int(n): ShapeCosts.seeded(c, proportional) for n, c in tables["draft"].items()}
+        self.rest_plain, self.rest_spec = tables["rest_plain"], tables["rest_spec"]
+        self.probe_cost = tables["probe_cost"]
+        self._table = None
+        self.settle()
+
+    def hopeless(self, n_live: int) -> bool:
+        """Whether no draft could pay with n_live sequences even if drafts were as good as the best
+        pairs' (each drafted token surviving with chance HOPE): for every k, a step verifying k
+        drafts of each sequence (its draft call and its verify of n_live (k + 1) rows) costs more
+        than the plain steps it would save. Then a model drafter is not worth calling at all.
+        False until both kinds of step were measured."""
+        if self.cheap or not self.plain or not (self.spec and self.draft):
+            return False
+        ks = np.arange(1, self.n_max + 1)
+        saved = np.cumsum(HOPE ** ks) + 1  # expected committed tokens of a step at k
+        spec = self._spec_cost(n_live * (ks + 1), n_live) + self._draft_cost(n_live, ks)
+        return bool(np.all(spec >= saved * self._plain_cost(n_live)))
+
     # --- after the verify ---------------------------------------------------------------------------
 
     def measured(self, n_live: int, n_drafting: int, n: int, t_draft: float, rows: int, t_verify: float,
@@ -307,7 +384,7 @@ class DraftLength:
         """One step's costs: the draft call (n_drafting sequences, length n; 0: none), the verify
         decode of `rows` rows (n_live sequences), the rest of the step, and the tokens it committed."""
         called = n_drafting > 0 and not self.cheap  # a model's draft call
-        if self._steps <= WARM_UP // 2:  # the engine's first steps build and allocate their graphs
+        if self._steps <= self._skip:  # the engine's first steps build and allocate their graphs
             self._called = called
             return
         warm = self._called or self.cheap  # the step before drafted too: the caches hold both models

@@ -28,6 +28,7 @@ import numpy as np
 from ggspec.errors import ClosedError, InputError
 from ggspec.runtime import Batch
 from ggspec.speculative.assembly import assemble
+from ggspec.speculative.calibration import Calibration
 from ggspec.speculative.draft_type import DraftPlan
 from ggspec.speculative.models import Models, PairConfig
 from ggspec.speculative.planes import layout_words
@@ -93,6 +94,21 @@ class Engine:
         self.active: list[Sequence] = []
         self.stats = EngineStats()
         self._is_eog = models.target.is_eog
+        self.notes: list[str] = []  # what the user should know about how it will run (not a problem)
+        self.calibration: Calibration | None = None  # the adaptive rule's costs, known before the first step
+        if self.draft_length is not None and cfg.calibrate:
+            try:
+                self.calibration = Calibration(self)
+            except BaseException:
+                self.close()
+                raise
+            if self.calibration.measured:
+                self.notes.append(f"measured this pair's step costs on this machine in {self.calibration.seconds:.1f} s "
+                                  f"(cached for the next runs: {self.calibration.path.parent})")
+            if self.plain_by_cost:
+                self.notes.append("no draft length pays on this machine for this pair (measured: a draft of k "
+                                  "tokens and its verify cost more than the plain steps they save, even with 95 % "
+                                  "of the drafted tokens right): decoding plainly, the draft model unused")
 
     @classmethod
     def open(cls, cfg: PairConfig, **kwargs) -> "Engine":
@@ -145,8 +161,10 @@ class Engine:
         if not self.can_add(prompt, n_predict):
             raise CapacityError(f"no room for another sequence now: all {self.parallel} slots are busy", field="parallel")
         slot, cached = self.slots.take(prompt)
-        seq = Sequence(slot, prompt, n_predict, ignore_eos=ignore_eos, tag=tag,
-                       speculate=speculate and self.proposer is not None, record_margins=record_margins,
+        by_cost = speculate and self.proposer is not None and self.plain_by_cost
+        seq = Sequence(slot, prompt, n_predict, ignore_eos=ignore_eos, tag=tag, plain_by_cost=by_cost,
+                       speculate=speculate and self.proposer is not None and not by_cost,
+                       record_margins=record_margins,
                        sampling=sampling, seed=concrete_seed(sampling.seed if seed is None else seed))
         seq.limit = self.slots.limit(len(prompt), n_predict)  # positions it may use
         seq.n_cached = cached
@@ -158,6 +176,13 @@ class Engine:
         elif self.proposer is not None:
             self.proposer.release(seq)  # its draft cells would go stale
         return seq
+
+    @property
+    def plain_by_cost(self) -> bool:
+        """The adaptive rule's measured costs say no draft can pay with every slot decoding: its
+        sequences decode plainly, the draft model never called (see DraftLength.hopeless)."""
+        rule = self.draft_length
+        return rule is not None and not rule.forcing and rule.hopeless(self.parallel)
 
     def cancel(self, seq: Sequence) -> None:
         """Stop a sequence now; its slot and cells are free for the next `add`."""
@@ -374,6 +399,8 @@ class Engine:
                 step.margins.append(top2_margin(logits[sp.row0]))
             if self.auto_lead is not None and d:
                 self.auto_lead.observe(out.accepted, d)
+            if seq.plain_by_cost:
+                step.k = 0
             if auto is not None and seq.speculate:
                 step.k = d
                 m = made.get(seq)
@@ -431,6 +458,9 @@ class Engine:
     # --- lifetime --------------------------------------------------------------------------------
 
     def close(self) -> None:
+        calibration = getattr(self, "calibration", None)
+        if calibration is not None and not self._closed:
+            calibration.close(self)
         self._closed = True
         for obj in (getattr(self, "_batch", None), self.proposer, self.draft_ctx, getattr(self, "target", None)):
             if obj is not None:

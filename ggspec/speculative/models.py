@@ -40,8 +40,12 @@ class PairConfig:
     # (a value someone asked for is clamped with one)
     n_max: int | None = None
     # `--spec-draft-n-max auto`: each step chooses how many of the drafts (at most n_max) each
-    # sequence verifies, from measured costs and acceptance (draft_length.py)
-    adaptive: bool = False
+    # sequence verifies, from measured costs and acceptance (draft_length.py); None (the default):
+    # adaptive unless n_max is given (a length someone asked for is a fixed length)
+    adaptive: bool | None = None
+    # the adaptive rule starts from costs measured before the first step (calibration.py), cached
+    # under $GGSPEC_HOME; False: it measures them in its first steps
+    calibrate: bool = True
     # prepared plans each context keeps (patch 0012; 0: llama.cpp's one): the alternating shapes of
     # draft, verify and inject stop re-planning each other away
     plan_pool: int = 8
@@ -59,6 +63,11 @@ class PairConfig:
     inject: str = "pruned"  # how target features reach a DFlash draft: pruned | deferred | immediate
     # how tokens are chosen: greedy by default; temperature > 0 samples (speculative sampling)
     sampling: SamplerSettings = field(default_factory=lambda: SamplerSettings(temp=0.0))
+
+    @property
+    def auto(self) -> bool:
+        """Whether each step chooses its draft length (adaptive, or by default: no n_max given)."""
+        return self.adaptive if self.adaptive is not None else self.n_max is None
 
     def options(self, t: DraftType) -> Options:
         """A type's options: as given, else its defaults."""

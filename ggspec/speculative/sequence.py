@@ -23,6 +23,7 @@ class Sequence:
     ignore_eos: bool = False
     tag: object = None  # the caller's label (a prompt index, a request id)
     speculate: bool = True  # False: plain decoding for this sequence (the proposer never sees it)
+    plain_by_cost: bool = False  # it decodes plainly because no draft length pays (its steps: k = 0)
     record_margins: bool = False  # keep the target's top-2 margin of each plain step (the oracle)
     limit: int = 0  # positions it may use (prompt, budget, one verify block), set by the engine
     n_cached: int = 0  # leading prompt tokens its slot's cells held already (the prompt cache)

@@ -1,0 +1,182 @@
+"""Costs known before the first step: the adaptive rule's cost tables, measured once per machine,
+build, model files and settings, and kept under `$GGSPEC_HOME/calibration/`.
+
+The adaptive draft length (draft_length.py) weighs expected committed tokens against what a step
+costs on this machine: a plain step, the verify of r rows, the draft call by its length, the
+rest (injection, replays, Python). Without measured costs its first steps have to find them out,
+and a short prompt is over before they have (the real Qwen2.5-Coder 1.5B + 0.5B pair spent its
+16-token prompt drafting 15 tokens a step, at 0.53x plain decoding). So an engine with the rule
+starts from tables measured before: when none is cached for this key, `prepare` runs a short
+synthetic request through the engine itself, with every sequence it decodes at once, verifying a
+fixed schedule of lengths (the full length, none, one, half), and every llama.cpp call of a real
+step (draft, injection, verify, rollback, replay) is measured as in any step. Those steps' drafts
+are forgotten (their text is not the user's); their costs are saved. The rule keeps measuring as
+it runs, and an engine that ran long enough saves what it refined when it closes.
+
+The key hashes what changes the costs: the CPU (and the build, which says which GPU backend),
+the model files (path, size, modification time), and every setting of the pair but sampling's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+from ggspec.speculative.stats import EngineStats
+
+VERSION = 1  # of the file's layout: another version is measured again
+FULL, NONE, SHORT, HALF = 5, 6, 4, 4  # calibration steps at the full length, none, one, half of it
+SKIP = 2  # the first steps, not measured: they build and allocate the graphs of the largest shapes
+PROMPT = 32  # the calibration prompt's tokens at most
+KEEP = 256  # cached tables kept at most (a few KiB each)
+REFINED = 64  # steps an engine measures before what it refined replaces the cached tables
+TEXT = (  # the calibration's prompt: code that repeats, so the n-gram types find drafts in it too
+    "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\n"
+    "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a * b\n\n\n"
+    "The function add returns the sum of a and b; the function sub returns their difference.\n"
+)
+
+
+def schedule(n_max: int) -> list[int]:
+    """The k of each calibration step: the full length (whose first steps build graphs and are
+    not measured), none, one, and half the full length (rows between the ends)."""
+    half = (n_max + 1) // 2
+    ks = [n_max] * FULL + [0] * NONE + [1] * SHORT
+    if 1 < half < n_max:
+        ks += [half] * HALF
+    return ks
+
+
+def machine() -> str:
+    """The CPU, in words (its model name, its cores) and the architecture."""
+    name = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{name or platform.processor()} x{os.cpu_count()} {platform.machine()}"
+
+
+def _file(path) -> list | None:
+    if path is None:
+        return None
+    st = os.stat(path)
+    return [os.path.realpath(path), st.st_size, st.st_mtime_ns]
+
+
+def key_of(engine) -> dict:
+    """What the costs depend on, as plain data."""
+    from ggspec.native.bindings import library_path  # noqa: PLC0415
+
+    cfg = engine.cfg
+    settings = {k: v for k, v in asdict(cfg).items() if k not in ("target", "draft", "sampling", "spec_options")}
+    settings["spec_options"] = {name: asdict(o) for name, o in sorted(cfg.spec_options.items())}
+    return {"version": VERSION, "machine": machine(), "library": str(library_path()),
+            "target": _file(cfg.target), "draft": _file(cfg.draft), "type": engine.plan.spec_type,
+            "n_max": engine.n_max, "settings": json.loads(json.dumps(settings, default=str))}
+
+
+def cache_dir() -> Path:
+    from ggspec.native.paths import ggspec_home  # noqa: PLC0415
+
+    return ggspec_home() / "calibration"
+
+
+def cache_path(key: dict) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+    return cache_dir() / f"{digest}.json"
+
+
+def load(path: Path, key: dict) -> dict | None:
+    """The cached tables for this key (None: none, or unreadable)."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return doc.get("tables") if isinstance(doc, dict) and doc.get("key") == key else None
+
+
+def save(path: Path, key: dict, tables: dict, seconds: float | None) -> None:
+    """Write the tables (atomically: engines in other processes may read the file)."""
+    from ggspec.native.atomic import atomic_write  # noqa: PLC0415
+
+    doc = {"key": key, "tables": tables, "calibration_s": seconds, "saved": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, lambda tmp: tmp.write_text(json.dumps(doc, indent=1)))
+        _prune(path.parent)
+    except OSError:
+        pass  # a cache that cannot be written costs a calibration next time, nothing else
+
+
+def _prune(folder: Path) -> None:
+    """Keep the KEEP most recently written tables (files made and deleted, as tests do, leave keys behind)."""
+    files = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in files[KEEP:]:
+        old.unlink(missing_ok=True)
+
+
+class Calibration:
+    """An engine's cost tables: loaded from the cache or measured now; saved again when refined."""
+
+    def __init__(self, engine) -> None:
+        self.key = key_of(engine)
+        self.path = cache_path(self.key)
+        self.seconds: float | None = None  # what measuring took (None: the tables were cached)
+        self.measured = False
+        rule = engine.draft_length
+        tables = load(self.path, self.key)
+        if tables is not None:
+            rule.seed(tables)
+        else:
+            t0 = time.perf_counter()
+            self.measured = run(engine)
+            self.seconds = time.perf_counter() - t0
+            if self.measured:
+                save(self.path, self.key, rule.tables(), self.seconds)
+        self._steps = rule.steps
+
+    def close(self, engine) -> None:
+        """Keep what the engine refined while it ran (REFINED steps or more)."""
+        rule = engine.draft_length
+        if rule is not None and rule.steps - self._steps >= REFINED:
+            save(self.path, self.key, rule.tables(), self.seconds)
+
+
+def prompt_tokens(engine, room: int) -> np.ndarray:
+    """The calibration prompt: TEXT's first PROMPT tokens (a prefill is not what is measured), at most `room`."""
+    return engine.target_model.tokenize(TEXT)[:max(2, min(PROMPT, room))]
+
+
+def run(engine) -> bool:
+    """Measure the costs: every slot decodes the calibration prompt while the rule verifies the
+    schedule's lengths; then the engine is emptied and its statistics start afresh. False: the
+    context cannot hold the schedule (the rule then measures as it runs)."""
+    rule = engine.draft_length
+    ks = schedule(engine.n_max)
+    need = sum(k + 1 for k in ks) + 1
+    prompt = prompt_tokens(engine, engine.capacity // 4)
+    room = engine.capacity - len(prompt) - engine.block_cells
+    if room < need:
+        return False
+    rule.force(ks, skip=SKIP)
+    try:
+        for _ in range(engine.parallel):
+            engine.add(prompt, need, ignore_eos=True, tag="calibration")
+        while engine.active and rule.forcing:
+            engine.step()
+    finally:
+        engine.reset()
+        rule.settle()
+        engine.stats = EngineStats()
+    return True

@@ -1,0 +1,171 @@
+"""Costs known before the first step (ggspec/speculative/calibration.py), on the real build.
+
+An engine with the adaptive draft length (the default: no draft length given) measures what its
+steps cost before the first prompt, by running a short schedule of draft lengths through itself,
+and caches the tables per machine, build, files and settings; the next engine with the same key
+reads them and measures nothing. The calibration leaves nothing behind (no sequence, no
+statistics, no cells, nothing its drafts taught), and greedy output still equals plain greedy.
+Where the tables say that no draft length can pay even if every drafted token were right, the
+engine decodes plainly and never calls the draft model.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from ggspec.runtime import ContextParams
+from ggspec.speculative import calibration
+from ggspec.speculative.engine import Engine
+from ggspec.speculative.loop import decode_one, decode_plain
+from ggspec.speculative.models import PairConfig
+from helpers.pairs import DFLASH, DRAFT, STACK, TARGET
+
+CTX = ContextParams(n_ctx=1024, n_threads=1, flash_attn="off")
+N = 48
+
+
+@pytest.fixture(autouse=True)
+def cache_dir(tmp_path, monkeypatch):
+    """Each test starts from an empty calibration cache of its own."""
+    folder = tmp_path / "calibration"
+    monkeypatch.setattr(calibration, "cache_dir", lambda: folder)
+    return folder
+
+
+def _plain(prompt: str, n: int = N) -> list[int]:
+    with Engine.open(PairConfig(TARGET, ctx=CTX), plain=True) as e:
+        return decode_plain(e, e.target_model.tokenize(prompt), n).tokens
+
+
+def test_default_is_the_adaptive_length_and_a_given_length_is_fixed():
+    assert PairConfig(TARGET, DRAFT).auto
+    assert not PairConfig(TARGET, DRAFT, n_max=3).auto
+    assert PairConfig(TARGET, DRAFT, n_max=3, adaptive=True).auto  # auto:3
+    with Engine.open(PairConfig(TARGET, DRAFT, n_max=3, ctx=CTX)) as e:
+        assert e.draft_length is None and e.calibration is None
+
+
+def test_an_engine_measures_its_costs_once_then_reads_them(cache_dir):
+    cfg = PairConfig(TARGET, DFLASH, ctx=CTX)
+    with Engine.open(cfg) as e:
+        cal = e.calibration
+        assert cal.measured and cal.seconds is not None
+        # it leaves nothing behind: no sequence, no step counted, every slot free, no learned prior
+        assert not e.active and e.stats.steps == 0 and e.stats.tokens == 0
+        assert len(e.slots.free) == e.parallel
+        assert not e.draft_length.tracks and e.draft_length._learned is None
+        tables = e.draft_length.tables()
+        rows = {int(r) for r in tables["spec"]}
+        assert rows and max(rows) == e.n_max + 1  # the full length's verify was measured
+        assert tables["plain"] and tables["draft"]
+        files = list(cache_dir.glob("*.json"))
+        assert len(files) == 1
+        doc = json.loads(files[0].read_text())
+        assert doc["key"]["n_max"] == e.n_max and doc["key"]["type"] == "draft-dflash"
+        out = decode_one(e, e.target_model.tokenize(STACK), N).tokens
+    assert out == _plain(STACK)
+    with Engine.open(cfg) as e:  # the same key: read, not measured
+        assert not e.calibration.measured and e.calibration.seconds is None
+        assert e.draft_length.steps >= 16  # no warm-up steps of its own
+        seeded = e.draft_length.tables()
+        assert seeded["plain"] == tables["plain"] and seeded["draft"] == tables["draft"]
+
+
+def test_the_key_follows_the_settings_that_change_costs(cache_dir):
+    with Engine.open(PairConfig(TARGET, DRAFT, ctx=CTX)):
+        pass
+    with Engine.open(PairConfig(TARGET, DRAFT, ctx=CTX, parallel=2)) as e:
+        assert e.calibration.measured  # two sequences verify twice the rows: measured again
+        rows = {int(r) for r in e.draft_length.tables()["spec"]}
+        assert max(rows) == 2 * (e.n_max + 1)
+    with Engine.open(PairConfig(TARGET, DRAFT, ctx=CTX, adaptive=True, n_max=3)) as e:
+        assert e.calibration.measured  # another cap
+    assert len(list(cache_dir.glob("*.json"))) == 3
+
+
+def test_a_cache_of_another_key_or_unreadable_is_measured_again(cache_dir):
+    cfg = PairConfig(TARGET, DRAFT, ctx=CTX)
+    with Engine.open(cfg):
+        pass
+    (path,) = cache_dir.glob("*.json")
+    path.write_text("{not json")
+    with Engine.open(cfg) as e:
+        assert e.calibration.measured
+    doc = json.loads(path.read_text())
+    doc["key"]["version"] = -1
+    path.write_text(json.dumps(doc))
+    with Engine.open(cfg) as e:
+        assert e.calibration.measured
+
+
+def test_where_no_length_can_pay_the_draft_model_is_never_called(cache_dir):
+    """Tables whose draft calls cost a second each (a draft model far dearer than its target):
+    every sequence decodes plainly, the draft context makes no call, the user is told why."""
+    cfg = PairConfig(TARGET, DRAFT, ctx=CTX)
+    with Engine.open(cfg):
+        pass
+    (path,) = cache_dir.glob("*.json")
+    doc = json.loads(path.read_text())
+    doc["tables"]["draft"] = {n: {k: [1.0] * 4 for k in lengths} for n, lengths in doc["tables"]["draft"].items()}
+    path.write_text(json.dumps(doc))
+    with Engine.open(cfg) as e:
+        assert not e.calibration.measured
+        assert any("decoding plainly" in n for n in e.notes)
+        calls = e.draft_ctx.n_decodes
+        seq = decode_one(e, e.target_model.tokenize(STACK), N)
+        assert e.draft_ctx.n_decodes == calls  # never called
+        assert seq.stats.drafted == 0
+        out = seq.tokens
+    assert out == _plain(STACK)
+
+
+def test_costs_that_make_drafts_pay_are_used_from_the_first_step(cache_dir):
+    """Tables whose verify rows cost next to nothing beyond the first (a GPU's shape): the first
+    step already verifies drafts, with no warm-up at the full length."""
+    cfg = PairConfig(TARGET, DRAFT, ctx=CTX, adaptive=True, n_max=4)
+    with Engine.open(cfg):
+        pass
+    (path,) = cache_dir.glob("*.json")
+    doc = json.loads(path.read_text())
+    t = doc["tables"]
+    one = min(v for samples in t["plain"].values() for v in samples)
+    t["spec"] = {str(r): [one] * 4 for r in range(1, 6)}
+    t["draft"] = {n: {str(k): [0.01 * one * k] * 4 for k in range(1, 5)} for n in t["draft"]}
+    t["rest_spec"] = t["rest_plain"]
+    path.write_text(json.dumps(doc))
+    with Engine.open(cfg) as e:
+        seq = e.add(e.target_model.tokenize(STACK), N)
+        ks = [step.k for _, step in e.run() if step.kind != "prefill"]
+        assert ks[0] and ks[0] > 0  # drafts verified at the first step
+        assert seq.tokens == _plain(STACK)
+
+
+def test_a_context_too_small_for_the_schedule_measures_as_it_runs(cache_dir):
+    cfg = PairConfig(TARGET, DRAFT, ctx=replace(CTX, n_ctx=256), adaptive=True, n_max=31)
+    with Engine.open(cfg) as e:
+        assert e.capacity == 256  # the schedule needs about 240 tokens past the prompt
+        assert not e.calibration.measured and not list(cache_dir.glob("*.json"))
+        prompt = e.target_model.tokenize("def f(x):")
+        out = decode_one(e, prompt, 24).tokens
+    assert out == _plain("def f(x):", 24)
+
+
+def test_every_slot_decodes_lossless_after_a_calibration_at_parallel_3(cache_dir):
+    prompts = ["def fibonacci(n):", "class Stack:\n    def __init__(self):", "The quick brown fox"]
+    with Engine.open(PairConfig(TARGET, DFLASH, ctx=CTX, parallel=3)) as e:
+        seqs = [e.add(e.target_model.tokenize(p), N) for p in prompts]
+        for _ in e.run():
+            pass
+        outs = [s.tokens for s in seqs]
+    assert outs == [_plain(p) for p in prompts]
+
+
+def test_schedule_measures_both_ends_and_between():
+    ks = calibration.schedule(7)
+    assert ks[0] == 7 and 0 in ks and 1 in ks and 4 in ks
+    assert calibration.schedule(1) == [1] * calibration.FULL + [0] * calibration.NONE + [1] * calibration.SHORT
+    assert np.all(np.array(ks) <= 7)
