@@ -149,7 +149,7 @@ def test_native_rows_from_llama_cpp_s_own_loop(build_info):
     """llama-speculative-simple (immediate, and patch 0003's deferral) with patch 0005's forced
     acceptance: the same text as plain greedy decoding, and the acceptance ggspec measured."""
     proc = run_cli("bench", "--pair", "tiny-coder", "--native", "--acceptance-profile", "mtp", "-r", "1", "-n", "24",
-                   "--no-warmup", "-o", "jsonl", timeout=600)
+                   "--no-warmup", "-o", "jsonl", "--spec-draft-n-max", "7", timeout=600)
     assert proc.returncode == 0, proc.stderr
     rows = {(r["kind"], r["inject"]): r for r in map(json.loads, proc.stdout.splitlines()) if r["category"] == "all"}
     assert set(rows) == {("baseline", None), ("native-baseline", None), ("spec", "pruned"), ("native", "immediate"),
@@ -360,7 +360,7 @@ def parallel_1_2(tmp_path_factory, build_info):
     tmp = tmp_path_factory.mktemp("parallel")
     out = tmp / "p.json"
     proc = run_cli("bench", "--pair", "tiny-coder", "--matrix", "--parallel", "1,2", "--prompts", str(_prompts(tmp, 3)),
-                   *SMALL, "-o", "jsonl", "--save", str(out), "--no-plot", timeout=300)
+                   "--spec-draft-n-max", "7", *SMALL, "-o", "jsonl", "--save", str(out), "--no-plot", timeout=300)
     assert proc.returncode == 0, proc.stderr
     return out, [json.loads(line) for line in proc.stdout.splitlines()]
 

@@ -56,11 +56,11 @@ def test_help_is_complete():
 
 
 def test_default_n_max_fits_the_draft_without_a_warning(dense_pair):
-    """The dense fixture's draft has block 8: the default 15 becomes 7 silently; a typed 15 warns."""
+    """The dense fixture's draft has block 8: the default cap 15 becomes 7 silently; a typed 15 warns."""
     common = ["run", "-m", str(dense_pair.target), "-md", str(dense_pair.draft), "-n", "8"]
     proc = run_cli(*common)
     _, stats = _split(proc)
-    assert "n_max 7" in stats and "warning" not in proc.stderr, proc.stderr
+    assert "≤ 7" in stats and "warning" not in proc.stderr, proc.stderr  # (auto ≤ 7, or plain: no length ≤ 7 pays)
     proc = run_cli(*common, "--spec-draft-n-max", "15")
     _, stats = _split(proc)
     assert "n_max 7" in stats
@@ -181,7 +181,7 @@ def test_run_ends_saying_whether_speculation_paid(build_info):
     """The demo's last line: the speedup against plain decoding of the same prompt, timed right
     after on the same engine in alternating warm runs (the median of the paired ratios, with their
     range); at temperature 0 also whether the two outputs are identical."""
-    proc = run_cli("run", "--pair", "tiny-coder", "-p", "class Stack:", "-n", "48", "-t", "1")
+    proc = run_cli("run", "--pair", "tiny-coder", "-p", "class Stack:", "-n", "48", "-t", "1", "--spec-draft-n-max", "7")
     assert proc.returncode == 0, proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
     m = _VERDICT.match(last)
@@ -192,6 +192,20 @@ def test_run_ends_saying_whether_speculation_paid(build_info):
     assert m[1] == ("paid" if ratio >= 1.05 else "broke even" if ratio > 0.95 else "lost on this machine"), last
     assert m[8] == "identical to plain greedy" or m[8].startswith("benign near-tie"), last
     assert ("try " in last) == (m[1] != "paid" and m[1] != "broke even")
+
+
+def test_the_default_speculates_only_where_a_length_pays(build_info):
+    """By default (the adaptive length) the last line says paid or broke even, or lost by a hair:
+    where the calibrated costs say no length pays, it decoded plainly and says so (with a note)."""
+    proc = run_cli("run", "--pair", "tiny-coder", "-p", "class Stack:", "-n", "48", "-t", "1")
+    assert proc.returncode == 0, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    if "no draft length pays" in last:
+        assert last.startswith("speculation broke even") and "note: no draft length pays" in proc.stderr, proc.stderr
+        assert "(plain: no draft-dflash draft length ≤ 7 pays on this machine)" in proc.stderr
+    else:
+        m = _VERDICT.match(last)
+        assert m and float(m[2]) > 0.8, last  # (the adaptive rule at 0.97 of the best, within the noise)
 
 
 def test_the_verdict_times_warm_runs_in_turn_plain_first(build_info):
@@ -236,7 +250,8 @@ def test_run_says_how_to_measure_what_it_does_not(build_info, tmp_path):
                       "--spec-ngram-simple-size-n", "12", "-p", "x")  # no 12-gram to match: nothing drafted
     assert nothing.returncode == 0 and nothing.stderr.strip().splitlines()[-1].startswith(
         "speculation never verified a draft in this text: "), nothing.stderr
-    sampled = run_cli("run", "--pair", "tiny-coder", "-n", "16", "-t", "1", "--temp", "0.8", "--seed", "3")
+    sampled = run_cli("run", "--pair", "tiny-coder", "-n", "16", "-t", "1", "--temp", "0.8", "--seed", "3",
+                      "--spec-draft-n-max", "7")
     m = _VERDICT.match(sampled.stderr.strip().splitlines()[-1])
     assert sampled.returncode == 0 and m and m[8] is None, sampled.stderr  # sampled: no output to compare
 

@@ -34,7 +34,7 @@ from ggspec.speculative.planes import PlaneOptions
 from ggspec.speculative.ngram import NgramSimpleOptions
 from ggspec.speculative.proposer import Draft
 from helpers.drafts import Recorder
-from helpers.pairs import DFLASH, DRAFT, EAGLE3, TARGET
+from helpers.pairs import DFLASH, DRAFT, EAGLE3, STACK, TARGET
 
 CTX = ContextParams(n_ctx=2048, n_threads=1, flash_attn="off")
 N = 96
@@ -325,7 +325,12 @@ def test_held_dflash_rows_give_the_drafts_a_call_every_step_gives():
 def test_run_prints_the_choices_and_refuses_a_bad_length():
     r = run_cli("run", "--pair", "tiny-coder", "-t", "1", "-n", "48", "-p", PROMPTS[0], "--spec-draft-n-max", "auto")
     assert r.returncode == 0, r.stderr
-    assert "auto ≤ 7" in r.stderr and "auto: k " in r.stderr
+    # (where the calibrated costs say no length pays, it decodes plainly and says so)
+    assert ("auto ≤ 7" in r.stderr and "auto: k " in r.stderr) or "no draft-dflash draft length ≤ 7 pays" in r.stderr
+    r = run_cli("run", "--pair", "tiny-coder", "--spec-type", "ngram-simple", "-t", "1", "-n", "48", "-p", STACK,
+                "--spec-draft-n-max", "auto:6")  # (n-grams cost nothing to draft: the rule always decides)
+    assert r.returncode == 0, r.stderr
+    assert "ngram-simple auto ≤ 6" in r.stderr and "auto: k " in r.stderr
     r = run_cli("run", "--pair", "tiny-coder", "-n", "8", "-p", "x", "--spec-draft-n-max", "often")
     assert r.returncode != 0 and "--spec-draft-n-max" in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1

@@ -179,10 +179,11 @@ def _case(name: str) -> Case:
 
 
 def _config(name: str, case: Case, target: Path, draft: Path | None, **kw) -> PairConfig:
-    """The type alone, with the case's options; an n-gram type drafts up to its own length."""
+    """The type alone, with the case's options; an n-gram type drafts up to its own length. A fixed
+    length (not the adaptive default): llama.cpp's loop verifies every draft it makes."""
     own = TYPES[name].traits.cheap
     return PairConfig(target=target, draft=draft, spec_type=name, n_max=None if own else case.n_max, ctx=case.ctx,
-                      spec_options={name: case.options} if case.options is not None else {}, **kw)
+                      adaptive=False, spec_options={name: case.options} if case.options is not None else {}, **kw)
 
 
 def test_every_registered_type_has_a_case():

@@ -72,4 +72,4 @@ def test_with_a_draft_model_in_a_list(tool):
 def test_cli_runs_it():
     res = run_cli("run", "-m", str(TARGET), "--spec-type", "ngram-cache", "-p", STACK, "-n", "48", "--check")
     assert res.returncode == 0, res.stderr
-    assert "ngram-cache n_max 8" in res.stderr and "identical" in res.stderr, res.stderr
+    assert "ngram-cache auto ≤ 8" in res.stderr and "identical" in res.stderr, res.stderr

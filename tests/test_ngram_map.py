@@ -66,7 +66,7 @@ def test_cli_runs_the_map_types():
         res = run_cli("run", "-m", str(TARGET), "--spec-type", spec_type, "--spec-ngram-map-k-size-n", "3",
                       "--spec-ngram-map-k4v-size-m", "8", "-p", STACK, "-n", "48", "--check")
         assert res.returncode == 0, res.stderr
-        assert f"{spec_type} n_max 8" in res.stderr and "identical" in res.stderr, res.stderr
+        assert f"{spec_type} auto ≤ 8" in res.stderr and "identical" in res.stderr, res.stderr
     bad = run_cli("run", "-m", str(TARGET), "--spec-type", "ngram-map-k4v", "--spec-ngram-map-k4v-min-hits", "0",
                   "-p", "x", "-n", "4")
     assert bad.returncode != 0 and "Traceback" not in bad.stderr and "min-hits" in bad.stderr

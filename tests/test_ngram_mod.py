@@ -90,7 +90,7 @@ def test_cli_runs_ngram_mod():
     res = run_cli("run", "-m", str(TARGET), "--spec-type", "ngram-mod", "--spec-ngram-mod-n-match", "4",
                   "--spec-ngram-mod-n-max", "8", "--spec-ngram-mod-n-min", "2", "-p", STACK, "-n", "64", "--check")
     assert res.returncode == 0, res.stderr
-    assert "ngram-mod n_max 8" in res.stderr and "identical" in res.stderr, res.stderr
+    assert "ngram-mod auto ≤ 8" in res.stderr and "identical" in res.stderr, res.stderr
     bad = run_cli("run", "-m", str(TARGET), "--spec-type", "ngram-mod", "--spec-ngram-mod-n-min", "100",
                   "-p", "x", "-n", "4")
     assert bad.returncode != 0 and "Traceback" not in bad.stderr and "--spec-ngram-mod-n-min" in bad.stderr
@@ -99,7 +99,7 @@ def test_cli_runs_ngram_mod():
 def test_a_server_keeps_the_table_across_requests():
     """keep_draft_state (ggspec serve), as llama-server: a repeated request drafts from what the
     first one added, so more of it; the output stays plain greedy; Engine.reset forgets it."""
-    cfg = PairConfig(target=TARGET, spec_type="ngram-mod",
+    cfg = PairConfig(target=TARGET, spec_type="ngram-mod", adaptive=False,  # (every draft verified)
                      spec_options={"ngram-mod": NgramModOptions(n_match=3, n_max=8, n_min=1)}, ctx=CTX)
     with Engine.open(cfg, keep_draft_state=True) as eng:
         ids = eng.target_model.tokenize(STACK)

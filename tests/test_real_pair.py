@@ -58,5 +58,6 @@ def test_bench_native_runs_the_pair_beside_llama_cpp(coder, tmp_path, build_info
                    "--no-warmup", "--no-plot", "-o", "md", timeout=600)
     assert proc.returncode == 0, proc.stderr[-1500:]
     rows = [ln for ln in proc.stdout.splitlines() if ln.startswith("| ") and "| all |" in ln]
-    assert any(ln.startswith("| n3 ") for ln in rows) and any(ln.startswith("| llama.cpp n3 ") for ln in rows), rows
-    assert all(ln.rstrip(" |").endswith("1/1") for ln in rows if ln.startswith("| n3 ")), rows  # identical outputs
+    # the default: the adaptive length capped at the pair's 3, beside llama.cpp's loop at 3
+    assert any(ln.startswith("| auto3 ") for ln in rows) and any(ln.startswith("| llama.cpp n3 ") for ln in rows), rows
+    assert all(ln.rstrip(" |").endswith("1/1") for ln in rows if ln.startswith("| auto3 ")), rows  # identical outputs

@@ -224,7 +224,8 @@ def test_forced_counts_equal_llama_cpp_s_loop(made, name, tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p, "category": "c"}) + "\n" for p in PROMPTS[:2]))
     proc = run_cli("bench", "--pair", name, "--native", "--acceptance-profile", "dflash", "-r", "1", "-n", "32",
-                   "-t", "2", "--no-warmup", "--prompts", str(prompts), "-o", "jsonl", timeout=900)
+                   "-t", "2", "--no-warmup", "--prompts", str(prompts), "-o", "jsonl", "--spec-draft-n-max", "7",
+                   timeout=900)
     assert proc.returncode == 0, proc.stderr
     rows = {(r["kind"], r["inject"]): r for r in map(json.loads, proc.stdout.splitlines()) if r["category"] == "all"}
     ours = rows[("spec", "pruned")]

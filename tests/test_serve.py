@@ -43,7 +43,7 @@ def refs(build_info) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def server4(build_info):
-    s = LiveServer("--pair", PAIR, "-np", "4")
+    s = LiveServer("--pair", PAIR, "-np", "4", "--spec-draft-n-max", "7")  # (a fixed length: speculation is tested)
     yield s
     code, err = s.stop()
     assert code == 0, err
@@ -73,7 +73,7 @@ def _complete(s: LiveServer, prompt: str, stream: bool, **kw) -> tuple[str, str 
 def test_greedy_completions_equal_run_streamed_or_not_with_concurrent_clients(build_info, refs, parallel, server4):
     """Every prompt twice (streamed and whole) from 8 concurrent clients: each text is `ggspec
     run`'s, token for token, at -np 1 (requests queue) and -np 4 (batched in each step)."""
-    s = server4 if parallel == 4 else LiveServer("--pair", PAIR, "-np", "1", "--no-cache-prompt")
+    s = server4 if parallel == 4 else LiveServer("--pair", PAIR, "-np", "1", "--no-cache-prompt", "--spec-draft-n-max", "7")
     try:
         jobs = [(p, stream) for p in PROMPTS for stream in (False, True)]
         with ThreadPoolExecutor(8) as pool:

@@ -33,17 +33,24 @@ class ForcedAcceptance:
 
     def arm(self, reference, accept_lengths: Iterator[int] | None) -> None:
         """The continuation and the acceptance lengths of the next decode (see __init__)."""
-        self.reference = reference if callable(reference) else (lambda _seq, r=np.asarray(reference): r)
+        if reference is None or callable(reference):  # (None: not armed yet, every draft its own)
+            self.reference = reference or (lambda _seq: None)
+        else:
+            self.reference = lambda _seq, r=np.asarray(reference): r
         self.accept_lengths = accept_lengths
 
     def __getattr__(self, name):  # begin, observe, commit, flush, release, reset, close
         return getattr(self.inner, name)
 
     def propose(self, seqs, n: int) -> list[Draft]:
-        self.inner.propose(seqs, n)  # real draft work, result discarded
+        made = self.inner.propose(seqs, n)  # real draft work, result discarded
         drafts = []
-        for seq in seqs:
-            reference = np.asarray(self.reference(seq), dtype=np.int32)
+        for seq, own in zip(seqs, made):
+            reference = self.reference(seq)
+            if reference is None:  # not a benchmark's sequence (the engine's calibration): its own draft
+                drafts.append(own)
+                continue
+            reference = np.asarray(reference, dtype=np.int32)
             truth = reference[seq.pos + 1:seq.pos + 1 + n]
             tokens = np.zeros(n, dtype=np.int32)
             tokens[:len(truth)] = truth

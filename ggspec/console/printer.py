@@ -67,7 +67,7 @@ def stats_line(s, sp) -> str:
     if not sp.speculative:
         return line + "  (no speculation)"
     if sp.plain_by_cost:
-        return line + f"  (plain: no {sp.plan.spec_type} draft length pays on this machine)"
+        return line + f"  (plain: no {sp.plan.spec_type} draft length ≤ {sp.n_max} pays on this machine)"
     sh = s.time_shares()
     length = f"auto ≤ {sp.n_max}" if sp.draft_length is not None else f"n_max {sp.n_max}"
     line += (f"  τ {s.tau:.2f} (pooled: committed/steps, {sp.plan.spec_type} {length})  "

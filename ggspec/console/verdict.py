@@ -34,12 +34,12 @@ def verdict(sp, tokens: list[list[int]], seqs: list, n_predict: int, ignore_eos:
         batched = bench_command(bench_args, f"-np {sp.parallel}" if sp.parallel > 1 else "")
         return f"speedup vs plain decoding: not measured for several prompts; {batched} measures it"
     seq, s = seqs[0], seqs[0].stats
-    if sp.plain_by_cost:  # nothing to compare: the engine decoded plainly
-        return (f"speculation off: no draft length pays on this machine for this pair (measured costs), so it "
-                f"decoded plainly at {s.decode_tps:.1f} t/s; {bench} compares every length side by side")
     if compare is None and s.t_decode > COMPARE_MAX_S:
         return (f"speedup vs plain decoding: not measured (the decode took {s.t_decode:.0f} s; --compare measures "
                 f"it); {bench} measures it side by side with llama.cpp")
+    if sp.plain_by_cost:  # nothing to compare: the engine decoded plainly
+        return (f"speculation broke even: no draft length pays on this machine for this pair (measured costs), so "
+                f"it decoded plainly ({s.decode_tps:.1f} t/s); {bench} compares fixed lengths side by side")
     greedy = sp.sampling.greedy
     # sampled: plain decoding draws other tokens, so each run decodes as many as speculation committed
     n, all_tokens = (n_predict, ignore_eos) if greedy else (s.n_generated, True)

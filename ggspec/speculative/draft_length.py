@@ -86,6 +86,7 @@ class _Track:
     probe: bool = False  # this step probes it
     wait: int = PROBE_FIRST
     fresh: bool = True  # counts changed since the rule was last computed
+    fixed: bool = False  # it verifies every draft, at the full length (a seeded sampled sequence)
 
 
 class DraftLength:
@@ -128,8 +129,10 @@ class DraftLength:
 
     # --- sequences --------------------------------------------------------------------------------
 
-    def begin(self, seq) -> None:
-        track = _Track(Acceptance(self.n_max))
+    def begin(self, seq, fixed: bool = False) -> None:
+        """A new sequence; `fixed`: it verifies every draft (its sampled text then depends on its
+        seed alone, not on the costs measured or the sequences beside it)."""
+        track = _Track(Acceptance(self.n_max), fixed=fixed)
         if self._learned is not None:  # what the last sequence to finish learned, and its wait
             tried, accepted, track.wait = self._learned
             track.acceptance.tried, track.acceptance.accepted = tried.copy(), accepted.copy()
@@ -146,7 +149,20 @@ class DraftLength:
 
     def before(self, live: list, eligible: list, n: int) -> tuple[int, list]:
         """The length to ask of the proposer and the sequences to draft for (0, []: no draft call).
-        `eligible`: the sequences that may draft this step, `n` the engine's block for them."""
+        `eligible`: the sequences that may draft this step, `n` the engine's block for them.
+        Sequences at a fixed length draft n whatever the rule chooses for the others."""
+        fixed = [seq for seq in eligible if self.tracks[seq.seq_id].fixed]
+        if not fixed:
+            return self._before(live, eligible, n)
+        free = [seq for seq in eligible if not self.tracks[seq.seq_id].fixed]
+        ask, chosen = self._before(live, free, n) if free else (0, [])
+        if not free:
+            self._steps += 1
+        self._plan.update((seq.seq_id, n) for seq in fixed)
+        drafting = set(chosen) | set(fixed)
+        return max(ask, self._ask(n, [n])), [seq for seq in eligible if seq in drafting]
+
+    def _before(self, live: list, eligible: list, n: int) -> tuple[int, list]:
         self._steps += 1
         if self._quiet and len(eligible) == self._quiet_seqs:  # a stretch at k = 0 with nothing to do
             self._quiet -= 1
@@ -246,9 +262,10 @@ class DraftLength:
     def after(self, live: list, drafts: dict) -> dict:
         """Each drafting sequence's verified length (drafts: seq -> Draft, as the proposer made them)."""
         if self.cheap and not self._forcing:
-            seqs = [seq for seq, d in drafts.items() if len(d)]
+            fixed = {seq: len(d) for seq, d in drafts.items() if self.tracks[seq.seq_id].fixed}
+            seqs = [seq for seq, d in drafts.items() if len(d) and seq not in fixed]
             ks = self._choose(live, seqs, self.n_max, [len(drafts[seq]) for seq in seqs]) if seqs else []
-            return {**dict.fromkeys(drafts, 0), **dict(zip(seqs, ks))}
+            return {**dict.fromkeys(drafts, 0), **dict(zip(seqs, ks)), **fixed}
         return {seq: min(len(d), self._plan.get(seq.seq_id, 0)) for seq, d in drafts.items()}
 
     def _choose(self, live: list, seqs: list, n: int, lengths: list[int], probe: bool = False) -> list[int]:

@@ -33,7 +33,7 @@ from ggspec.speculative.draft_type import DraftPlan
 from ggspec.speculative.models import Models, PairConfig
 from ggspec.speculative.planes import layout_words
 from ggspec.speculative.proposer import Draft, Proposer, Span, verify_span
-from ggspec.speculative.sampling import SamplerSettings, concrete_seed
+from ggspec.speculative.sampling import DEFAULT_SEED, SamplerSettings, concrete_seed
 from ggspec.speculative.sequence import Sequence
 from ggspec.speculative.slots import CapacityError, Slots
 from ggspec.speculative.stats import EngineStats, Step, top2_margin
@@ -96,12 +96,14 @@ class Engine:
         self._is_eog = models.target.is_eog
         self.notes: list[str] = []  # what the user should know about how it will run (not a problem)
         self.calibration: Calibration | None = None  # the adaptive rule's costs, known before the first step
+        self._plain_by_cost = False
         if self.draft_length is not None and cfg.calibrate:
             try:
                 self.calibration = Calibration(self)
             except BaseException:
                 self.close()
                 raise
+            self._plain_by_cost = self.draft_length.hopeless(self.parallel)
             if self.calibration.measured:
                 self.notes.append(f"measured this pair's step costs on this machine in {self.calibration.seconds:.1f} s "
                                   f"(cached for the next runs: {self.calibration.path.parent})")
@@ -160,6 +162,7 @@ class Engine:
         sampling.validate()
         if not self.can_add(prompt, n_predict):
             raise CapacityError(f"no room for another sequence now: all {self.parallel} slots are busy", field="parallel")
+        explicit_seed = (sampling.seed if seed is None else seed) != DEFAULT_SEED
         slot, cached = self.slots.take(prompt)
         by_cost = speculate and self.proposer is not None and self.plain_by_cost
         seq = Sequence(slot, prompt, n_predict, ignore_eos=ignore_eos, tag=tag, plain_by_cost=by_cost,
@@ -171,18 +174,18 @@ class Engine:
         self.active.append(seq)
         if seq.speculate:
             self.proposer.begin(seq, cached)
-            if self.draft_length is not None:
-                self.draft_length.begin(seq)
+            if self.draft_length is not None:  # a seeded sampled text must not depend on timings: every draft
+                self.draft_length.begin(seq, fixed=not sampling.greedy and explicit_seed)
         elif self.proposer is not None:
             self.proposer.release(seq)  # its draft cells would go stale
         return seq
 
     @property
     def plain_by_cost(self) -> bool:
-        """The adaptive rule's measured costs say no draft can pay with every slot decoding: its
-        sequences decode plainly, the draft model never called (see DraftLength.hopeless)."""
-        rule = self.draft_length
-        return rule is not None and not rule.forcing and rule.hopeless(self.parallel)
+        """The costs calibrated before the first step say no draft can pay with every slot decoding:
+        its sequences decode plainly, the draft model never called (see DraftLength.hopeless).
+        Decided once, so every request on the engine runs the same way."""
+        return self._plain_by_cost
 
     def cancel(self, seq: Sequence) -> None:
         """Stop a sequence now; its slot and cells are free for the next `add`."""
@@ -197,8 +200,8 @@ class Engine:
         if self.draft_length is not None:
             self.draft_length.forget(seq)
         keep = min(seq.pos, len(seq.history) - 1) if self.prompt_cache and seq.started else 0
-        if self.proposer is not None:  # the draft's cells must hold the same positions as the target's
-            keep = self.proposer.release(seq, keep) if seq.speculate else 0
+        if self.proposer is not None and not self.plain_by_cost:  # the draft's cells must hold the same
+            keep = self.proposer.release(seq, keep) if seq.speculate else 0  # positions as the target's
         self.slots.give_back(seq.seq_id, np.asarray(seq.history[:keep], dtype=np.int32) if keep > 0 else None)
 
     def reset(self) -> None:
