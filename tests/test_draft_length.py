@@ -348,3 +348,69 @@ def test_bench_runs_auto_beside_fixed_lengths(tmp_path):
     # llama.cpp's loop has no adaptive length: beside auto7 it drafts the cap, 7, fixed
     assert any(row["label"].startswith("llama.cpp n3") for row in rows)
     assert any(row["label"].startswith("llama.cpp n7") for row in rows)
+
+
+# --- giving up, starting plain, fixed sequences, hopeless pairs (issue 38) ---------------------------
+
+
+def test_a_sequence_whose_probes_never_pay_gives_up_and_the_next_ones_start_plain():
+    """Drafts that are always wrong, on costs where only good drafts pay: GIVE_UP failed probes
+    and the sequence stops speculating (gave_up); the sequences after it start plain, 1, then 2,
+    then 4; one whose drafts paid brings that back to 1."""
+    from ggspec.speculative.draft_length import GIVE_UP
+
+    rule = _rule()
+    seq = _Seq(0)
+    w = _World(rule, [seq], _linear(1.0, 3.0), lambda _s, n: 0.3 * n, lambda _s, _i: 0)
+    for _ in range(400):
+        w.run(1)
+        if rule.gave_up(seq):
+            break
+    assert rule.gave_up(seq) and rule.tracks[0].failed == GIVE_UP
+    rule.forget(seq)
+    starts = [rule.starts_plain() for _ in range(2)]
+    assert starts == [True, False]  # one plain sequence, then one that explores again
+    rule.begin(seq)
+    rule.tracks[0].failed = GIVE_UP
+    rule.forget(seq)
+    assert [rule.starts_plain() for _ in range(3)] == [True, True, False]  # twice as many
+    rule.begin(seq)
+    rule.tracks[0].chose = True  # the rule chose its drafts: back to one
+    rule.forget(seq)
+    rule.begin(seq)
+    rule.tracks[0].failed = GIVE_UP
+    rule.forget(seq)
+    assert [rule.starts_plain() for _ in range(2)] == [True, False]
+
+
+def test_a_fixed_sequence_verifies_every_draft_beside_free_ones():
+    """A seeded sampled sequence (fixed) verifies its whole draft whatever the rule chooses for the
+    others, here plain decoding (drafts always wrong, dear verify rows)."""
+    rule = _rule()
+    free, fixed = _Seq(0), _Seq(1)
+    rule.begin(free)
+    rule.begin(fixed, fixed=True)
+    w = _World.__new__(_World)
+    w.rule, w.seqs, w.verify, w.draft, w.right, w.n, w.steps = (rule, [free, fixed], _linear(1.0, 3.0),
+                                                               lambda _s, n: 0.3 * n, lambda _s, _i: 0, 8, [])
+    w.run(200)
+    assert set(w.ks(1)) == {8} and w.ks(0)[0] > 100
+    assert not rule.gave_up(fixed)
+
+
+def test_hopeless_only_where_no_length_pays_even_with_good_drafts():
+    def measured(verify, draft):
+        rule = _rule()
+        for _ in range(8):
+            rule.plain.add(1, verify(1))
+            rule.spec.add(9, verify(9))
+            rule.spec.add(2, verify(2))
+            rule._draft_costs(1, exact=True).add(8, draft(8))
+            rule._draft_costs(1, exact=True).add(1, draft(1))
+        rule.rest_plain = rule.rest_spec = 0.0
+        return rule.hopeless(1)
+
+    assert measured(_linear(1.0, 9.0), lambda n: 0.5 * n)  # a CPU: rows cost as much as decodes
+    assert not measured(_linear(1.0, 1.2), lambda n: 0.1 * n)  # a GPU: rows nearly free
+    rule = _rule(cheap=True)
+    assert not rule.hopeless(1)  # n-gram drafts cost nothing: never

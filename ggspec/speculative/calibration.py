@@ -6,12 +6,14 @@ costs on this machine: a plain step, the verify of r rows, the draft call by its
 rest (injection, replays, Python). Without measured costs its first steps have to find them out,
 and a short prompt is over before they have (the real Qwen2.5-Coder 1.5B + 0.5B pair spent its
 16-token prompt drafting 15 tokens a step, at 0.53x plain decoding). So an engine with the rule
-starts from tables measured before: when none is cached for this key, `prepare` runs a short
+starts from tables measured before: when none is cached for this key, `Calibration` runs a short
 synthetic request through the engine itself, with every sequence it decodes at once, verifying a
 fixed schedule of lengths (the full length, none, one, half), and every llama.cpp call of a real
 step (draft, injection, verify, rollback, replay) is measured as in any step. Those steps' drafts
-are forgotten (their text is not the user's); their costs are saved. The rule keeps measuring as
-it runs, and an engine that ran long enough saves what it refined when it closes.
+are forgotten (the model's continuation of a synthetic prompt is not the user's text); their costs
+are saved. The rule keeps measuring as it runs, in memory
+only: what a run measures depends on what the rule chose (steps after a stretch of plain ones pay
+for cold caches), and saved, such measurements made a pair look hopeless for good.
 
 The key hashes what changes the costs: the CPU (and the build, which says which GPU backend),
 the model files (path, size, modification time), and every setting of the pair but sampling's.
@@ -31,12 +33,14 @@ import numpy as np
 
 from ggspec.speculative.stats import EngineStats
 
-VERSION = 1  # of the file's layout: another version is measured again
-FULL, NONE, SHORT, HALF = 5, 6, 4, 4  # calibration steps at the full length, none, one, half of it
+VERSION = 2  # of the file's layout: another version is measured again
 SKIP = 2  # the first steps, not measured: they build and allocate the graphs of the largest shapes
+MEASURED = 3  # steps each phase measures at least
+PHASE_S = 0.05  # ... and seconds it lasts at least (cheap steps: many of them, past the cold ones)
+PHASE_STEPS = 64  # steps a phase lasts at most
+MAX_AGE_S = 7 * 86400  # cached tables older than this are measured again (the machine's load changes)
 PROMPT = 32  # the calibration prompt's tokens at most
 KEEP = 256  # cached tables kept at most (a few KiB each)
-REFINED = 64  # steps an engine measures before what it refined replaces the cached tables
 TEXT = (  # the calibration's prompt: code that repeats, so the n-gram types find drafts in it too
     "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\n"
     "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a * b\n\n\n"
@@ -45,13 +49,10 @@ TEXT = (  # the calibration's prompt: code that repeats, so the n-gram types fin
 
 
 def schedule(n_max: int) -> list[int]:
-    """The k of each calibration step: the full length (whose first steps build graphs and are
+    """The k of each calibration phase: the full length (whose first steps build graphs and are
     not measured), none, one, and half the full length (rows between the ends)."""
     half = (n_max + 1) // 2
-    ks = [n_max] * FULL + [0] * NONE + [1] * SHORT
-    if 1 < half < n_max:
-        ks += [half] * HALF
-    return ks
+    return [n_max, 0] + ([1] if n_max > 1 else []) + ([half] if 1 < half < n_max else [])
 
 
 def machine() -> str:
@@ -100,6 +101,8 @@ def cache_path(key: dict) -> Path:
 def load(path: Path, key: dict) -> dict | None:
     """The cached tables for this key (None: none, or unreadable)."""
     try:
+        if time.time() - path.stat().st_mtime > MAX_AGE_S:
+            return None
         doc = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
@@ -127,7 +130,7 @@ def _prune(folder: Path) -> None:
 
 
 class Calibration:
-    """An engine's cost tables: loaded from the cache or measured now; saved again when refined."""
+    """An engine's cost tables: loaded from the cache, or measured now and saved."""
 
     def __init__(self, engine) -> None:
         self.key = key_of(engine)
@@ -144,13 +147,6 @@ class Calibration:
             self.seconds = time.perf_counter() - t0
             if self.measured:
                 save(self.path, self.key, rule.tables(), self.seconds)
-        self._steps = rule.steps
-
-    def close(self, engine) -> None:
-        """Keep what the engine refined while it ran (REFINED steps or more)."""
-        rule = engine.draft_length
-        if rule is not None and rule.steps - self._steps >= REFINED:
-            save(self.path, self.key, rule.tables(), self.seconds)
 
 
 def prompt_tokens(engine, room: int) -> np.ndarray:
@@ -159,22 +155,30 @@ def prompt_tokens(engine, room: int) -> np.ndarray:
 
 
 def run(engine) -> bool:
-    """Measure the costs: every slot decodes the calibration prompt while the rule verifies the
-    schedule's lengths; then the engine is emptied and its statistics start afresh. False: the
-    context cannot hold the schedule (the rule then measures as it runs)."""
+    """Measure the costs: every slot decodes the calibration prompt while the rule verifies each
+    phase's length (schedule) for MEASURED steps and PHASE_S seconds at least, PHASE_STEPS at most
+    (an engine's first steps are slow: caches, page faults, new graphs; on a small model many steps
+    fit in a few milliseconds); then the engine is emptied and its statistics start afresh. False:
+    the context cannot hold the phases (the rule then measures as it runs)."""
     rule = engine.draft_length
-    ks = schedule(engine.n_max)
-    need = sum(k + 1 for k in ks) + 1
+    phases = schedule(engine.n_max)
     prompt = prompt_tokens(engine, engine.capacity // 4)
     room = engine.capacity - len(prompt) - engine.block_cells
-    if room < need:
+    caps = [min(PHASE_STEPS, room // len(phases) // (k + 1)) for k in phases]
+    if min(caps) < SKIP + MEASURED + 1:
         return False
-    rule.force(ks, skip=SKIP)
+    rule.skip(SKIP)
     try:
         for _ in range(engine.parallel):
-            engine.add(prompt, need, ignore_eos=True, tag="calibration")
-        while engine.active and rule.forcing:
-            engine.step()
+            engine.add(prompt, room, ignore_eos=True, tag="calibration")
+        for first, (k, cap) in enumerate(zip(phases, caps)):
+            least = MEASURED + (SKIP if first == 0 else 1)  # (a phase's first step pays for the change)
+            t0 = time.perf_counter()
+            for done in range(1, cap + 1):
+                rule.force([k])
+                engine.step()
+                if not engine.active or (done >= least and time.perf_counter() - t0 >= PHASE_S):
+                    break
     finally:
         engine.reset()
         rule.settle()

@@ -70,6 +70,8 @@ REPLAN_MIN = 4  # steps between two computations of the rule (each costs tens of
 STRETCH = 16  # steps a choice to verify drafts lasts at least (the first speculative steps after
 # plain ones pay for cold caches: alternating costs more than either kind of stretch)
 COST_REFRESH = 16  # steps between two readings of the cost tables
+PLAIN_RUNS_MAX = 16  # new sequences that start plain at most after one gave up
+GIVE_UP = 3  # probes in a row that did not pay before a sequence with a model drafter stops speculating
 HOPE = 0.95  # the chance a drafted token survives on the best workloads (the real Qwen2.5-Coder pair: 91-96 % on
 # code): where no draft length pays even at this rate, a model drafter is not called at all
 WARM_UP = 8  # steps at the full length, then as many without drafts, before the rule decides
@@ -87,6 +89,8 @@ class _Track:
     wait: int = PROBE_FIRST
     fresh: bool = True  # counts changed since the rule was last computed
     fixed: bool = False  # it verifies every draft, at the full length (a seeded sampled sequence)
+    failed: int = 0  # probes in a row that did not pay, since the rule last chose to verify drafts
+    chose: bool = False  # the rule chose to verify its drafts at least once
 
 
 class DraftLength:
@@ -123,6 +127,7 @@ class DraftLength:
         self._probing = False  # this step probes
         self._plan: dict[int, int] = {}  # seq_id -> k, for the drafts of this step
         self._learned: tuple | None = None  # (tried, accepted, wait) a new sequence starts from
+        self._plain_left, self._plain_next = 0, 1  # new sequences to start plain (starts_plain)
         self._forced: deque[int] = deque()  # a calibration's k per step, for every sequence alike
         self._forcing = False  # this step's k is the calibration's
         self._skip = WARM_UP // 2  # steps up to this one are not measured (their graphs are new)
@@ -140,10 +145,27 @@ class DraftLength:
         self._plan.pop(seq.seq_id, None)
 
     def forget(self, seq) -> None:
+        """A sequence leaves (or stops speculating): what it learned is where the next one starts,
+        probing soon; one that gave up keeps the next few sequences plain (starts_plain)."""
         t = self.tracks.pop(seq.seq_id, None)
-        if t is not None and t.acceptance.tried[0] > 0:
+        if t is None:
+            return
+        if t.acceptance.tried[0] > 0:
             scale = min(1.0, PRIOR_WEIGHT / t.acceptance.tried[0])
-            self._learned = (t.acceptance.tried * scale, t.acceptance.accepted * scale, t.wait if t.k == 0 else PROBE_FIRST)
+            self._learned = (t.acceptance.tried * scale, t.acceptance.accepted * scale, PROBE_FIRST)
+        if t.failed >= GIVE_UP:  # the next `_plain_next` sequences start plain, twice as many each time
+            self._plain_left, self._plain_next = self._plain_next, min(2 * self._plain_next, PLAIN_RUNS_MAX)
+        elif t.chose:  # its drafts paid: the next sequence that gives up skips one only
+            self._plain_next = 1
+
+    def starts_plain(self) -> bool:
+        """Whether a new sequence decodes plainly from its start: after a sequence gave up
+        (gave_up), 1, then 2, 4, ... PLAIN_RUNS_MAX new sequences do, each run of them ending
+        with one that explores again (its steps at k = 0 are what a plain one costs, and more)."""
+        if self._plain_left > 0:
+            self._plain_left -= 1
+            return True
+        return False
 
     # --- before the draft call ----------------------------------------------------------------------
 
@@ -195,7 +217,7 @@ class DraftLength:
                 t = self.tracks[seq.seq_id]
                 t.fresh = False
                 if k:  # back to verifying drafts: probe soon again once back at k = 0
-                    t.wait = PROBE_FIRST
+                    t.wait, t.failed, t.chose = PROBE_FIRST, 0, True
             self._plan = {seq.seq_id: k for seq, k in zip(eligible, ks)}
         if not any(ks):
             return self._probe(eligible, n)
@@ -339,11 +361,14 @@ class DraftLength:
 
     # --- costs known before the first step (calibration.py) ---------------------------------------
 
-    def force(self, ks: list[int], skip: int = WARM_UP // 2) -> None:
+    def force(self, ks: list[int]) -> None:
         """Verify exactly these lengths in the next steps, one per step and every sequence alike
-        (a calibration's schedule); the steps are measured as any others but the first `skip`."""
-        self._forced = deque(ks)
-        self._skip = self._steps + skip
+        (a calibration's schedule); the steps are measured as any others."""
+        self._forced.extend(ks)
+
+    def skip(self, steps: int) -> None:
+        """Do not measure the next `steps` steps (their graphs are new)."""
+        self._skip = self._steps + steps
 
     @property
     def steps(self) -> int:
@@ -355,10 +380,13 @@ class DraftLength:
         return bool(self._forced)
 
     def settle(self) -> None:
-        """The calibration is over: what its sequences' drafts taught is forgotten (its text is not
-        the user's), what its steps cost is kept, and the rule decides from the next step on."""
+        """The calibration is over: what its steps cost is kept, what its drafts taught is not (the
+        model's own continuation of a synthetic prompt repeats itself: on the tiny pair it drafted
+        at 70-98 % per position, and new sequences started from it verified drafts that lost), and
+        the rule decides from the next step on."""
         self.tracks.clear()
         self._plan.clear()
+        self._plain_left, self._plain_next = 0, 1
         self._learned = None
         self._forced.clear()
         self.probes = 0
@@ -429,15 +457,35 @@ class DraftLength:
         t.k = 0 if probe else k  # (the rule's own choice: a probe leaves it at 0)
         if probe:
             self._plan[seq.seq_id] = 0
+        if probe:  # (a probe is judged on what its verify accepted)
+            t.failed = 0 if tokens is not None and self._paid(accepted, k) else t.failed + 1
         if tokens is None or not len(tokens):
             return
         if accepted < k or accepted == len(tokens):  # the verify decided it
             t.acceptance.add(len(tokens), accepted, len(tokens))
             t.fresh = True
-            if probe and accepted == len(tokens):  # the text repeats: probe often again
+            if probe and self._paid(accepted, len(tokens)):  # it would have paid: probe often again
                 t.wait = PROBE_FIRST
         else:
             t.pending.append([pos0, tokens.tolist(), accepted, probe])
+
+    def gave_up(self, seq) -> bool:
+        """Whether a sequence should stop speculating for the rest of its text: GIVE_UP probes in a
+        row did not pay and the rule never chose drafts in between (a model drafter: its steps at
+        k = 0 still pay for keeping the draft current, on the tiny pair 10-20 % of a plain step;
+        a new sequence starts afresh, from what this one learned)."""
+        t = self.tracks.get(seq.seq_id)
+        return t is not None and not self.cheap and not t.fixed and t.failed >= GIVE_UP
+
+    def _paid(self, right: int, drafted: int) -> bool:
+        """Whether a step whose `right` first drafts of `drafted` survived committed more tokens per
+        second than plain decoding (one sequence's costs): a probe that did is a sign to probe
+        again soon (the text repeats, or the drafts are better than the counts say)."""
+        if not self.plain or not self.spec:
+            return right == drafted
+        k = min(drafted, self.n_max)
+        cost = float(self._spec_cost(np.array([k + 1]), 1)[0] + self._draft_cost(1, [k])[0])
+        return (right + 1) * self._plain_cost(1) >= cost
 
     def _score(self, seq) -> None:
         """Score the sequence's pending drafts against the tokens committed after them."""
@@ -452,7 +500,7 @@ class DraftLength:
             if known <= start:
                 still.append(item)
                 continue
-            if probe and matched == len(tokens):  # the text repeats: probe often again
+            if probe and self._paid(matched, len(tokens)):  # it would have paid: probe often again
                 t.wait = PROBE_FIRST
             if matched < known or known == len(tokens):
                 t.acceptance.add(len(tokens), matched, len(tokens))

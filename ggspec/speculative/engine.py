@@ -164,7 +164,10 @@ class Engine:
             raise CapacityError(f"no room for another sequence now: all {self.parallel} slots are busy", field="parallel")
         explicit_seed = (sampling.seed if seed is None else seed) != DEFAULT_SEED
         slot, cached = self.slots.take(prompt)
-        by_cost = speculate and self.proposer is not None and self.plain_by_cost
+        rule = self.draft_length
+        fixed = not sampling.greedy and explicit_seed  # a seeded sampled text must not depend on timings
+        by_cost = speculate and self.proposer is not None and (
+            self.plain_by_cost or (rule is not None and not fixed and rule.starts_plain()))
         seq = Sequence(slot, prompt, n_predict, ignore_eos=ignore_eos, tag=tag, plain_by_cost=by_cost,
                        speculate=speculate and self.proposer is not None and not by_cost,
                        record_margins=record_margins,
@@ -174,8 +177,8 @@ class Engine:
         self.active.append(seq)
         if seq.speculate:
             self.proposer.begin(seq, cached)
-            if self.draft_length is not None:  # a seeded sampled text must not depend on timings: every draft
-                self.draft_length.begin(seq, fixed=not sampling.greedy and explicit_seed)
+            if rule is not None:
+                rule.begin(seq, fixed=fixed)
         elif self.proposer is not None:
             self.proposer.release(seq)  # its draft cells would go stale
         return seq
@@ -408,12 +411,21 @@ class Engine:
                 step.k = d
                 m = made.get(seq)
                 auto.committed(seq, seq.pos, None if m is None else m.tokens, d, out.accepted)
+                if auto.gave_up(seq):
+                    self._stop_speculating(seq)
             seq.pos += out.accepted + 1
             step.tokens += seq.take(out.tokens, self._is_eog)
             self.stats.tokens += len(step.tokens)
             seq.stats.add(step)
             result.append((seq, step))
         return result
+
+    def _stop_speculating(self, seq: Sequence) -> None:
+        """The adaptive rule gave up on this sequence's drafts: it decodes plainly from now on (its
+        steps then cost what plain ones do), its draft cells freed, what it learned kept for the next."""
+        self.draft_length.forget(seq)
+        self.proposer.release(seq)
+        seq.speculate, seq.plain_by_cost = False, True
 
     def _span_width(self, live: list[Sequence], drafts: dict) -> int | None:
         """Hybrid targets with several sequences verify equal spans: llama.cpp splits a batch into
@@ -461,9 +473,6 @@ class Engine:
     # --- lifetime --------------------------------------------------------------------------------
 
     def close(self) -> None:
-        calibration = getattr(self, "calibration", None)
-        if calibration is not None and not self._closed:
-            calibration.close(self)
         self._closed = True
         for obj in (getattr(self, "_batch", None), self.proposer, self.draft_ctx, getattr(self, "target", None)):
             if obj is not None:
