@@ -84,11 +84,11 @@ class Setting:
 
 
 N_MAX = Setting(
-    ("--spec-draft-n-max",), "Most draft tokens per step",
+    ("--spec-draft-n-max",), "Draft tokens per step: a number is a fixed length",
     "Draft lengths, e.g. 3,7,15,auto (one beyond the draft's block is skipped)",
-    f"the pair's, else {DEFAULT_N_MAX} or the draft's block size - 1 if smaller",
-    note="; a value beyond the draft's block is clamped with a warning; 'auto': each step verifies as many "
-         "drafts as measured costs and acceptance make worth it (0 included), 'auto:N' at most N")
+    f"auto: each step verifies as many drafts as measured costs and acceptance make worth it (0 included), "
+    f"at most the pair's length, else {DEFAULT_N_MAX} or the draft's block size - 1 if smaller",
+    note="; a value beyond the draft's block is clamped with a warning; 'auto:N': the adaptive length, at most N")
 N_CTX = Setting(("-c", "--ctx-size"), "Context size", "Context sizes, e.g. 1024,4096 (with -np > 1, split among the "
                                                       "slots)",
                 f"the pair's, else {DEFAULTS['ctx']}", int, note="; with -np > 1, split evenly among the slots")

@@ -195,8 +195,9 @@ def test_run_ends_saying_whether_speculation_paid(build_info):
 
 
 def test_the_default_speculates_only_where_a_length_pays(build_info):
-    """By default (the adaptive length) the last line says paid or broke even, or lost by a hair:
-    where the calibrated costs say no length pays, it decoded plainly and says so (with a note)."""
+    """By default (the adaptive length) the last line is the timed verdict, or, where the calibrated
+    costs say no length pays, that it decoded plainly (with a note). (Speed is not asserted here:
+    `ggspec bench` measures it.)"""
     proc = run_cli("run", "--pair", "tiny-coder", "-p", "class Stack:", "-n", "48", "-t", "1")
     assert proc.returncode == 0, proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
@@ -205,7 +206,7 @@ def test_the_default_speculates_only_where_a_length_pays(build_info):
         assert "(plain: no draft-dflash draft length ≤ 7 pays on this machine)" in proc.stderr
     else:
         m = _VERDICT.match(last)
-        assert m and float(m[2]) > 0.8, last  # (the adaptive rule at 0.97 of the best, within the noise)
+        assert m and "auto ≤ 7" in proc.stderr, proc.stderr
 
 
 def test_the_verdict_times_warm_runs_in_turn_plain_first(build_info):

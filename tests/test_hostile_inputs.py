@@ -382,7 +382,7 @@ def test_help_shows_every_default():
     for text, wanted in ((run_help, ("Context size [default: the pair's, else 4096]",
                                      "[default: the pair's, else f16]", "[default: as -ngl]",
                                      "[default: all with --rpc, else 0]", "[default: the pair's, else uncapped]",
-                                     "Most draft tokens per step [default: the pair's, else 15")),
+                                     "a number is a fixed length [default: auto: each step verifies")),
                          (bench_help, ("[default: the built-in set", "[default: pruned]",
                                        "[default: the pair's, else 4096]", "[default: 5]"))):
         for w in wanted:
