@@ -123,6 +123,8 @@ class DraftLength:
         # left, the sequences it is for, and the steps it has had (added to the waits when it ends)
         self._quiet = self._quiet_seqs = self._quiet_steps = 0
         self.probe_cost: float | None = None  # seconds a probe costs beyond plain decoding (measured)
+        self._probe_paid: bool | None = None  # whether this step's probe paid (measured; None: not known)
+        self.true_plain: tuple[int, float] | None = None  # (sequences, seconds) of a step that does not speculate
         self._table: tuple | None = None  # (key, step, costs) the rule last read (_tables)
         self._probing = False  # this step probes
         self._plan: dict[int, int] = {}  # seq_id -> k, for the drafts of this step
@@ -299,7 +301,9 @@ class DraftLength:
             room = max(0, min(length, m, seq.left - 1))  # drafts past the budget are never verified
             gains[e, :room] = self.tracks[seq.seq_id].acceptance.gains(room)
         plain_cost, spec, draft = self._tables(n_live, len(seqs), m)  # spec[r - n_live]: r rows; draft[length]
-        plain = n_live / (plain_cost + (draft[min(n, m)] if self.cheap else 0.0))  # (n-gram drafts: made either way)
+        # the step without drafts to beat: n-gram drafts are made either way; a model drafter's
+        # sequences can stop speculating (gave_up), so its bar is a step that keeps no draft current
+        plain = n_live / (plain_cost + draft[min(n, m)] if self.cheap else self._bar(n_live, plain_cost))
         if self.equal_spans and n_live > 1:  # one k for every sequence
             ks = np.arange(1, m + 1)
             value = n_live + np.cumsum(gains.sum(axis=0))
@@ -397,7 +401,8 @@ class DraftLength:
         """The cost tables as plain data (JSON): what `seed` starts another rule from."""
         return {"plain": self.plain.to_json(), "spec": self.spec.to_json(),
                 "draft": {str(n): c.to_json() for n, c in self.draft.items()},
-                "rest_plain": self.rest_plain, "rest_spec": self.rest_spec, "probe_cost": self.probe_cost}
+                "rest_plain": self.rest_plain, "rest_spec": self.rest_spec, "probe_cost": self.probe_cost,
+                "true_plain": self.true_plain}
 
     def seed(self, tables: dict) -> None:
         """Start from costs measured before (`tables`): no warm-up; what this rule measures refines them."""
@@ -406,6 +411,7 @@ class DraftLength:
         self.draft = {int(n): ShapeCosts.seeded(c, proportional) for n, c in tables["draft"].items()}
         self.rest_plain, self.rest_spec = tables["rest_plain"], tables["rest_spec"]
         self.probe_cost = tables["probe_cost"]
+        self.true_plain = tuple(tables["true_plain"]) if tables.get("true_plain") else None
         self._table = None
         self.settle()
 
@@ -420,7 +426,17 @@ class DraftLength:
         ks = np.arange(1, self.n_max + 1)
         saved = np.cumsum(HOPE ** ks) + 1  # expected committed tokens of a step at k
         spec = self._spec_cost(n_live * (ks + 1), n_live) + self._draft_cost(n_live, ks)
-        return bool(np.all(spec >= saved * self._plain_cost(n_live)))
+        return bool(np.all(spec >= saved * self._bar(n_live, self._plain_cost(n_live))))
+
+    def _bar(self, n_live: int, plain_cost: float) -> float:
+        """Seconds of a step of n_live sequences that do not speculate at all (measured by the
+        calibration, read off the k = 0 steps' costs in proportion), else of a k = 0 step: the
+        first is cheaper where keeping a draft current costs (features captured, held, flushed)."""
+        if self.true_plain is None or not self.plain:
+            return plain_cost
+        n0, seconds = self.true_plain
+        at_n0 = self._plain_cost(n0)
+        return min(plain_cost, seconds * plain_cost / at_n0) if at_n0 > 0 else plain_cost
 
     # --- after the verify ---------------------------------------------------------------------------
 
@@ -429,6 +445,7 @@ class DraftLength:
         """One step's costs: the draft call (n_drafting sequences, length n; 0: none), the verify
         decode of `rows` rows (n_live sequences), the rest of the step, and the tokens it committed."""
         called = n_drafting > 0 and not self.cheap  # a model's draft call
+        self._probe_paid = None
         if self._steps <= self._skip:  # the engine's first steps build and allocate their graphs
             self._called = called
             return
@@ -440,6 +457,9 @@ class DraftLength:
             if self.plain:
                 extra = t_draft + t_verify + t_rest - n_committed * self._plain_cost(n_live) / n_live
                 self.probe_cost = ema(self.probe_cost, max(extra, 0.05 * self._plain_cost(n_live)))
+                # whether it paid: its tokens against what steps without speculation make in its time
+                bar = self._bar(n_live, self._plain_cost(n_live))
+                self._probe_paid = t_draft + t_verify + t_rest <= n_committed * bar / n_live
         elif rows > n_live:  # drafts verified; the first step of a stretch pays for cold caches
             if warm or not self.spec:
                 self.spec.add(rows, t_verify)
@@ -457,14 +477,17 @@ class DraftLength:
         t.k = 0 if probe else k  # (the rule's own choice: a probe leaves it at 0)
         if probe:
             self._plan[seq.seq_id] = 0
-        if probe:  # (a probe is judged on what its verify accepted)
-            t.failed = 0 if tokens is not None and self._paid(accepted, k) else t.failed + 1
+        # a probe is judged on its measured step (else on what its verify accepted, at the tables' costs)
+        paid = probe and tokens is not None and (self._probe_paid if self._probe_paid is not None
+                                                 else self._paid(accepted, k))
+        if probe:
+            t.failed = 0 if paid else t.failed + 1
         if tokens is None or not len(tokens):
             return
         if accepted < k or accepted == len(tokens):  # the verify decided it
             t.acceptance.add(len(tokens), accepted, len(tokens))
             t.fresh = True
-            if probe and self._paid(accepted, len(tokens)):  # it would have paid: probe often again
+            if paid:  # it paid: probe often again
                 t.wait = PROBE_FIRST
         else:
             t.pending.append([pos0, tokens.tolist(), accepted, probe])
