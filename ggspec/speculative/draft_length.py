@@ -123,7 +123,6 @@ class DraftLength:
         # left, the sequences it is for, and the steps it has had (added to the waits when it ends)
         self._quiet = self._quiet_seqs = self._quiet_steps = 0
         self.probe_cost: float | None = None  # seconds a probe costs beyond plain decoding (measured)
-        self._probe_paid: bool | None = None  # whether this step's probe paid (measured; None: not known)
         self.true_plain: tuple[int, float] | None = None  # (sequences, seconds) of a step that does not speculate
         self._table: tuple | None = None  # (key, step, costs) the rule last read (_tables)
         self._probing = False  # this step probes
@@ -445,7 +444,6 @@ class DraftLength:
         """One step's costs: the draft call (n_drafting sequences, length n; 0: none), the verify
         decode of `rows` rows (n_live sequences), the rest of the step, and the tokens it committed."""
         called = n_drafting > 0 and not self.cheap  # a model's draft call
-        self._probe_paid = None
         if self._steps <= self._skip:  # the engine's first steps build and allocate their graphs
             self._called = called
             return
@@ -457,9 +455,7 @@ class DraftLength:
             if self.plain:
                 extra = t_draft + t_verify + t_rest - n_committed * self._plain_cost(n_live) / n_live
                 self.probe_cost = ema(self.probe_cost, max(extra, 0.05 * self._plain_cost(n_live)))
-                # whether it paid: its tokens against what steps without speculation make in its time
-                bar = self._bar(n_live, self._plain_cost(n_live))
-                self._probe_paid = t_draft + t_verify + t_rest <= n_committed * bar / n_live
+
         elif rows > n_live:  # drafts verified; the first step of a stretch pays for cold caches
             if warm or not self.spec:
                 self.spec.add(rows, t_verify)
@@ -477,9 +473,9 @@ class DraftLength:
         t.k = 0 if probe else k  # (the rule's own choice: a probe leaves it at 0)
         if probe:
             self._plan[seq.seq_id] = 0
-        # a probe is judged on its measured step (else on what its verify accepted, at the tables' costs)
-        paid = probe and tokens is not None and (self._probe_paid if self._probe_paid is not None
-                                                 else self._paid(accepted, k))
+        # a probe is judged on what its verify accepted at the steady costs (its own step also paid
+        # for catching the draft up on the steps before it, which a stretch of drafting would not)
+        paid = probe and tokens is not None and self._paid(accepted, k)
         if probe:
             t.failed = 0 if paid else t.failed + 1
         if tokens is None or not len(tokens):
@@ -508,7 +504,7 @@ class DraftLength:
             return right == drafted
         k = min(drafted, self.n_max)
         cost = float(self._spec_cost(np.array([k + 1]), 1)[0] + self._draft_cost(1, [k])[0])
-        return (right + 1) * self._plain_cost(1) >= cost
+        return (right + 1) * self._bar(1, self._plain_cost(1)) >= cost
 
     def _score(self, seq) -> None:
         """Score the sequence's pending drafts against the tokens committed after them."""
