@@ -70,9 +70,9 @@ def serve(cfg: PairConfig, options: ServeOptions, log: Callable[[str], None] = p
                      first_token_from_prefill=True, keep_draft_state=True) as engine:
         for w in engine.warnings:
             log(f"warning: {w}")
+        service = build_service(engine, options)  # (its option errors first, alone on their line)
         for n in engine.notes:
             log(f"note: {n}")
-        service = build_service(engine, options)
         config = uvicorn.Config(create_app(service), host=options.host, port=options.port,
                                 log_level=options.log_level, access_log=False, lifespan="on",
                                 timeout_graceful_shutdown=options.drain_timeout)
