@@ -141,6 +141,7 @@ class Context(OwnedHandle):
         self._logits = np.empty((0, model.n_vocab), dtype=np.float32)
         self._layer_id_arrays: dict[tuple, ctypes.Array] = {}  # layer ids as C arrays (layer_inputs)
         self._layer_inputs_on: frozenset[int] = frozenset()  # layers whose inputs decodes extract
+        self._layer_inputs_enabled: frozenset[int] = frozenset()  # ... when not paused
         self._extracted: frozenset[int] = frozenset()  # ... and which the last decode did extract
 
     # --- decoding --------------------------------------------------------------------------------
@@ -194,7 +195,17 @@ class Context(OwnedHandle):
     def enable_layer_inputs(self, layer_ids) -> None:
         for il in layer_ids:
             self.lc._lib.ggspec_set_embeddings_layer_inp(self.ptr, int(il), True)
-        self._layer_inputs_on = self._layer_inputs_on | {int(il) for il in layer_ids}
+        self._layer_inputs_enabled = self._layer_inputs_enabled | {int(il) for il in layer_ids}
+        self._layer_inputs_on = self._layer_inputs_enabled
+
+    def pause_layer_inputs(self, paused: bool) -> None:
+        """Stop (True) or resume extracting the enabled layers' inputs: a decode whose rows no
+        draft reads (every sequence in it decodes plainly) then skips their copies."""
+        if paused == (self._layer_inputs_on != self._layer_inputs_enabled) or not self._layer_inputs_enabled:
+            return
+        for il in self._layer_inputs_enabled:
+            self.lc._lib.ggspec_set_embeddings_layer_inp(self.ptr, il, not paused)
+        self._layer_inputs_on = frozenset() if paused else self._layer_inputs_enabled
 
     def check_layer_inputs(self, layer_ids, row0: int, n_rows: int) -> None:
         """Raise unless the last decode extracted these layers' inputs for rows row0..row0+n_rows-1

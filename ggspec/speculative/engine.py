@@ -252,6 +252,7 @@ class Engine:
         previous decode first (those rows are overwritten now), then hears about the new rows.
         Returns the seconds spent flushing."""
         t = self._flush()
+        self.target.pause_layer_inputs(not spans)  # no speculating sequence: no draft reads these rows
         self.target.decode(batch)
         if self.proposer is not None and spans:
             self.proposer.observe(spans)  # only speculating sequences' spans are passed
