@@ -100,6 +100,11 @@ def test_a_cache_of_another_key_or_unreadable_is_measured_again(cache_dir):
     path.write_text(json.dumps(doc))
     with Engine.open(cfg) as e:
         assert e.calibration.measured
+    doc = json.loads(path.read_text())
+    del doc["tables"]["spec"]  # the right key, damaged tables
+    path.write_text(json.dumps(doc))
+    with Engine.open(cfg) as e:
+        assert e.calibration.measured
 
 
 def test_where_no_length_can_pay_the_draft_model_is_never_called(cache_dir):

@@ -140,8 +140,11 @@ class Calibration:
         rule = engine.draft_length
         tables = load(self.path, self.key)
         if tables is not None:
-            rule.seed(tables)
-        else:
+            try:
+                rule.seed(tables)
+            except (KeyError, TypeError, ValueError, AttributeError):  # a file damaged by hand: measure again
+                tables = None
+        if tables is None:
             t0 = time.perf_counter()
             self.measured = run(engine)
             self.seconds = time.perf_counter() - t0

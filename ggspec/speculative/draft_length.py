@@ -406,11 +406,12 @@ class DraftLength:
     def seed(self, tables: dict) -> None:
         """Start from costs measured before (`tables`): no warm-up; what this rule measures refines them."""
         proportional = not (self.cheap or self.fixed_block)
-        self.plain, self.spec = ShapeCosts.seeded(tables["plain"]), ShapeCosts.seeded(tables["spec"])
-        self.draft = {int(n): ShapeCosts.seeded(c, proportional) for n, c in tables["draft"].items()}
-        self.rest_plain, self.rest_spec = tables["rest_plain"], tables["rest_spec"]
-        self.probe_cost = tables["probe_cost"]
-        self.true_plain = tuple(tables["true_plain"]) if tables.get("true_plain") else None
+        plain, spec = ShapeCosts.seeded(tables["plain"]), ShapeCosts.seeded(tables["spec"])  # (all read
+        draft = {int(n): ShapeCosts.seeded(c, proportional) for n, c in tables["draft"].items()}  # first)
+        rest = (tables["rest_plain"], tables["rest_spec"], tables["probe_cost"])
+        true_plain = (int(tables["true_plain"][0]), float(tables["true_plain"][1])) if tables.get("true_plain") else None
+        self.plain, self.spec, self.draft, self.true_plain = plain, spec, draft, true_plain
+        self.rest_plain, self.rest_spec, self.probe_cost = rest
         self._table = None
         self.settle()
 
