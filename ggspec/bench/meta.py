@@ -10,18 +10,12 @@ from pathlib import Path
 from ggspec.files import cached_sha256 as file_sha256
 from ggspec.files import portable_path
 from ggspec.native.bindings import current_build
+from ggspec.runtime.devices import cpu_name
 
 
 def machine() -> str:
     """One line: CPU model, cores, memory, OS (no GPU is used by these builds unless built for one)."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_name()
     mem = ""
     try:
         kib = int(Path("/proc/meminfo").read_text().split("MemTotal:")[1].split()[0])

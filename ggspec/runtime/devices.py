@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import ctypes
 import math
+import platform
 import socket
 from dataclasses import dataclass
+from pathlib import Path
 
 from ggspec.errors import InputError, LlamaError
 from ggspec.runtime import watchdog
@@ -66,6 +68,17 @@ class Placement:
     @property
     def multi_device(self) -> bool:
         return bool(self.rpc)
+
+
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what the platform says."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def parse_endpoint(text: str) -> str:

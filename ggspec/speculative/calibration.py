@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ggspec.runtime.devices import cpu_name
 from ggspec.speculative.stats import EngineStats
 
 VERSION = 3  # of the file's layout: another version is measured again
@@ -57,15 +58,7 @@ def schedule(n_max: int) -> list[int]:
 
 def machine() -> str:
     """The CPU, in words (its model name, its cores) and the architecture."""
-    name = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{name or platform.processor()} x{os.cpu_count()} {platform.machine()}"
+    return f"{cpu_name()} x{os.cpu_count()} {platform.machine()}"
 
 
 def _file(path) -> list | None:
