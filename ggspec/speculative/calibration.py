@@ -171,7 +171,7 @@ def run(engine) -> bool:
             least = MEASURED + (SKIP if first == 0 else 1)  # (a phase's first step pays for the change)
             t0 = time.perf_counter()
             for done in range(1, cap + 1):
-                rule.force([k])
+                rule.force(k)
                 engine.step()
                 if not engine.active or (done >= least and time.perf_counter() - t0 >= PHASE_S):
                     break

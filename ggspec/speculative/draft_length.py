@@ -54,7 +54,6 @@ steps costs more than a stretch of either: on the tiny pair this lifted auto:3 f
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -129,7 +128,7 @@ class DraftLength:
         self._plan: dict[int, int] = {}  # seq_id -> k, for the drafts of this step
         self._learned: tuple | None = None  # (tried, accepted, wait) a new sequence starts from
         self._plain_left, self._plain_next = 0, 1  # new sequences to start plain (starts_plain)
-        self._forced: deque[int] = deque()  # a calibration's k per step, for every sequence alike
+        self._forced: int | None = None  # a calibration's k for the next step, every sequence alike
         self._forcing = False  # this step's k is the calibration's
         self._skip = WARM_UP // 2  # steps up to this one are not measured (their graphs are new)
 
@@ -195,9 +194,9 @@ class DraftLength:
             self._wake(eligible)
         for seq in eligible:
             self._score(seq)
-        self._forcing = bool(self._forced)
+        k, self._forced = self._forced, None
+        self._forcing = k is not None
         if self._forcing:  # a calibration step: every sequence verifies the schedule's k
-            k = self._forced.popleft()
             self._plan = dict.fromkeys((seq.seq_id for seq in eligible), k)
             if self.cheap:
                 return n, eligible
@@ -364,10 +363,10 @@ class DraftLength:
 
     # --- costs known before the first step (calibration.py) ---------------------------------------
 
-    def force(self, ks: list[int]) -> None:
-        """Verify exactly these lengths in the next steps, one per step and every sequence alike
-        (a calibration's schedule); the steps are measured as any others."""
-        self._forced.extend(ks)
+    def force(self, k: int) -> None:
+        """Verify exactly k drafts of every sequence in the next step (a calibration's schedule);
+        the step is measured as any other."""
+        self._forced = k
 
     def skip(self, steps: int) -> None:
         """Do not measure the next `steps` steps (their graphs are new)."""
@@ -378,10 +377,6 @@ class DraftLength:
         """Steps the rule has seen (a calibration's included)."""
         return self._steps
 
-    @property
-    def forcing(self) -> bool:
-        return bool(self._forced)
-
     def settle(self) -> None:
         """The calibration is over: what its steps cost is kept, what its drafts taught is not (the
         model's own continuation of a synthetic prompt repeats itself: on the tiny pair it drafted
@@ -391,7 +386,7 @@ class DraftLength:
         self._plan.clear()
         self._plain_left, self._plain_next = 0, 1
         self._learned = None
-        self._forced.clear()
+        self._forced = None
         self.probes = 0
         self._quiet = self._quiet_seqs = self._quiet_steps = 0
         self._steps = max(self._steps, 2 * WARM_UP)  # no warm-up: the costs are known
