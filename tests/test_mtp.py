@@ -273,7 +273,7 @@ def test_chain_options_are_refused_in_one_line_where_they_cannot_apply(hybrid_pa
     from ggspec.speculative.mtp import check_chain
 
     with pytest.raises(InputError, match="add --spec-draft-chain"):
-        PairConfig(target=mtp_target, spec_options={"draft-mtp": MTPOptions(vocab=100)}).validate()
+        Models(PairConfig(target=mtp_target, spec_options={"draft-mtp": MTPOptions(vocab=100)}))
     with pytest.raises(InputError, match="apply to draft-mtp, not to draft-dflash"):
         Engine.open(PairConfig(target=hybrid_pair.target, draft=hybrid_pair.draft,
                                spec_options={"draft-mtp": MTPOptions(chain=True)}))

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ggspec.native import build, paths
 
-SHIM_ABI_VERSION = 8
+SHIM_ABI_VERSION = 9
 GGML_LOG_LEVEL_ERROR = 4
 
 # llama.cpp logs a great deal to stderr. We keep its recent lines (errors explain NULL returns)
@@ -169,6 +169,8 @@ def _declare_shim(lib: ctypes.CDLL) -> None:
     _declare(lib, "ggspec_model_set_draft_vocab", [c_void_p, c_void_p, c_int32], c_int32)
     _declare(lib, "ggspec_batch_add_tokens_h",
              [c_void_p, c_int32, c_void_p, c_int32, c_int32, c_void_p, c_void_p, c_int64, c_bool], c_int32)
+    # patch 0014: a reduced output head for any context
+    _declare(lib, "ggspec_set_head_rows", [c_void_p, c_void_p], c_int32)
     # patch 0004: mirrored output head under a tensor split
     _declare(lib, "ggspec_model_meta_mirror_output", [c_void_p], c_bool)
     # patch 0002: recurrent-state plane layout (capped planes, leading snapshots)

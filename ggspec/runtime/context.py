@@ -127,6 +127,10 @@ class Context(OwnedHandle):
         self.n_seq_max: int = params.n_seq_max
         self.n_decodes = 0  # llama_process calls so far (the engine counts calls per step)
         self.n_vocab = model.n_vocab
+        # a logits row's columns: every token, or a reduced head's (set_head_rows): column j is
+        # token logit_ids[j]
+        self.n_logits = model.n_vocab
+        self.logit_ids: np.ndarray | None = None
         self._n_outputs = 0
         self._n_rows = 0  # rows of the last decode
         # the short calls of every step keep the GIL (bindings.held_gil), except while RPC workers
@@ -170,7 +174,7 @@ class Context(OwnedHandle):
         self._n_rows = batch.n_tokens
 
     def logits(self) -> np.ndarray:
-        """Logits of the last decode's output rows, shape (n_outputs, n_vocab), copied."""
+        """Logits of the last decode's output rows, shape (n_outputs, n_logits), copied."""
         return self.logits_view().copy()
 
     def logits_view(self) -> np.ndarray:
@@ -180,15 +184,16 @@ class Context(OwnedHandle):
         addr = self._get_logits(self.ptr)
         key = (addr, self._n_outputs)
         if self._logits_key != key:
-            n = self._n_outputs * self.n_vocab
+            n = self._n_outputs * self.n_logits
             self._logits = np.frombuffer((ctypes.c_float * n).from_address(addr), dtype=np.float32).reshape(
-                self._n_outputs, self.n_vocab) if n else np.empty((0, self.n_vocab), dtype=np.float32)
+                self._n_outputs, self.n_logits) if n else np.empty((0, self.n_logits), dtype=np.float32)
             self._logits_key = key
         return self._logits
 
     def argmax_rows(self) -> np.ndarray:
         """Greedy token of every output row of the last decode."""
-        return self.logits_view().argmax(axis=1).astype(np.int32)
+        best = self.logits_view().argmax(axis=1)
+        return (best if self.logit_ids is None else self.logit_ids[best]).astype(np.int32)
 
     # --- target layer-input features (DFlash) ----------------------------------------------------
 
@@ -255,6 +260,23 @@ class Context(OwnedHandle):
         if not ptr:
             raise LlamaError("the last decode produced no nextn rows (enable_nextn before decoding)")
         return np.ctypeslib.as_array(ptr, shape=(n_rows, self.model.n_embd))
+
+    # --- a reduced output head (patch 0014) -------------------------------------------------------
+
+    def set_head_rows(self, head_model) -> None:
+        """Score only `head_model`'s reduced draft vocabulary (Model.set_draft_vocab) wherever this
+        context's graphs multiply by that model's output head (its own model's, or the target's
+        a DFlash draft borrows); logits rows are then that many wide, column j token
+        `logit_ids[j]`. None: the full head again."""
+        rc = self.lc._lib.ggspec_set_head_rows(self.ptr, head_model.ptr if head_model is not None else None)
+        if rc < 0:
+            why = {-1: "no reduced draft vocabulary is set on the model",
+                   -2: "its output head has a bias or a scale (their rows are not compacted)"}
+            raise InputError(f"cannot score a reduced draft vocabulary with {self.model.path}: "
+                             f"{why.get(rc, f'error {rc}')}", field="spec_draft_vocab")
+        self.n_logits = rc
+        self.logit_ids = head_model.draft_vocab if head_model is not None else None
+        self._logits_key = (None, -1)
 
     # --- chained MTP drafting (patch 0011) ---------------------------------------------------------
 

@@ -128,16 +128,17 @@ class Model(OwnedHandle):
         return eog
 
     def set_draft_vocab(self, ids: np.ndarray | None) -> None:
-        """Give an MTP head a reduced draft vocabulary: a compacted copy of these token ids' rows of
-        the output head (built once, on the head's device), which a chained draft then scores
-        instead of every row (patch 0011). None drops it."""
+        """Give the model a reduced draft vocabulary: a compacted copy of these token ids' rows of
+        its output head (built once, on the head's device), which a chained MTP draft
+        (patch 0011) or a context set to it (Context.set_head_rows, patch 0014) then scores
+        instead of every row. None drops it."""
         ids = np.ascontiguousarray(ids if ids is not None else [], dtype=np.int32)
         rc = self.lc._lib.ggspec_model_set_draft_vocab(self.ptr, ids.ctypes.data, len(ids))
         if rc != 0:
             why = {-1: "the model has no output head", -2: f"a token id is outside 0..{self.n_vocab - 1}",
                    -3: "its output head cannot be copied (repacked CPU weights or a split head)"}
             raise InputError(f"cannot build the reduced draft vocabulary: {why.get(rc, f'error {rc}')}",
-                             field="chain_vocab")
+                             field="spec_draft_vocab")
         self.draft_vocab = ids if len(ids) else None
 
     # --- lifetime --------------------------------------------------------------------------------

@@ -20,12 +20,14 @@ from ggspec.speculative.verifier import DRAFT
 
 
 def draft_tokens(seqs: Sequence, n: int, p_min: float, step: Callable[[int], tuple[np.ndarray, Any]],
-                 feed: Callable[[int, Any, int, int, Any], None]) -> list[tuple[list[int], list[Candidates]]]:
+                 feed: Callable[[int, Any, int, int, Any], None],
+                 ids: np.ndarray | None = None) -> list[tuple[list[int], list[Candidates]]]:
     """Up to n drafts per sequence. `step(i)` makes draft position i's model call (or none, when
     the logits are already there) and returns its logits, one row per sequence still drafting in
     order, with whatever `feed` needs of it; `feed(row, seq, token, i, extra)` adds `token`, chosen
     from `row`, as that sequence's input of the next call. Returns each sequence's tokens and, where
-    they were drawn, their distributions (proposer.model_draft makes the Draft)."""
+    they were drawn, their distributions (proposer.model_draft makes the Draft). `ids`: the token
+    of each logits column when the head scores a reduced vocabulary (None: column = token)."""
     tokens: list[list[int]] = [[] for _ in seqs]
     dists: list[list[Candidates]] = [[] for _ in seqs]
     live = list(range(len(seqs)))
@@ -40,8 +42,11 @@ def draft_tokens(seqs: Sequence, n: int, p_min: float, step: Callable[[int], tup
                 continue  # llama.cpp stops on the argmax's confidence, also for sampled drafts
             if seq.sampling.greedy:
                 token = int(logits[r].argmax())
+                token = token if ids is None else int(ids[token])
             else:  # drawn from the draft's distribution under the sequence's sampler
                 q = candidates(logits[r:r + 1], seq.sampling)
+                if ids is not None:  # columns -> tokens: the reduced vocabulary's distribution
+                    q = Candidates(ids[q.ids], q.probs)
                 token = int(q.sample(np.array([draws[k].random()]))[0])
                 dists[k].append(q)
             tokens[k].append(token)

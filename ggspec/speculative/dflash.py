@@ -36,8 +36,9 @@ from ggspec.runtime import Batch, Context
 from ggspec.runtime.gguf_meta import GGUFMeta
 from ggspec.speculative.archs import LAYER_INPUT_ARCHS
 from ggspec.speculative.draft_type import Build, DraftPlan, DraftType, Traits, draft_of_kind
+from ggspec.speculative.draft_vocab import DraftVocabOptions, set_draft_head
 from ggspec.speculative.proposer import Draft, Proposer, Span, capture_rows
-from ggspec.speculative.sampling import candidates
+from ggspec.speculative.sampling import Candidates, candidates
 from ggspec.speculative.verifier import DRAFT
 
 INJECT_MODES = ("pruned", "deferred", "immediate")
@@ -289,7 +290,7 @@ class DFlashProposer(Proposer):
     def _read(self, n_seqs: int, rows: int, n: int) -> list[Draft]:
         """Drafts from the last draft decode: n_seqs blocks of `rows` rows, in batch order."""
         logits = self.draft.logits_view().reshape(n_seqs, rows, -1)[:, 1:]  # row i predicts position pos + i
-        tokens = logits.argmax(axis=2).astype(np.int32)
+        tokens = self._tokens(logits.argmax(axis=2))
         if self.p_min > 0:
             conf = top_k_confidence(logits.reshape(n_seqs * n, -1)).reshape(n_seqs, n)
             return [Draft(_cut(t, c < self.p_min)) for t, c in zip(tokens, conf)]
@@ -303,15 +304,22 @@ class DFlashProposer(Proposer):
         drafts = []
         for seq, block in zip(seqs, logits):
             if seq.sampling.greedy:
-                tokens, q = block.argmax(axis=1).astype(np.int32), None
+                tokens, q = self._tokens(block.argmax(axis=1)), None
             else:
                 q = candidates(block, seq.sampling)  # every row of the block at once
+                if self.draft.logit_ids is not None:  # a reduced head: its columns' tokens
+                    q = Candidates(self.draft.logit_ids[q.ids], q.probs)
                 draws = seq.rng(DRAFT)
                 tokens = q.sample([draws.random() for _ in range(n)]).astype(np.int32)
             if self.p_min > 0:  # the greedy path's cut; a draft-only stop rule keeps the distribution
                 tokens = _cut(tokens, top_k_confidence(block) < self.p_min)
             drafts.append(Draft(tokens, None if q is None else q[:len(tokens)]))
         return drafts
+
+    def _tokens(self, columns: np.ndarray) -> np.ndarray:
+        """The tokens of logits columns: the same, or a reduced head's (Context.logit_ids)."""
+        ids = self.draft.logit_ids
+        return (columns if ids is None else ids[columns]).astype(np.int32)
 
     def release(self, seq, keep: int = 0) -> int:
         """Rows not injected yet are dropped: the draft's cells hold the positions up to the last
@@ -441,14 +449,35 @@ def _plan(name: str, dspark: bool):
 def _make(b: Build) -> DFlashProposer:
     # the draft borrows the target's embeddings / output head through ctx_other
     ctx = b.draft_context(b.models.draft, "draft", ctx_other=b.target)
+    if b.options.vocab:
+        _reduce_head(ctx, b)
     return make_dflash_proposer(b.target, ctx, b.plan.meta, b.cfg.inject, b.cfg.p_min)
+
+
+def _reduce_head(ctx: Context, b: Build) -> None:
+    """A reduced draft vocabulary for plain DFlash: the head it multiplies by (its own output
+    matrix, or the target's it borrows) scores only the most common tokens. DFlash2's selector and
+    DSpark's Markov head read whole-vocabulary rows, and a draft that maps its own reduced
+    vocabulary (d2t) has one already: those are refused."""
+    info, draft = b.plan.meta, b.models.draft
+    if info.dspark or info.selector_top_k > 0:
+        raise InputError(f"a reduced draft vocabulary applies to plain DFlash drafts: this is a "
+                         f"{'DSpark' if info.dspark else 'DFlash2'} draft, whose walk reads every token's logit",
+                         field="spec_draft_vocab")
+    if "d2t" in draft.meta.tensors:
+        raise InputError("the draft has a reduced vocabulary of its own (d2t): --spec-draft-vocab does not apply",
+                         field="spec_draft_vocab")
+    head = draft if "output.weight" in draft.meta.tensors else b.models.target
+    set_draft_head(ctx, head, b.options.vocab, counted=b.models.target)
 
 
 _TRAITS = Traits(draft_model="required", target_features=True, fixed_block=True, cheap=False, confidence=True,
                  injection=True)
 DRAFT_DFLASH = DraftType(name="draft-dflash", priority=8, traits=_TRAITS, plan=_plan("draft-dflash", False), make=_make,
+                         options=DraftVocabOptions,
                          detect=lambda target, draft: draft is not None and is_dflash(draft), detect_rank=3)
 DRAFT_DSPARK = DraftType(name="draft-dspark", priority=9, traits=_TRAITS, plan=_plan("draft-dspark", True), make=_make,
+                         options=DraftVocabOptions,
                          detect=lambda target, draft: draft is not None and is_dspark(draft),
                          detect_rank=2)
 TYPES = (DRAFT_DFLASH, DRAFT_DSPARK)

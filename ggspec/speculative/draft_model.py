@@ -30,6 +30,7 @@ from ggspec.runtime.preflight import check_model
 from ggspec.speculative.autoregressive import draft_tokens
 from ggspec.speculative.dflash import is_dflash
 from ggspec.speculative.draft_type import Build, DraftPlan, DraftType, Traits, check_draft_given
+from ggspec.speculative.draft_vocab import DraftVocabOptions, set_draft_head
 from ggspec.speculative.eagle3 import is_eagle3
 from ggspec.speculative.proposer import Draft, Proposer, model_draft
 
@@ -67,9 +68,10 @@ class DraftModelProposer(Proposer):
     max_draft: int | None = None
 
     def __init__(self, draft: Context, n_vocab: int, p_min: float = 0.0, n_min: int = 0) -> None:
-        """`n_vocab`: the target's vocabulary; a larger draft's extra tokens are never drafted."""
+        """`n_vocab`: the target's vocabulary; a larger draft's extra tokens are never drafted (a
+        reduced head, draft.logit_ids, holds none of them)."""
         self.draft = draft
-        self.n_vocab = min(n_vocab, draft.n_vocab)
+        self.n_vocab = min(n_vocab, draft.n_vocab) if draft.logit_ids is None else draft.n_logits
         self.p_min = p_min
         self.n_min = n_min
         self._batch = Batch(draft)
@@ -132,7 +134,7 @@ class DraftModelProposer(Proposer):
         def feed(row: int, seq, token: int, i: int, _) -> None:
             self._batch.add_tokens([token], seq.pos + i + 1, seq.seq_id, outputs="all")
 
-        made = draft_tokens(seqs, n, self.p_min, step, feed)
+        made = draft_tokens(seqs, n, self.p_min, step, feed, ids=self.draft.logit_ids)
         self._batch.clear()
         for seq, (tokens, _) in zip(seqs, made):
             # cells from id_last on: it and every drafted token but one that reached n (never decoded)
@@ -218,11 +220,12 @@ def check_draft_model(target, draft) -> None:
 
 def _make(b: Build) -> DraftModelProposer:
     ctx = b.draft_context(b.models.draft, "draft")
+    set_draft_head(ctx, b.models.draft, b.options.vocab, counted=b.models.target)
     return DraftModelProposer(ctx, b.models.target.n_vocab, b.cfg.p_min, b.cfg.n_min)
 
 
 DRAFT_SIMPLE = DraftType(
-    name="draft-simple", priority=5, plan=_plan, make=_make, check_loaded=check_draft_model,
+    name="draft-simple", priority=5, plan=_plan, make=_make, check_loaded=check_draft_model, options=DraftVocabOptions,
     traits=Traits(draft_model="required", target_features=False, fixed_block=False, cheap=False, n_min=True,
                   confidence=True),
     detect=lambda target, draft: draft is not None, detect_rank=4)  # any other draft file: an ordinary LLM

@@ -1,4 +1,10 @@
-"""The reduced draft vocabulary of a chained MTP head: which N tokens it scores.
+"""The reduced draft vocabulary of a model drafter: which N tokens its output head scores.
+
+draft-simple, the DFlash types borrowing their target's head, and chained draft-mtp can score
+only N rows of their output matrix (patches 0011 and 0014: a compacted copy of those rows, built
+once per set of weights); the target still verifies against its whole vocabulary, so greedy
+output is unchanged, and at T > 0 the draft's distribution is the reduced one, which rejection
+sampling accepts as it is.
 
 "The N most common tokens", counted in a reference text that every machine running ggspec has:
 the source files of the running Python's standard library (code, comments and docstrings; about
@@ -16,13 +22,16 @@ order), so the count, not the id order, is what keeps acceptance.
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 import sys
 import sysconfig
 from pathlib import Path
 
 import numpy as np
 
+from ggspec.errors import InputError
 from ggspec.native.paths import ggspec_home
+from ggspec.speculative.draft_type import Options, option
 
 CORPUS_VERSION = 1
 CORPUS_BYTES = 4 << 20  # enough text for the counts to settle; tokenizing it takes seconds
@@ -70,3 +79,40 @@ def draft_vocab_ids(model, n: int) -> np.ndarray:
     chosen = set(ids.tolist())
     eog = [t for t in range(model.n_vocab) if t not in chosen and model.is_eog(t)]
     return np.concatenate([ids, np.asarray(eog, dtype=np.int32)]).astype(np.int32)
+
+
+@dataclass(frozen=True)
+class DraftVocabOptions(Options):
+    """The options of the model drafters whose head can score a reduced vocabulary."""
+
+    vocab: int = option(0, "spec_draft_vocab", ("--spec-draft-vocab",),
+                        "draft-simple, draft-dflash / dspark, and draft-mtp with --spec-draft-chain: the draft's "
+                        "head scores only the N tokens most common in the standard library's source (plus "
+                        "end-of-generation tokens); the target still verifies all. 0: all.", low=None, high=None)
+
+    def validate(self) -> None:
+        if self.vocab < 0:
+            raise InputError(f"the draft vocabulary must be at least 0 tokens (got {self.vocab})",
+                             field="spec_draft_vocab")
+
+    def check_unused(self, spec_type: str | None) -> None:
+        """Given for a type that does not run: refused unless one that runs scores it too."""
+        from ggspec.speculative import registry  # noqa: PLC0415 (the registry imports this module's users)
+
+        types = registry.parse(spec_type) if spec_type else ()
+        if self.vocab and not any(issubclass(t.options, DraftVocabOptions) for t in types):
+            raise InputError(f"a reduced draft vocabulary applies to draft-simple, draft-dflash / dspark and chained "
+                             f"draft-mtp, not to {spec_type or 'plain decoding'}", field="spec_draft_vocab")
+
+
+def set_draft_head(ctx, head, n: int, counted=None) -> None:
+    """Make `ctx` score `head`'s output matrix reduced to the n most common tokens of `counted`'s
+    vocabulary (draft_vocab_ids; default the head's own), its compacted rows built once per set of
+    weights; n = 0 leaves the full head."""
+    if not n:
+        return
+    ids = draft_vocab_ids(counted or head, n)
+    ids = ids[ids < head.n_vocab]
+    if head.draft_vocab is None or not np.array_equal(head.draft_vocab, ids):
+        head.set_draft_vocab(ids)
+    ctx.set_head_rows(head)

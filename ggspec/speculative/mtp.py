@@ -51,7 +51,8 @@ from ggspec.runtime.gguf_meta import GGUFMeta
 from ggspec.runtime.preflight import check_model
 from ggspec.speculative.archs import DRAFTER_ARCHS, is_mtp_drafter
 from ggspec.speculative.autoregressive import draft_tokens
-from ggspec.speculative.draft_type import Build, DraftPlan, DraftType, Options, Traits, option
+from ggspec.speculative.draft_type import Build, DraftPlan, DraftType, Traits, option
+from ggspec.speculative.draft_vocab import DraftVocabOptions, draft_vocab_ids
 from ggspec.speculative.proposer import Draft, Proposer, Span, capture_rows, model_draft
 
 # The architectures whose graph, in the pinned llama.cpp, has an MTP head (LLM_GRAPH_TYPE_DECODER_MTP);
@@ -301,25 +302,18 @@ class MTPProposer(Proposer):
 # --- the registry entry ----------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class MTPOptions(Options):
+class MTPOptions(DraftVocabOptions):
+    """Chained drafting, and (DraftVocabOptions) the reduced vocabulary its head scores."""
+
     chain: bool = option(False, "draft_chain", ("--spec-draft-chain",),
                          "draft-mtp: run all draft steps in one graph (argmax on the device; patch 0011).",
                          low=None, high=None)
-    vocab: int = option(0, "chain_vocab", ("--spec-draft-vocab",),
-                        "draft-mtp with --spec-draft-chain: the head scores only the N tokens most common in the "
-                        "standard library's source (plus end-of-generation tokens); 0: all.", low=None, high=None)
-
-    def validate(self) -> None:
-        if self.vocab < 0:
-            raise InputError(f"the draft vocabulary must be at least 0 tokens (got {self.vocab})", field="chain_vocab")
-        if self.vocab and not self.chain:
-            raise InputError("a reduced draft vocabulary is scored by chained drafts: add --spec-draft-chain",
-                             field="chain_vocab")
 
     def check_unused(self, spec_type: str | None) -> None:
-        if self.chain or self.vocab:
-            raise InputError(f"chained drafting and a reduced draft vocabulary apply to draft-mtp, not to "
-                             f"{spec_type or 'plain decoding'}", field="draft_chain")
+        super().check_unused(spec_type)
+        if self.chain:
+            raise InputError(f"chained drafting options apply to draft-mtp, not to {spec_type or 'plain decoding'}",
+                             field="draft_chain")
 
 
 def check_mtp(target: GGUFMeta) -> None:
@@ -349,6 +343,10 @@ def _detect(target, draft) -> bool:
 def _plan(cfg, target, draft, warnings: list[str]) -> DraftPlan:
     """The target's own head, or a Gemma 4 drafter given as the draft (llama.cpp needs
     --spec-type draft-mtp for it; ggspec detects it): its layers read the target's cells."""
+    o = cfg.options(DRAFT_MTP)
+    if o.vocab and not o.chain:  # (the vocabulary option is shared: only here does it need a chain)
+        raise InputError("a reduced draft vocabulary is scored by chained drafts: add --spec-draft-chain",
+                         field="spec_draft_vocab")
     if draft is not None and is_mtp_drafter(draft):
         if cfg.dflash:
             raise InputError(f"the draft is a {draft.arch} MTP drafter: its spec type is draft-mtp", field="spec_type")
@@ -373,8 +371,6 @@ def _make(b: Build) -> MTPProposer:
     """The head's context on the target's own weights (its cache holds only the MTP layer, in one
     stream for all sequences: a chained draft's rows are step-major, one ubatch), and for a
     reduced draft vocabulary its compacted head, built once per set of weights."""
-    from ggspec.speculative.draft_vocab import draft_vocab_ids  # noqa: PLC0415
-
     cfg, model, o = b.cfg, b.models.target, b.options
     drafter = b.models.draft if b.plan.shares_cells else None
     if o.chain:

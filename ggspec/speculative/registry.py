@@ -93,8 +93,13 @@ def option_classes() -> list[type[Options]]:
 
 
 def option_fields() -> list[OptionField]:
-    """Every type's options, flat: what the CLI's flags and the bench settings are made of."""
-    return [f for cls in option_classes() for f in cls.flat_fields()]
+    """Every type's options, flat: what the CLI's flags and the bench settings are made of. A key
+    that several classes declare (the reduced draft vocabulary) is one option, given to each."""
+    seen: dict[str, OptionField] = {}
+    for cls in option_classes():
+        for f in cls.flat_fields():
+            seen.setdefault(f.key, f)
+    return list(seen.values())
 
 
 def options_from_flat(values: dict[str, Any]) -> dict[str, Options]:
