@@ -45,7 +45,7 @@ def test_shim_functions_resolve(lc):
     lib = lc._lib
     from ggspec.native.bindings import SHIM_ABI_VERSION
 
-    assert lib.ggspec_shim_abi_version() == SHIM_ABI_VERSION == 8
+    assert lib.ggspec_shim_abi_version() == SHIM_ABI_VERSION == 9
     for name in ("ggspec_set_embeddings_layer_inp", "ggspec_get_embeddings_layer_inp",
                  "ggspec_model_target_layer_ids", "ggspec_model_target_layer_ids_n",
                  "ggspec_set_embeddings_nextn", "ggspec_get_embeddings_nextn",

@@ -310,6 +310,7 @@ def test_sigterm_drains_the_requests_in_progress_then_exits_0(build_info):
     events = [json.loads(line[6:]) for line in body.split(b"\n") if line.startswith(b"data: {")]
     assert body.rstrip().endswith(b"data: [DONE]") and events[-1]["choices"][0]["finish_reason"] == "length"
     conn.close()
+    s.proc.wait(timeout=60)  # it exits by itself (a second SIGTERM, from stop(), would end its teardown)
     code, err = s.stop()
     assert code == 0, err
     assert "stopped: 1 requests answered, 600 tokens generated" in err
