@@ -46,7 +46,7 @@ def draft_tokens(seqs: Sequence, n: int, p_min: float, step: Callable[[int], tup
             else:  # drawn from the draft's distribution under the sequence's sampler
                 q = candidates(logits[r:r + 1], seq.sampling)
                 if ids is not None:  # columns -> tokens: the reduced vocabulary's distribution
-                    q = Candidates(ids[q.ids], q.probs)
+                    q = q.of_tokens(ids)
                 token = int(q.sample(np.array([draws[k].random()]))[0])
                 dists[k].append(q)
             tokens[k].append(token)

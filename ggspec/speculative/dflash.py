@@ -38,7 +38,7 @@ from ggspec.speculative.archs import LAYER_INPUT_ARCHS
 from ggspec.speculative.draft_type import Build, DraftPlan, DraftType, Traits, draft_of_kind
 from ggspec.speculative.draft_vocab import DraftVocabOptions, set_draft_head
 from ggspec.speculative.proposer import Draft, Proposer, Span, capture_rows
-from ggspec.speculative.sampling import Candidates, candidates
+from ggspec.speculative.sampling import candidates
 from ggspec.speculative.verifier import DRAFT
 
 INJECT_MODES = ("pruned", "deferred", "immediate")
@@ -308,7 +308,7 @@ class DFlashProposer(Proposer):
             else:
                 q = candidates(block, seq.sampling)  # every row of the block at once
                 if self.draft.logit_ids is not None:  # a reduced head: its columns' tokens
-                    q = Candidates(self.draft.logit_ids[q.ids], q.probs)
+                    q = q.of_tokens(self.draft.logit_ids)
                 draws = seq.rng(DRAFT)
                 tokens = q.sample([draws.random() for _ in range(n)]).astype(np.int32)
             if self.p_min > 0:  # the greedy path's cut; a draft-only stop rule keeps the distribution

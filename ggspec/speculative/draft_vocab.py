@@ -22,9 +22,9 @@ order), so the count, not the id order, is what keeps acceptance.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
 import sys
 import sysconfig
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -86,7 +86,7 @@ class DraftVocabOptions(Options):
     """The options of the model drafters whose head can score a reduced vocabulary."""
 
     vocab: int = option(0, "spec_draft_vocab", ("--spec-draft-vocab",),
-                        "draft-simple, draft-dflash / dspark, and draft-mtp with --spec-draft-chain: the draft's "
+                        "draft-simple, plain draft-dflash, and draft-mtp with --spec-draft-chain: the draft's "
                         "head scores only the N tokens most common in the standard library's source (plus "
                         "end-of-generation tokens); the target still verifies all. 0: all.", low=None, high=None)
 
@@ -105,14 +105,19 @@ class DraftVocabOptions(Options):
                              f"draft-mtp, not to {spec_type or 'plain decoding'}", field="spec_draft_vocab")
 
 
-def set_draft_head(ctx, head, n: int, counted=None) -> None:
-    """Make `ctx` score `head`'s output matrix reduced to the n most common tokens of `counted`'s
-    vocabulary (draft_vocab_ids; default the head's own), its compacted rows built once per set of
-    weights; n = 0 leaves the full head."""
-    if not n:
-        return
+def give_draft_vocab(head, n: int, counted=None) -> None:
+    """Give `head` (a Model) the reduced vocabulary of the n most common tokens of `counted`'s
+    vocabulary (draft_vocab_ids; default the head's own): its compacted rows, built only when the
+    model holds another set."""
     ids = draft_vocab_ids(counted or head, n)
     ids = ids[ids < head.n_vocab]
     if head.draft_vocab is None or not np.array_equal(head.draft_vocab, ids):
         head.set_draft_vocab(ids)
-    ctx.set_head_rows(head)
+
+
+def set_draft_head(ctx, head, n: int, counted=None) -> None:
+    """Make `ctx` score `head`'s output matrix reduced to n tokens (give_draft_vocab); n = 0
+    leaves the full head."""
+    if n:
+        give_draft_vocab(head, n, counted)
+        ctx.set_head_rows(head)

@@ -52,7 +52,7 @@ from ggspec.runtime.preflight import check_model
 from ggspec.speculative.archs import DRAFTER_ARCHS, is_mtp_drafter
 from ggspec.speculative.autoregressive import draft_tokens
 from ggspec.speculative.draft_type import Build, DraftPlan, DraftType, Traits, option
-from ggspec.speculative.draft_vocab import DraftVocabOptions, draft_vocab_ids
+from ggspec.speculative.draft_vocab import DraftVocabOptions, give_draft_vocab
 from ggspec.speculative.proposer import Draft, Proposer, Span, capture_rows, model_draft
 
 # The architectures whose graph, in the pinned llama.cpp, has an MTP head (LLM_GRAPH_TYPE_DECODER_MTP);
@@ -384,9 +384,7 @@ def _make(b: Build) -> MTPProposer:
         ctx = b.draft_context(model, "MTP", mtp=True, kv_unified=True)
     head = drafter or model  # the weights whose output head drafts
     if o.vocab:
-        ids = draft_vocab_ids(model, o.vocab)  # the target's tokens (a drafter has the same)
-        if head.draft_vocab is None or not np.array_equal(head.draft_vocab, ids):
-            head.set_draft_vocab(ids)
+        give_draft_vocab(head, o.vocab, counted=model)  # the target's tokens (a drafter has the same)
     return MTPProposer(b.target, ctx, cfg.p_min, cfg.n_min, chain=o.chain, draft_vocab=o.vocab > 0,
                        shared_kv=drafter is not None)
 

@@ -78,6 +78,11 @@ class Candidates:
             rows = slice(rows, rows + 1)
         return Candidates(self.ids[rows], self.probs[rows])
 
+    def of_tokens(self, ids: np.ndarray) -> "Candidates":
+        """These rows with column indices turned into token ids (a reduced head's columns,
+        Context.logit_ids)."""
+        return Candidates(ids[self.ids], self.probs)
+
     def prob(self, r: int, token: int) -> float:
         hit = np.flatnonzero(self.ids[r] == token)
         return float(self.probs[r, hit[0]]) if hit.size else 0.0
