@@ -187,7 +187,9 @@ def test_old_flag_name_and_env_var(hybrid_pair):
     for args, env in ((["--spec-mtp-rs-planes", "3"], {}), ([], {"LLAMA_ARG_SPEC_DRAFT_RS_PLANES": "3"})):
         os.environ.update(env)
         try:
-            proc = run_cli("run", "-m", str(hybrid_pair.target), "-md", str(hybrid_pair.draft), "-n", "8", *args)
+            # (a fixed length: the default may find no length pays here and use no planes)
+            proc = run_cli("run", "-m", str(hybrid_pair.target), "-md", str(hybrid_pair.draft), "-n", "8",
+                           "--spec-draft-n-max", "7", *args)
         finally:
             for k in env:
                 os.environ.pop(k)
