@@ -52,9 +52,17 @@ class Acceptance:
 
     def gains(self, length: int) -> np.ndarray:
         """Expected committed tokens each drafted position adds (the chance that it and every one
-        before it survive; half a right and half a wrong draft as the prior, so a few drafts seen
-        already decide). Never increasing."""
-        rates = (self.accepted[:length] + 0.5) / (self.tried[:length] + 1)
+        before it survive). Never increasing.
+
+        Each position's rate (its drafts that were right, of those that reached it) has one draft's
+        worth of prior: half right at the first position, and at every later one the rate of the
+        position before. Few drafts reach the deep positions, so a fixed prior there (one half)
+        would make every long draft look hopeless: n-gram drafts that are right 98 % of the time
+        were verified at k 1-8 of 15 on Gemma 3 270M, where the full length paid more."""
+        rates = np.empty(length)
+        prior = 0.5
+        for i in range(length):
+            prior = rates[i] = (self.accepted[i] + prior) / (self.tried[i] + 1)
         return np.cumprod(rates)
 
     def expected(self, length: int) -> float:

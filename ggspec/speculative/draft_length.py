@@ -294,6 +294,8 @@ class DraftLength:
         """The rule of the module docstring: k for each of `seqs`, whose drafts can be this long.
         `probe`: the best choice that verifies drafts, even where plain decoding is worth more."""
         n_live, m = len(live), max(1, n)
+        if not (self.plain or self.spec):  # nothing measured yet (no calibration): verify whole drafts
+            return [min(length, m, max(0, seq.left - 1)) for seq, length in zip(seqs, lengths)]
         gains = np.zeros((len(seqs), m))
         for e, (seq, length) in enumerate(zip(seqs, lengths)):
             room = max(0, min(length, m, seq.left - 1))  # drafts past the budget are never verified
