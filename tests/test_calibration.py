@@ -107,10 +107,13 @@ def test_a_cache_of_another_key_or_unreadable_is_measured_again(cache_dir):
         assert e.calibration.measured
 
 
-def test_where_no_length_can_pay_the_draft_model_is_never_called(cache_dir):
+@pytest.mark.parametrize("flash_attn", ["off", "auto"])
+def test_where_no_length_can_pay_the_draft_model_is_never_called(cache_dir, flash_attn):
     """Tables whose draft calls cost a second each (a draft model far dearer than its target):
-    every sequence decodes plainly, the draft context makes no call, the user is told why."""
-    cfg = PairConfig(TARGET, DRAFT, ctx=CTX)
+    every sequence decodes plainly, the draft context makes no call, the user is told why. With
+    flash attention left to ggspec, the engine then runs on a plain engine's contexts: no draft
+    context, and the target's flash attention llama.cpp's choice (it was off for verify batches)."""
+    cfg = PairConfig(TARGET, DRAFT, ctx=replace(CTX, flash_attn=flash_attn))
     with Engine.open(cfg):
         pass
     (path,) = cache_dir.glob("*.json")
@@ -118,14 +121,17 @@ def test_where_no_length_can_pay_the_draft_model_is_never_called(cache_dir):
     doc["tables"]["draft"] = {n: {k: [1.0] * 4 for k in lengths} for n, lengths in doc["tables"]["draft"].items()}
     path.write_text(json.dumps(doc))
     with Engine.open(cfg) as e:
-        assert not e.calibration.measured
+        assert not e.calibration.measured and e.plain_by_cost
         assert any("decoding plainly" in n for n in e.notes)
-        calls = e.draft_ctx.n_decodes
-        seq = decode_one(e, e.target_model.tokenize(STACK), N)
-        assert e.draft_ctx.n_decodes == calls  # never called
-        assert seq.stats.drafted == 0
-        out = seq.tokens
-    assert out == _plain(STACK)
+        if flash_attn == "auto":
+            assert e.draft_ctx is None and e.proposer is None and e.target.flash_attn == "auto"
+        calls = e.draft_ctx.n_decodes if e.draft_ctx is not None else 0
+        seqs = [decode_one(e, e.target_model.tokenize(STACK), N) for _ in range(2)]
+        if e.draft_ctx is not None:
+            assert e.draft_ctx.n_decodes == calls  # never called
+        assert all(s.stats.drafted == 0 and s.plain_by_cost and len(s.stats.k_hist) == 1 for s in seqs)
+        out = [s.tokens for s in seqs]
+    assert out == [_plain(STACK)] * 2
 
 
 def test_costs_that_make_drafts_pay_are_used_from_the_first_step(cache_dir):

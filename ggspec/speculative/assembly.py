@@ -134,7 +134,7 @@ def assemble(models: Models, cfg: PairConfig, plan: DraftPlan, *, keep_state: bo
 def _target_params(models: Models, cfg: PairConfig, plan: DraftPlan, n_max: int, speculative: bool,
                    warnings: list[str]) -> ContextParams:
     model = models.target
-    params = replace(cfg.ctx, n_seq_max=cfg.parallel)
+    params = replace(cfg.ctx, n_seq_max=cfg.parallel, batched=speculative)
     for part in plan.parts or (plan,):  # what a type needs of the target's context
         if part.type is not None and part.type.target_params is not None:
             part.type.target_params(cfg, part, params, warnings)

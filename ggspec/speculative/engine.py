@@ -79,18 +79,14 @@ class Engine:
         self.n_max, self.target, self.draft_ctx = parts.n_max, parts.target, parts.draft_ctx
         self.proposer: Proposer | None = parts.proposer
         self.auto_lead, self.draft_length = parts.auto_lead, parts.draft_length
-        try:
-            self._batch = Batch(self.target)
-        except BaseException:
-            self.close()
-            raise
+        self._batch: Batch | None = None
         self._holding = False  # this step drafts nothing and the proposer keeps rows for later (_flush)
         self.prompt_cache = prompt_cache and not models.target.is_recurrent
         if self.prompt_cache:
             self.warnings += [t.note_prompt_cache for t in self.plan.types if t.note_prompt_cache]
         self.first_token_from_prefill = first_token_from_prefill
-        self.slots = Slots(self.target, parts.cell_contexts, self.parallel, self.prompt_cache, cache_ram,
-                           self.block_cells)
+        self._cache_ram = cache_ram
+        self._hold_cells(parts)
         self.active: list[Sequence] = []
         self.stats = EngineStats()
         self._is_eog = models.target.is_eog
@@ -104,6 +100,8 @@ class Engine:
                 self.close()
                 raise
             self._plain_by_cost = self.draft_length.hopeless(self.parallel)
+            if self.plain_by_cost:
+                self._reopen_plain()
             if self.calibration.measured:
                 self.notes.append(f"measured this pair's step costs on this machine in {self.calibration.seconds:.1f} s "
                                   f"(cached for the next runs: {self.calibration.path.parent})")
@@ -111,6 +109,37 @@ class Engine:
                 self.notes.append("no draft length pays on this machine for this pair (measured: a draft of k "
                                   "tokens and its verify cost more than the plain steps they save, even with 95 % "
                                   "of the drafted tokens right): decoding plainly, the draft model unused")
+
+    def _hold_cells(self, parts) -> None:
+        """The batch and the slots over the assembled contexts."""
+        try:
+            self._batch = Batch(self.target)
+            self.slots = Slots(self.target, parts.cell_contexts, self.parallel, self.prompt_cache, self._cache_ram,
+                               self.block_cells)
+        except BaseException:
+            self.close()
+            raise
+
+    def _reopen_plain(self) -> None:
+        """An engine that will never verify a draft (plain_by_cost) runs on a plain engine's
+        contexts: the draft context goes (its memory with it), and the target's is made again
+        where its flash attention was off only for verify batches (one-token decodes are faster
+        with it on the CPU: see resolve_flash_attn)."""
+        if self.cfg.ctx.flash_attn != "auto" or self.target.flash_attn != "off":
+            return
+        for obj in (self._batch, self.proposer, self.draft_ctx, self.target):
+            if obj is not None:
+                obj.close()
+        self._batch = self.proposer = self.draft_ctx = None
+        self.auto_lead = None
+        try:
+            parts = assemble(self.models, self.cfg, DraftPlan(None), keep_state=False, warnings=[])
+        except BaseException:
+            self.target = None
+            self.close()
+            raise
+        self.target = parts.target
+        self._hold_cells(parts)
 
     @classmethod
     def open(cls, cfg: PairConfig, **kwargs) -> "Engine":
@@ -166,8 +195,8 @@ class Engine:
         slot, cached = self.slots.take(prompt)
         rule = self.draft_length
         fixed = not sampling.greedy and explicit_seed  # a seeded sampled text must not depend on timings
-        by_cost = speculate and self.proposer is not None and (
-            self.plain_by_cost or (rule is not None and not fixed and rule.starts_plain()))
+        by_cost = speculate and (self.plain_by_cost or (
+            self.proposer is not None and rule is not None and not fixed and rule.starts_plain()))
         seq = Sequence(slot, prompt, n_predict, ignore_eos=ignore_eos, tag=tag, plain_by_cost=by_cost,
                        speculate=speculate and self.proposer is not None and not by_cost,
                        record_margins=record_margins,
@@ -332,7 +361,7 @@ class Engine:
         auto = self.draft_length
         if auto is not None and drafting:
             n, drafting = auto.before(live, drafting, n)
-        self._holding = auto is not None and not drafting and self.proposer.holds
+        self._holding = auto is not None and not drafting and self.proposer is not None and self.proposer.holds
         t_inject = self._flush()
 
         t = time.perf_counter()
@@ -461,7 +490,7 @@ class Engine:
     @property
     def plane_layout(self) -> str:
         """The recurrent-state layout in words, for stats lines."""
-        hybrid = self.speculative and self.models.target.is_recurrent
+        hybrid = self.proposer is not None and self.models.target.is_recurrent
         return layout_words(self.target, self.cfg.planes, self.n_max, self.auto_lead) if hybrid else "none"
 
     def recurrent_bytes(self) -> int:
