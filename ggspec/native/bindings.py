@@ -201,7 +201,8 @@ def load() -> types.ModuleType:
 # can use it for free. The functions are the same; only the GIL handling differs.
 _HELD_GIL = ("llama_batch_ext_clear", "ggspec_batch_add_tokens", "ggspec_batch_add_layer_inputs",
              "ggspec_batch_add_embd_rows", "ggspec_batch_add_tokens_h", "llama_memory_seq_rm", "llama_memory_seq_pos_max", "ggspec_rs_can_rollback",
-             "llama_get_logits")
+             "llama_get_logits", "llama_get_sampled_token_ith", "llama_get_sampled_logits_ith",
+             "llama_get_sampled_logits_count_ith", "llama_get_sampled_candidates_ith")
 
 
 @cache

@@ -56,6 +56,7 @@ class ContextParams:
     n_seq_max: int = 1  # sequences decoded together (one per parallel slot)
     kv_unified: bool = False  # one cache shared by all sequences (else n_ctx / n_seq_max each)
     batched: bool = True  # it decodes batches of drafts (verifies them): see resolve_flash_attn
+    picks_per_seq: int = 1  # output rows of one sequence a decode may pick on the device (pick_on_device)
 
     def validate(self) -> None:
         for field, name in (("type_k", self.type_k), ("type_v", self.type_v)):
@@ -65,10 +66,10 @@ class ContextParams:
             raise InputError(f"{self.flash_attn}: expected one of auto, on, off", field="flash_attn")
         if self.type_v not in UNQUANTIZED and self.flash_attn == "off":
             raise InputError(f"{self.type_v} (a quantized V cache) needs flash attention on or auto", field="type_v")
-        for name in ("n_ctx", "n_batch", "n_ubatch", "n_threads", "n_rs_seq", "n_seq_max"):
+        for name in ("n_ctx", "n_batch", "n_ubatch", "n_threads", "n_rs_seq", "n_seq_max", "picks_per_seq"):
             if not is_int(getattr(self, name)):
                 raise InputError(f"{name} must be an integer (got {getattr(self, name)!r})", field=name)
-        for name in ("n_ctx", "n_batch", "n_ubatch", "n_threads"):
+        for name in ("n_ctx", "n_batch", "n_ubatch", "n_threads", "picks_per_seq"):
             if getattr(self, name) < 1:
                 raise InputError(f"{name} must be at least 1", field=name)
         if self.n_rs_seq < 0:
@@ -105,6 +106,7 @@ class Context(OwnedHandle):
         cp.n_batch = params.n_batch
         cp.n_ubatch = min(params.n_ubatch, params.n_batch)
         cp.n_seq_max = params.n_seq_max
+        cp.n_outputs_max_per_seq = params.picks_per_seq
         cp.n_rs_seq = params.n_rs_seq
         cp.kv_unified = params.kv_unified
         cp.n_threads = params.n_threads
@@ -151,6 +153,7 @@ class Context(OwnedHandle):
         self._layer_inputs_on: frozenset[int] = frozenset()  # layers whose inputs decodes extract
         self._layer_inputs_enabled: frozenset[int] = frozenset()  # ... when not paused
         self._extracted: frozenset[int] = frozenset()  # ... and which the last decode did extract
+        self._pickers: dict[int, tuple[int, int]] = {}  # seq_id -> (top_k, sampler chain): pick_on_device
 
     # --- decoding --------------------------------------------------------------------------------
 
@@ -198,6 +201,58 @@ class Context(OwnedHandle):
         """Greedy token of every output row of the last decode."""
         best = self.logits_view().argmax(axis=1)
         return (best if self.logit_ids is None else self.logit_ids[best]).astype(np.int32)
+
+    # --- the draft's pick on the device (llama.cpp's backend sampling) -------------------------------
+
+    def pick_on_device(self, seq_id: int, top_k: int | None) -> bool:
+        """Have this sequence's output rows picked in the decode's own graph, as llama.cpp's draft
+        loops do (its backend sampling): their argmax (top_k 0) or their top_k largest logits with
+        their columns. Only those come back, not a vocabulary-wide row per output, and when every
+        row of a decode is picked so, llama.cpp copies no logits at all. None: full rows again.
+        Returns whether the backend took it (False: this sequence's rows stay full)."""
+        old = self._pickers.get(seq_id)
+        if old is not None and old[0] == top_k:
+            return True
+        if old is None and top_k is None:
+            return True
+        lc = self.lc
+        chain = None
+        if top_k is not None:
+            chain = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
+            lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_top_k(top_k) if top_k else lc.llama_sampler_init_greedy())
+        taken = bool(lc.llama_set_sampler(self.ptr, seq_id, chain))  # (None: the sequence's is removed)
+        if old is not None:
+            lc.llama_sampler_free(old[1])
+            del self._pickers[seq_id]
+        if chain is not None and taken:
+            self._pickers[seq_id] = (top_k, chain)
+        elif chain is not None:
+            lc.llama_sampler_free(chain)
+        return taken or chain is None
+
+    def picked_on_device(self, seq_id: int) -> int | None:
+        """What pick_on_device set for this sequence (its top_k; 0: the argmax), None: full rows."""
+        got = self._pickers.get(seq_id)
+        return None if got is None else got[0]
+
+    def picked_argmax(self, row: int) -> int:
+        """The argmax column of output row `row` of the last decode, picked on the device (a
+        sequence picked with top_k 0)."""
+        col = self.quick.llama_get_sampled_token_ith(self.ptr, row - self._n_outputs)
+        if col < 0:
+            raise LlamaError(f"output row {row} of the last decode has no argmax picked on the device")
+        return col
+
+    def picked_top(self, row: int) -> tuple[np.ndarray, np.ndarray]:
+        """The columns and logits of output row `row`'s top_k largest logits, picked on the device
+        (a sequence picked with top_k > 0), in no particular order."""
+        i = row - self._n_outputs
+        n = self.quick.llama_get_sampled_logits_count_ith(self.ptr, i)
+        logits = self.quick.llama_get_sampled_logits_ith(self.ptr, i)
+        cols = self.quick.llama_get_sampled_candidates_ith(self.ptr, i)
+        if not n or not logits:
+            raise LlamaError(f"output row {row} of the last decode has no top logits picked on the device")
+        return (np.ctypeslib.as_array(cols, shape=(n,)).copy(), np.ctypeslib.as_array(logits, shape=(n,)).copy())
 
     # --- target layer-input features (DFlash) ----------------------------------------------------
 
@@ -411,3 +466,6 @@ class Context(OwnedHandle):
 
     def _free(self, ptr) -> None:
         self.lc.llama_free(ptr)
+        for _k, chain in self._pickers.values():  # the context held them; it is gone
+            self.lc.llama_sampler_free(chain)
+        self._pickers.clear()

@@ -55,7 +55,7 @@ class Placement:
         return p
 
     def check(self) -> None:
-        if self.split_mode in ("layer", "row", "tensor") and not self.rpc and not _has_gpu():
+        if self.split_mode in ("layer", "row", "tensor") and not self.rpc and not has_gpu_backend():
             raise InputError(f"{self.split_mode} splits a model across devices, and this build has no GPU "
                              "backend: add RPC workers (host:port,...)", field="split_mode")
         if self.split_mode == "row":
@@ -88,7 +88,7 @@ def parse_endpoint(text: str) -> str:
     return f"{host}:{int(port)}"
 
 
-def _has_gpu() -> bool:
+def has_gpu_backend() -> bool:
     """Whether the current build has a GPU backend (its devices reach llama.cpp by themselves)."""
     from ggspec.native import build as nb
 

@@ -12,7 +12,7 @@ from ggspec.errors import InputError, LlamaError
 from ggspec.runtime.handle import OwnedHandle
 from ggspec.native.bindings import last_log_error
 from ggspec.native.bindings import load as load_bindings
-from ggspec.runtime.devices import DeviceParams, Placement
+from ggspec.runtime.devices import DeviceParams, Placement, has_gpu_backend
 from ggspec.runtime.gguf_meta import GGUFMeta, read_meta
 from ggspec.runtime.preflight import check_model
 
@@ -68,6 +68,13 @@ class Model(OwnedHandle):
         self._pieces: dict[int, bytes] = {}  # token_bytes, looked up once per token id
         self._eog: dict[int, bool] = {}  # is_eog, likewise
         self.draft_vocab: np.ndarray | None = None  # token ids of a reduced draft vocabulary (set_draft_vocab)
+
+    @property
+    def head_on_device(self) -> bool:
+        """Whether the output head runs off the host: on a GPU or an RPC worker (llama.cpp places
+        it there with every layer, -ngl above n_layer or -1)."""
+        offloaded = self.n_gpu_layers < 0 or self.n_gpu_layers > self.n_layer
+        return offloaded and (self.placement.multi_device or has_gpu_backend())
 
     @property
     def mirrored_output(self) -> bool:

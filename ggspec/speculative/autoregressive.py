@@ -4,7 +4,8 @@ row (greedy, or drawn under its sampler), stopping where the argmax's confidence
 p_min, as llama.cpp's loops do (common/speculative.cpp, the draft loops of these types).
 
 What differs between the three is only how a call is made and how a chosen token becomes the
-next call's row: `step` and `feed` below.
+next call's row: `step` and `feed` below. A call's rows come back as logits on the host, or
+(draft-simple) as what the device picked of them for the greedy sequences: `PickedRows`.
 """
 
 from __future__ import annotations
@@ -14,18 +15,65 @@ from typing import Any
 
 import numpy as np
 
-from ggspec.speculative.dflash import top_k_confidence
+from ggspec.speculative.dflash import CONFIDENCE_TOP_K, top_k_confidence
 from ggspec.speculative.sampling import Candidates, candidates
 from ggspec.speculative.verifier import DRAFT
 
 
-def draft_tokens(seqs: Sequence, n: int, p_min: float, step: Callable[[int], tuple[np.ndarray, Any]],
+class HostRows:
+    """A draft call's output rows as vocabulary-wide logits on the host."""
+
+    def __init__(self, logits: np.ndarray) -> None:
+        self.logits = logits
+
+    def argmax(self, r: int) -> int:
+        return int(self.logits[r].argmax())
+
+    def confidence(self) -> np.ndarray:
+        return top_k_confidence(self.logits)
+
+    def row(self, r: int) -> np.ndarray:
+        return self.logits[r:r + 1]
+
+
+class PickedRows:
+    """A draft call's output rows where the device picked some (Context.pick_on_device): a greedy
+    sequence's row is its argmax, or its 10 largest logits where the confidence matters (p_min > 0),
+    so no vocabulary-wide row crosses to the host for it; other sequences' rows are full logits.
+    `seq_ids`: the sequence of each row; `n_cols`: the columns a full row may draft from."""
+
+    def __init__(self, ctx, seq_ids: Sequence[int], n_cols: int) -> None:
+        self.ctx, self.seq_ids, self.n_cols = ctx, seq_ids, n_cols
+
+    def argmax(self, r: int) -> int:
+        k = self.ctx.picked_on_device(self.seq_ids[r])
+        if k is None:
+            return int(self.row(r).argmax())
+        if k == 0:
+            return self.ctx.picked_argmax(r)
+        cols, logits = self.ctx.picked_top(r)
+        return int(cols[logits == logits.max()].min())  # a tie's lowest column, as numpy's argmax
+
+    def confidence(self) -> np.ndarray:
+        conf = np.empty(len(self.seq_ids))
+        for r, seq_id in enumerate(self.seq_ids):
+            if self.ctx.picked_on_device(seq_id):
+                conf[r] = top_k_confidence(self.ctx.picked_top(r)[1][None], CONFIDENCE_TOP_K)[0]
+            else:  # a full row (an argmax alone has no confidence: p_min > 0 picks the top 10)
+                conf[r] = top_k_confidence(self.row(r))[0]
+        return conf
+
+    def row(self, r: int) -> np.ndarray:
+        return self.ctx.logits_view()[r:r + 1, :self.n_cols]
+
+
+def draft_tokens(seqs: Sequence, n: int, p_min: float, step: Callable[[int], tuple[Any, Any]],
                  feed: Callable[[int, Any, int, int, Any], None],
                  ids: np.ndarray | None = None) -> list[tuple[list[int], list[Candidates]]]:
     """Up to n drafts per sequence. `step(i)` makes draft position i's model call (or none, when
-    the logits are already there) and returns its logits, one row per sequence still drafting in
-    order, with whatever `feed` needs of it; `feed(row, seq, token, i, extra)` adds `token`, chosen
-    from `row`, as that sequence's input of the next call. Returns each sequence's tokens and, where
+    the logits are already there) and returns its rows, one per sequence still drafting in order
+    (logits, HostRows or PickedRows), with whatever `feed` needs of it; `feed(row, seq, token, i,
+    extra)` adds `token`, chosen from `row`, as that sequence's input of the next call. Returns each sequence's tokens and, where
     they were drawn, their distributions (proposer.model_draft makes the Draft). `ids`: the token
     of each logits column when the head scores a reduced vocabulary (None: column = token)."""
     tokens: list[list[int]] = [[] for _ in seqs]
@@ -33,18 +81,19 @@ def draft_tokens(seqs: Sequence, n: int, p_min: float, step: Callable[[int], tup
     live = list(range(len(seqs)))
     draws = [None if seq.sampling.greedy else seq.rng(DRAFT) for seq in seqs]  # one stream per step
     for i in range(n):
-        logits, extra = step(i)
-        conf = top_k_confidence(logits) if p_min > 0 else None
+        rows, extra = step(i)
+        rows = HostRows(rows) if isinstance(rows, np.ndarray) else rows
+        conf = rows.confidence() if p_min > 0 else None
         still = []
         for r, k in enumerate(live):
             seq = seqs[k]
             if conf is not None and conf[r] < p_min:
                 continue  # llama.cpp stops on the argmax's confidence, also for sampled drafts
             if seq.sampling.greedy:
-                token = int(logits[r].argmax())
+                token = rows.argmax(r)
                 token = token if ids is None else int(ids[token])
             else:  # drawn from the draft's distribution under the sequence's sampler
-                q = candidates(logits[r:r + 1], seq.sampling)
+                q = candidates(rows.row(r), seq.sampling)
                 if ids is not None:  # columns -> tokens: the reduced vocabulary's distribution
                     q = q.of_tokens(ids)
                 token = int(q.sample(np.array([draws[k].random()]))[0])

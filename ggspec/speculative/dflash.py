@@ -155,15 +155,20 @@ class DFlashProposer(Proposer):
 
     name = "draft-dflash"
     holds = True  # hold(): the captured rows wait in host memory (see hold)
+    picks = True  # a greedy block's tokens may be picked on the device (DFlash2 and DSpark read more)
 
     def __init__(self, target: Context, draft: Context, info: DFlashInfo, inject: str = "pruned",
-                 p_min: float = 0.0) -> None:
+                 p_min: float = 0.0, pick_on_device: bool = False) -> None:
+        """`pick_on_device`: greedy sequences' block rows are picked in the draft's graph (their
+        argmax, or their 10 largest logits for p_min), so no vocabulary-wide rows cross to the host
+        for them: where the head runs on a GPU (see draft_model's docstring for the CPU)."""
         self.target = target  # (the inject mode was checked with the other options: PairConfig.validate)
         self.draft = draft
         self.info = info
         self.inject = inject
         self.p_min = p_min
         self.max_draft: int | None = info.max_draft
+        self.pick_on_device = pick_on_device and self.picks
         target.enable_layer_inputs(info.target_layers)
         draft.set_causal_attn(info.causal)
         self._setup_draft()
@@ -185,6 +190,9 @@ class DFlashProposer(Proposer):
     def begin(self, seq, cached: int = 0) -> None:
         self._held.pop(seq.seq_id, None)
         self.draft.remove(cached, seq.seq_id)  # the previous sequence's positions past the shared prefix
+        if self.pick_on_device:
+            top_k = (CONFIDENCE_TOP_K if self.p_min > 0 else 0) if seq.sampling.greedy else None
+            self.draft.pick_on_device(seq.seq_id, top_k)
 
     def observe(self, spans: list[Span]) -> None:
         capture_rows(self._rows, spans, "feature rows", "injected")
@@ -274,7 +282,12 @@ class DFlashProposer(Proposer):
             self._batch.add_tokens(block, seq.pos, seq.seq_id, outputs=self._outputs)
         self.draft.decode(self._batch)
         sampled = self.samples_drafts and not all(seq.sampling.greedy for seq in seqs)
-        drafts = self._sample(seqs, rows, n) if sampled else self._read(len(seqs), rows, n)
+        if sampled:
+            drafts = self._sample(seqs, rows, n)
+        elif all(self.draft.picked_on_device(seq.seq_id) is not None for seq in seqs):
+            drafts = self._picked(len(seqs), rows, n)
+        else:
+            drafts = self._read(len(seqs), rows, n)
         for seq in seqs:
             self.draft.remove(seq.pos, seq.seq_id)  # the noise block must not stay in the draft cache
         return drafts
@@ -295,6 +308,20 @@ class DFlashProposer(Proposer):
             conf = top_k_confidence(logits.reshape(n_seqs * n, -1)).reshape(n_seqs, n)
             return [Draft(_cut(t, c < self.p_min)) for t, c in zip(tokens, conf)]
         return [Draft(t) for t in tokens]
+
+    def _picked(self, n_seqs: int, rows: int, n: int) -> list[Draft]:
+        """_read's drafts from what the device picked of each block row (pick_on_device)."""
+        drafts = []
+        for s in range(n_seqs):
+            out = range(s * rows + rows - n, (s + 1) * rows)  # the block's output rows 1..n
+            if self.p_min <= 0:
+                drafts.append(Draft(self._tokens(np.array([self.draft.picked_argmax(r) for r in out]))))
+                continue
+            tops = [self.draft.picked_top(r) for r in out]
+            best = np.array([cols[logits == logits.max()].min() for cols, logits in tops])
+            conf = top_k_confidence(np.stack([logits for _, logits in tops]))
+            drafts.append(Draft(_cut(self._tokens(best), conf < self.p_min)))
+        return drafts
 
     def _sample(self, seqs, rows: int, n: int) -> list[Draft]:
         """Drafts of a batch where some sequences sample: each of those draws its block's tokens from
@@ -355,6 +382,7 @@ class DFlash2Proposer(DFlashProposer):
     # no logits: the lattice is all that is read (llama.cpp asks for no outputs either)
     _outputs = "none"
     samples_drafts = False
+    picks = False
 
     def _setup_draft(self) -> None:
         self.draft.enable_nextn(masked=False)  # every row of the block, not just output rows
@@ -386,6 +414,7 @@ class DSparkProposer(DFlashProposer):
 
     name = "draft-dspark"
     samples_drafts = False
+    picks = False
 
     def _setup_draft(self) -> None:
         if self.p_min > 0:
@@ -407,15 +436,13 @@ def _cut(tokens: np.ndarray, low: np.ndarray) -> np.ndarray:
     return tokens[:stop[0]] if len(stop) else tokens
 
 
-def make_dflash_proposer(target: Context, draft: Context, info: DFlashInfo, inject: str, p_min: float):
+def make_dflash_proposer(target: Context, draft: Context, info: DFlashInfo, inject: str, p_min: float,
+                         pick_on_device: bool = False):
     """The family member the draft's metadata calls for. Only plain DFlash samples its drafts for
     sequences at temperature > 0; a DFlash2 walk and a DSpark block are point masses (llama.cpp's
     choices)."""
-    if info.dspark:
-        return DSparkProposer(target, draft, info, inject, p_min)
-    if info.selector_top_k > 0:
-        return DFlash2Proposer(target, draft, info, inject, p_min)
-    return DFlashProposer(target, draft, info, inject, p_min)
+    cls = DSparkProposer if info.dspark else DFlash2Proposer if info.selector_top_k > 0 else DFlashProposer
+    return cls(target, draft, info, inject, p_min, pick_on_device)
 
 
 # --- the registry entries --------------------------------------------------------------------------
@@ -448,10 +475,12 @@ def _plan(name: str, dspark: bool):
 
 def _make(b: Build) -> DFlashProposer:
     # the draft borrows the target's embeddings / output head through ctx_other
-    ctx = b.draft_context(b.models.draft, "draft", ctx_other=b.target)
+    info, draft = b.plan.meta, b.models.draft
+    ctx = b.draft_context(draft, "draft", ctx_other=b.target, picks_per_seq=info.block_size)
     if b.options.vocab:
         _reduce_head(ctx, b)
-    return make_dflash_proposer(b.target, ctx, b.plan.meta, b.cfg.inject, b.cfg.p_min)
+    head = draft if "output.weight" in draft.meta.tensors else b.models.target
+    return make_dflash_proposer(b.target, ctx, info, b.cfg.inject, b.cfg.p_min, pick_on_device=head.head_on_device)
 
 
 def _reduce_head(ctx: Context, b: Build) -> None:
