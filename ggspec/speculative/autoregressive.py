@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ggspec.speculative.dflash import CONFIDENCE_TOP_K, top_k_confidence
+from ggspec.speculative.dflash import CONFIDENCE_TOP_K, best_picked, top_k_confidence
 from ggspec.speculative.sampling import Candidates, candidates
 from ggspec.speculative.verifier import DRAFT
 
@@ -51,8 +51,7 @@ class PickedRows:
             return int(self.row(r).argmax())
         if k == 0:
             return self.ctx.picked_argmax(r)
-        cols, logits = self.ctx.picked_top(r)
-        return int(cols[logits == logits.max()].min())  # a tie's lowest column, as numpy's argmax
+        return best_picked(*self.ctx.picked_top(r))
 
     def confidence(self) -> np.ndarray:
         conf = np.empty(len(self.seq_ids))
@@ -73,9 +72,10 @@ def draft_tokens(seqs: Sequence, n: int, p_min: float, step: Callable[[int], tup
     """Up to n drafts per sequence. `step(i)` makes draft position i's model call (or none, when
     the logits are already there) and returns its rows, one per sequence still drafting in order
     (logits, HostRows or PickedRows), with whatever `feed` needs of it; `feed(row, seq, token, i,
-    extra)` adds `token`, chosen from `row`, as that sequence's input of the next call. Returns each sequence's tokens and, where
-    they were drawn, their distributions (proposer.model_draft makes the Draft). `ids`: the token
-    of each logits column when the head scores a reduced vocabulary (None: column = token)."""
+    extra)` adds `token`, chosen from `row`, as that sequence's input of the next call. Returns
+    each sequence's tokens and, where they were drawn, their distributions (proposer.model_draft
+    makes the Draft). `ids`: the token of each logits column when the head scores a reduced
+    vocabulary (None: column = token)."""
     tokens: list[list[int]] = [[] for _ in seqs]
     dists: list[list[Candidates]] = [[] for _ in seqs]
     live = list(range(len(seqs)))

@@ -150,6 +150,12 @@ def top_k_confidence(rows: np.ndarray, k: int = CONFIDENCE_TOP_K) -> np.ndarray:
     return 1.0 / np.exp(top - top.max(axis=1, keepdims=True)).sum(axis=1)
 
 
+def best_picked(cols: np.ndarray, logits: np.ndarray) -> int:
+    """The argmax column of a row's top logits picked on the device (Context.picked_top, in no
+    order): a tie's lowest column, as numpy's argmax over the whole row."""
+    return int(cols[logits == logits.max()].min())
+
+
 class DFlashProposer(Proposer):
     """DFlash: drafts are the argmax of the noise block's rows 1..n (see the module docstring)."""
 
@@ -318,7 +324,7 @@ class DFlashProposer(Proposer):
                 drafts.append(Draft(self._tokens(np.array([self.draft.picked_argmax(r) for r in out]))))
                 continue
             tops = [self.draft.picked_top(r) for r in out]
-            best = np.array([cols[logits == logits.max()].min() for cols, logits in tops])
+            best = np.array([best_picked(cols, logits) for cols, logits in tops])
             conf = top_k_confidence(np.stack([logits for _, logits in tops]))
             drafts.append(Draft(_cut(self._tokens(best), conf < self.p_min)))
         return drafts
