@@ -155,6 +155,31 @@ def test_costs_that_make_drafts_pay_are_used_from_the_first_step(cache_dir):
         assert seq.tokens == _plain(STACK)
 
 
+def test_drafts_must_beat_a_plain_engines_step(cache_dir):
+    """The calibration measures what a plain engine's step costs (a bare target context made as a
+    plain engine makes it, every slot decoding), and an engine decides plain by cost against that,
+    not against its own steps that verify nothing (dearer: flash attention kept off for verify
+    batches, the draft's bookkeeping). Forged tables where a draft step costs 5 plain-engine steps
+    and 1/2 of the engine's own k = 0 steps: plain by cost, and not without the plain engine's step."""
+    cfg = PairConfig(TARGET, DRAFT, ctx=CTX, adaptive=True, n_max=4)
+    with Engine.open(cfg):
+        pass
+    (path,) = cache_dir.glob("*.json")
+    doc = json.loads(path.read_text())
+    t = doc["tables"]
+    n_seqs, one = t["plain_engine"]
+    assert n_seqs == cfg.parallel and 0 < one < 1
+    t["plain"] = {"1": [10 * one] * 4}
+    t["true_plain"] = None
+    t["spec"] = {str(r): [5 * one] * 4 for r in range(1, 6)}
+    t["draft"] = {n: {str(k): [1e-9] * 4 for k in range(1, 5)} for n in t["draft"]}
+    for plain_engine, hopeless in (([1, one], True), (None, False)):
+        t["plain_engine"] = plain_engine
+        path.write_text(json.dumps(doc))
+        with Engine.open(cfg) as e:
+            assert not e.calibration.measured and e.plain_by_cost == hopeless
+
+
 def test_a_context_too_small_for_the_schedule_measures_as_it_runs(cache_dir):
     cfg = PairConfig(TARGET, DRAFT, ctx=replace(CTX, n_ctx=256), adaptive=True, n_max=31)
     with Engine.open(cfg) as e:

@@ -26,7 +26,7 @@ import json
 import os
 import platform
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +35,7 @@ from ggspec.runtime.devices import cpu_name
 from ggspec.speculative.proposer import Draft
 from ggspec.speculative.stats import EngineStats
 
-VERSION = 4  # of the file's layout and how it is measured: another version is measured again
+VERSION = 5  # of the file's layout and how it is measured: another version is measured again
 SKIP = 2  # the first steps, not measured: they build and allocate the graphs of the largest shapes
 MEASURED = 3  # steps each phase measures at least
 PHASE_S = 0.05  # ... and seconds it lasts at least (cheap steps: many of them, past the cold ones)
@@ -180,6 +180,7 @@ def run(engine) -> bool:
                     break
         engine.reset()
         rule.true_plain = (engine.parallel, _plain_steps(engine, prompt, room))
+        rule.plain_engine = None if rule.cheap else (engine.parallel, plain_engine_step(engine, prompt))
     finally:
         engine.proposer = own
         engine.reset()
@@ -228,3 +229,39 @@ def _plain_steps(engine, prompt: np.ndarray, room: int) -> float:
         if len(times) >= MEASURED + 1 and time.perf_counter() - t0 >= PHASE_S:
             break
     return sorted(times)[len(times) // 4]
+
+
+def plain_engine_step(engine, prompt: np.ndarray) -> float:
+    """Seconds of a plain engine's step with every slot decoding: one decode of a token per
+    sequence on a bare target context made as a plain engine makes it (Engine._reopen_plain), the
+    lower quartile. What an engine decided plain by cost will cost, so what speculation must beat;
+    it can be well below this engine's steps that verify nothing: with `-fa auto` on the CPU a
+    context that verifies drafts keeps flash attention off and a plain engine's has it on (a
+    one-token decode 0.85x the time on the tiny pairs), and the engine's own bookkeeping goes (at
+    `-np 4` on tiny-coder a k = 0 step cost 1.2 ms, a plain engine's 0.74). The decode alone is a
+    lower bound of the step, so a marginal case leans plain."""
+    from ggspec.runtime import Batch, Context  # noqa: PLC0415
+
+    target, n_seqs = engine.target, engine.parallel
+    params = replace(target.params, batched=False, n_rs_seq=0, n_seq_max=n_seqs, kv_unified=True,
+                     n_ctx=n_seqs * (len(prompt) + PHASE_STEPS + 1))
+    ctx = Context(target.model, params, what="calibration")
+    try:
+        batch = Batch(ctx)
+        for s in range(n_seqs):
+            ctx.decode(batch.clear().add_tokens(prompt, 0, s, outputs="last"))
+        times = []
+        t0 = time.perf_counter()
+        for i in range(PHASE_STEPS):
+            batch.clear()
+            for s in range(n_seqs):
+                batch.add_tokens(prompt[i % len(prompt):][:1], len(prompt) + i, s, outputs="all")
+            t = time.perf_counter()
+            ctx.decode(batch)
+            times.append(time.perf_counter() - t)
+            if i >= SKIP + 2 * MEASURED and time.perf_counter() - t0 >= PHASE_S:
+                break
+    finally:
+        ctx.close()  # (and its batch)
+    times = sorted(times[SKIP:])
+    return times[len(times) // 4]

@@ -123,6 +123,7 @@ class DraftLength:
         self._quiet = self._quiet_seqs = self._quiet_steps = 0
         self.probe_cost: float | None = None  # seconds a probe costs beyond plain decoding (measured)
         self.true_plain: tuple[int, float] | None = None  # (sequences, seconds) of a step that does not speculate
+        self.plain_engine: tuple[int, float] | None = None  # (sequences, seconds) of a plain engine's step (calibration.plain_engine_step)
         self._table: tuple | None = None  # (key, step, costs) the rule last read (_tables)
         self._probing = False  # this step probes
         self._plan: dict[int, int] = {}  # seq_id -> k, for the drafts of this step
@@ -398,7 +399,7 @@ class DraftLength:
         return {"plain": self.plain.to_json(), "spec": self.spec.to_json(),
                 "draft": {str(n): c.to_json() for n, c in self.draft.items()},
                 "rest_plain": self.rest_plain, "rest_spec": self.rest_spec, "probe_cost": self.probe_cost,
-                "true_plain": self.true_plain}
+                "true_plain": self.true_plain, "plain_engine": self.plain_engine}
 
     def seed(self, tables: dict) -> None:
         """Start from costs measured before (`tables`): no warm-up; what this rule measures refines them."""
@@ -408,6 +409,8 @@ class DraftLength:
         rest = (tables["rest_plain"], tables["rest_spec"], tables["probe_cost"])
         true_plain = (int(tables["true_plain"][0]), float(tables["true_plain"][1])) if tables.get("true_plain") else None
         self.plain, self.spec, self.draft, self.true_plain = plain, spec, draft, true_plain
+        self.plain_engine = (int(tables["plain_engine"][0]), float(tables["plain_engine"][1])) \
+            if tables.get("plain_engine") else None
         self.rest_plain, self.rest_spec, self.probe_cost = rest
         self._table = None
         self.settle()
@@ -416,14 +419,25 @@ class DraftLength:
         """Whether no draft could pay with n_live sequences even if drafts were as good as the best
         pairs' (each drafted token surviving with chance HOPE): for every k, a step verifying k
         drafts of each sequence (its draft call and its verify of n_live (k + 1) rows) costs more
-        than the plain steps it would save. Then a model drafter is not worth calling at all.
-        False until both kinds of step were measured."""
+        than the plain steps it would save, as a plain engine makes them (plain_engine: the engine
+        becomes one). Then a model drafter is not worth calling at all. False until both kinds of
+        step were measured."""
         if self.cheap or not self.plain or not (self.spec and self.draft):
             return False
         ks = np.arange(1, self.n_max + 1)
         saved = np.cumsum(HOPE ** ks) + 1  # expected committed tokens of a step at k
         spec = self._spec_cost(n_live * (ks + 1), n_live) + self._draft_cost(n_live, ks)
-        return bool(np.all(spec >= saved * self._bar(n_live, self._plain_cost(n_live))))
+        return bool(np.all(spec >= saved * self._plain_engine_cost(n_live)))
+
+    def _plain_engine_cost(self, n_live: int) -> float:
+        """Seconds of a plain engine's step of n_live sequences: measured by the calibration (in
+        proportion to this engine's k = 0 steps for another count), else this engine's own (_bar)."""
+        bar = self._bar(n_live, self._plain_cost(n_live))
+        if self.plain_engine is None:
+            return bar
+        n0, seconds = self.plain_engine
+        at_n0 = self._plain_cost(n0)
+        return min(bar, seconds * self._plain_cost(n_live) / at_n0) if at_n0 > 0 else bar
 
     def _bar(self, n_live: int, plain_cost: float) -> float:
         """Seconds of a step of n_live sequences that do not speculate at all (measured by the
