@@ -19,6 +19,7 @@ import pytest
 
 from ggspec.runtime import ContextParams
 from ggspec.speculative import calibration
+from ggspec.speculative.draft_vocab import DraftVocabOptions
 from ggspec.speculative.engine import Engine
 from ggspec.speculative.loop import decode_one, decode_plain
 from ggspec.speculative.models import PairConfig
@@ -112,8 +113,10 @@ def test_where_no_length_can_pay_the_draft_model_is_never_called(cache_dir, flas
     """Tables whose draft calls cost a second each (a draft model far dearer than its target):
     every sequence decodes plainly, the draft context makes no call, the user is told why. With
     flash attention left to ggspec, the engine then runs on a plain engine's contexts: no draft
-    context, and the target's flash attention llama.cpp's choice (it was off for verify batches)."""
-    cfg = PairConfig(TARGET, DRAFT, ctx=replace(CTX, flash_attn=flash_attn))
+    context, and the target's flash attention llama.cpp's choice (it was off for verify batches);
+    the draft's own options (a reduced vocabulary here) are no error for that plain engine."""
+    cfg = PairConfig(TARGET, DRAFT, ctx=replace(CTX, flash_attn=flash_attn),
+                     spec_options={"draft-simple": DraftVocabOptions(vocab=300)})
     with Engine.open(cfg):
         pass
     (path,) = cache_dir.glob("*.json")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 
 import numpy as np
 
@@ -133,7 +134,9 @@ class Engine:
         self._batch = self.proposer = self.draft_ctx = None
         self.auto_lead = None
         try:
-            parts = assemble(self.models, self.cfg, DraftPlan(None), keep_state=False, warnings=[])
+            # (the draft types' options are the speculative engine's: checked, and unused here)
+            parts = assemble(self.models, replace(self.cfg, spec_options={}), DraftPlan(None), keep_state=False,
+                             warnings=[])
         except BaseException:
             self.target = None
             self.close()
