@@ -42,6 +42,14 @@ def _plain(prompt: str, n: int = N) -> list[int]:
         return decode_plain(e, e.target_model.tokenize(prompt), n).tokens
 
 
+def _measured(cfg: PairConfig, cache_dir) -> tuple:
+    """The cached tables' file and its contents after an engine for `cfg` measured them."""
+    with Engine.open(cfg):
+        pass
+    (path,) = cache_dir.glob("*.json")
+    return path, json.loads(path.read_text())
+
+
 def test_default_is_the_adaptive_length_and_a_given_length_is_fixed():
     assert PairConfig(TARGET, DRAFT).auto
     assert not PairConfig(TARGET, DRAFT, n_max=3).auto
@@ -117,10 +125,7 @@ def test_where_no_length_can_pay_the_draft_model_is_never_called(cache_dir, flas
     the draft's own options (a reduced vocabulary here) are no error for that plain engine."""
     cfg = PairConfig(TARGET, DRAFT, ctx=replace(CTX, flash_attn=flash_attn),
                      spec_options={"draft-simple": DraftVocabOptions(vocab=300)})
-    with Engine.open(cfg):
-        pass
-    (path,) = cache_dir.glob("*.json")
-    doc = json.loads(path.read_text())
+    path, doc = _measured(cfg, cache_dir)
     doc["tables"]["draft"] = {n: {k: [1.0] * 4 for k in lengths} for n, lengths in doc["tables"]["draft"].items()}
     path.write_text(json.dumps(doc))
     with Engine.open(cfg) as e:
@@ -141,10 +146,7 @@ def test_costs_that_make_drafts_pay_are_used_from_the_first_step(cache_dir):
     """Tables whose verify rows cost next to nothing beyond the first (a GPU's shape): the first
     step already verifies drafts, with no warm-up at the full length."""
     cfg = PairConfig(TARGET, DRAFT, ctx=CTX, adaptive=True, n_max=4)
-    with Engine.open(cfg):
-        pass
-    (path,) = cache_dir.glob("*.json")
-    doc = json.loads(path.read_text())
+    path, doc = _measured(cfg, cache_dir)
     t = doc["tables"]
     one = min(v for samples in t["plain"].values() for v in samples)
     t["spec"] = {str(r): [one] * 4 for r in range(1, 6)}
@@ -165,10 +167,7 @@ def test_drafts_must_beat_a_plain_engines_step(cache_dir):
     batches, the draft's bookkeeping). Forged tables where a draft step costs 5 plain-engine steps
     and 1/2 of the engine's own k = 0 steps: plain by cost, and not without the plain engine's step."""
     cfg = PairConfig(TARGET, DRAFT, ctx=CTX, adaptive=True, n_max=4)
-    with Engine.open(cfg):
-        pass
-    (path,) = cache_dir.glob("*.json")
-    doc = json.loads(path.read_text())
+    path, doc = _measured(cfg, cache_dir)
     t = doc["tables"]
     n_seqs, one = t["plain_engine"]
     assert n_seqs == cfg.parallel and 0 < one < 1

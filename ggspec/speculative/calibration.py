@@ -180,7 +180,8 @@ def run(engine) -> bool:
                     break
         engine.reset()
         rule.true_plain = (engine.parallel, _plain_steps(engine, prompt, room))
-        rule.plain_engine = None if rule.cheap else (engine.parallel, plain_engine_step(engine, prompt))
+        step = None if rule.cheap else plain_engine_step(engine, prompt)
+        rule.plain_engine = None if step is None else (engine.parallel, step)
     finally:
         engine.proposer = own
         engine.reset()
@@ -231,7 +232,7 @@ def _plain_steps(engine, prompt: np.ndarray, room: int) -> float:
     return sorted(times)[len(times) // 4]
 
 
-def plain_engine_step(engine, prompt: np.ndarray) -> float:
+def plain_engine_step(engine, prompt: np.ndarray) -> float | None:
     """Seconds of a plain engine's step with every slot decoding: one decode of a token per
     sequence on a bare target context made as a plain engine makes it (Engine._reopen_plain), the
     lower quartile. What an engine decided plain by cost will cost, so what speculation must beat;
@@ -239,10 +240,14 @@ def plain_engine_step(engine, prompt: np.ndarray) -> float:
     context that verifies drafts keeps flash attention off and a plain engine's has it on (a
     one-token decode 0.85x the time on the tiny pairs), and the engine's own bookkeeping goes (at
     `-np 4` on tiny-coder a k = 0 step cost 1.2 ms, a plain engine's 0.74). The decode alone is a
-    lower bound of the step, so a marginal case leans plain."""
+    lower bound of the step, so a marginal case leans plain. None: a batch cannot hold a token of
+    every slot."""
     from ggspec.runtime import Batch, Context  # noqa: PLC0415
 
     target, n_seqs = engine.target, engine.parallel
+    if n_seqs > target.n_batch:
+        return None
+    prompt = prompt[:target.n_batch]  # a prefill in one batch
     params = replace(target.params, batched=False, n_rs_seq=0, n_seq_max=n_seqs, kv_unified=True,
                      n_ctx=n_seqs * (len(prompt) + PHASE_STEPS + 1))
     ctx = Context(target.model, params, what="calibration")
