@@ -44,6 +44,12 @@ class PickedRows:
 
     def __init__(self, ctx, seq_ids: Sequence[int], n_cols: int) -> None:
         self.ctx, self.seq_ids, self.n_cols = ctx, seq_ids, n_cols
+        self._tops: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # row -> picked top (read once)
+
+    def _top(self, r: int) -> tuple[np.ndarray, np.ndarray]:
+        if r not in self._tops:
+            self._tops[r] = self.ctx.picked_top(r)
+        return self._tops[r]
 
     def argmax(self, r: int) -> int:
         k = self.ctx.picked_on_device(self.seq_ids[r])
@@ -51,13 +57,13 @@ class PickedRows:
             return int(self.row(r).argmax())
         if k == 0:
             return self.ctx.picked_argmax(r)
-        return best_picked(*self.ctx.picked_top(r))
+        return best_picked(*self._top(r))
 
     def confidence(self) -> np.ndarray:
         conf = np.empty(len(self.seq_ids))
         for r, seq_id in enumerate(self.seq_ids):
             if self.ctx.picked_on_device(seq_id):
-                conf[r] = top_k_confidence(self.ctx.picked_top(r)[1][None], CONFIDENCE_TOP_K)[0]
+                conf[r] = top_k_confidence(self._top(r)[1][None], CONFIDENCE_TOP_K)[0]
             else:  # a full row (an argmax alone has no confidence: p_min > 0 picks the top 10)
                 conf[r] = top_k_confidence(self.row(r))[0]
         return conf

@@ -229,6 +229,10 @@ def _plain_steps(engine, prompt: np.ndarray, room: int) -> float:
         times.append(time.perf_counter() - t)
         if len(times) >= MEASURED + 1 and time.perf_counter() - t0 >= PHASE_S:
             break
+    return _lower_quartile(times)
+
+
+def _lower_quartile(times: list[float]) -> float:
     return sorted(times)[len(times) // 4]
 
 
@@ -268,5 +272,4 @@ def plain_engine_step(engine, prompt: np.ndarray) -> float | None:
                 break
     finally:
         ctx.close()  # (and its batch)
-    times = sorted(times[SKIP:])
-    return times[len(times) // 4]
+    return _lower_quartile(times[SKIP:])

@@ -150,6 +150,15 @@ def top_k_confidence(rows: np.ndarray, k: int = CONFIDENCE_TOP_K) -> np.ndarray:
     return 1.0 / np.exp(top - top.max(axis=1, keepdims=True)).sum(axis=1)
 
 
+def pick_mode(seq, p_min: float) -> int | None:
+    """What a draft context picks on the device for this sequence (Context.pick_on_device): a
+    greedy one's argmax (0), or its top 10 where p_min needs their confidence; a sampled one's
+    rows stay full (None: its draft distribution is needed)."""
+    if not seq.sampling.greedy:
+        return None
+    return CONFIDENCE_TOP_K if p_min > 0 else 0
+
+
 def best_picked(cols: np.ndarray, logits: np.ndarray) -> int:
     """The argmax column of a row's top logits picked on the device (Context.picked_top, in no
     order): a tie's lowest column, as numpy's argmax over the whole row."""
@@ -197,8 +206,7 @@ class DFlashProposer(Proposer):
         self._held.pop(seq.seq_id, None)
         self.draft.remove(cached, seq.seq_id)  # the previous sequence's positions past the shared prefix
         if self.pick_on_device:
-            top_k = (CONFIDENCE_TOP_K if self.p_min > 0 else 0) if seq.sampling.greedy else None
-            self.draft.pick_on_device(seq.seq_id, top_k)
+            self.draft.pick_on_device(seq.seq_id, pick_mode(seq, self.p_min))
 
     def observe(self, spans: list[Span]) -> None:
         capture_rows(self._rows, spans, "feature rows", "injected")

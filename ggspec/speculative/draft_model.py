@@ -35,8 +35,7 @@ from ggspec.errors import InputError
 from ggspec.runtime import Batch, Context
 from ggspec.runtime.preflight import check_model
 from ggspec.speculative.autoregressive import PickedRows, draft_tokens
-from ggspec.speculative.dflash import CONFIDENCE_TOP_K
-from ggspec.speculative.dflash import is_dflash
+from ggspec.speculative.dflash import is_dflash, pick_mode
 from ggspec.speculative.draft_type import Build, DraftPlan, DraftType, Traits, check_draft_given
 from ggspec.speculative.draft_vocab import DraftVocabOptions, set_draft_head
 from ggspec.speculative.eagle3 import is_eagle3
@@ -97,8 +96,7 @@ class DraftModelProposer(Proposer):
         draft's cells with the target's); the rest goes."""
         self.draft.remove(cached, seq.seq_id)
         if self.pick_on_device:
-            top_k = (CONFIDENCE_TOP_K if self.p_min > 0 else 0) if seq.sampling.greedy else None
-            self.draft.pick_on_device(seq.seq_id, top_k)
+            self.draft.pick_on_device(seq.seq_id, pick_mode(seq, self.p_min))
         self._held[seq.seq_id] = cached
         self._wrote.pop(seq.seq_id, None)
 
@@ -142,7 +140,9 @@ class DraftModelProposer(Proposer):
         def step(i: int):
             if i > 0:
                 self.draft.decode(self._batch)
-            rows = PickedRows(self.draft, self._rows, self.n_vocab)
+            # (the CPU's default: every row full, read as one array, as before the picks)
+            rows = PickedRows(self.draft, self._rows, self.n_vocab) if self.pick_on_device \
+                else self.draft.logits_view()[:, :self.n_vocab]
             self._batch.clear()
             self._rows = []
             return rows, None
