@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from conftest import run_cli
 from ggspec.bench import report
@@ -189,6 +190,26 @@ def test_temperature_axis_with_llama_cpp_s_loop(tmp_path, build_info):
     assert report.settings_from(doc).sampling(0.7).top_k == 20
     text = report.to_markdown(rows, report.settings_from(doc))
     assert "top-k 20" in text and "seeded 11 + i" in text
+
+
+def test_an_acceptance_profile_beside_an_engine_plain_by_cost(build_info, monkeypatch, tmp_path):
+    """`auto` with an acceptance profile, where the calibration says no draft length pays: that
+    engine has no proposer to arm (it decodes plainly), so its row is plain decoding (k 0 on every
+    step) beside the fixed length's forced row, not a traceback (it was: 'NoneType' has no 'arm')."""
+    import ggspec.cli
+    from ggspec.speculative import calibration
+    from ggspec.speculative.draft_length import DraftLength
+
+    monkeypatch.setattr(calibration, "cache_dir", lambda: tmp_path / "calibration")
+    monkeypatch.setattr(DraftLength, "hopeless", lambda self, n_live: True)
+    result = CliRunner().invoke(ggspec.cli.app, ["bench", "--pair", "tiny-coder", "--acceptance-profile", "dflash",
+                                                 "--spec-draft-n-max", "3,auto", "--matrix", "-t", "1", *SMALL,
+                                                 "--prompts", str(_prompts(tmp_path, 2)), "-o", "jsonl"])
+    assert result.exit_code == 0, result.output
+    rows = {(r["kind"], r["n_max"]): r for r in map(json.loads, result.stdout.splitlines()) if r["category"] == "all"}
+    auto = next(r for (kind, n), r in rows.items() if kind == "spec" and r["k_hist"] is not None)
+    assert auto["k0_share"] == 1.0 and auto["tau_pooled"] is None and auto["identical"] == "4/4"
+    assert rows[("spec", 3)]["acceptance_rate"] > 0 and rows[("spec", 3)]["identical"] == "4/4"
 
 
 def test_temperature_needs_no_acceptance_profile(build_info):

@@ -254,7 +254,7 @@ class Runner:
         """Decode `prompts` (indices) through `sp`, as many at a time as it has slots and cells
         (continuous batching, speculative.driver; one prompt: a plain single-sequence run). `seed`:
         the acceptance profile's draws (benchmark device) when there is one."""
-        if sp.speculative and self.s.profile_weights is not None:
+        if sp.proposer is not None and self.s.profile_weights is not None:  # (none: plain by cost)
             refs = {i: self._reference(cfg, i, cfg.n_max) for i in prompts}  # before anything is timed
             sp.proposer.arm(lambda seq: refs[seq.tag], self._lengths(seed, cfg.n_max))
         out = {i: Decoded() for i in prompts}
