@@ -173,8 +173,9 @@ def serve(
     rs_planes: opts.PLANES.one = None,
     rs_lead: opts.LEAD.one = None,
 ) -> None:
-    """An OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, /v1/models, /health,
-    /metrics) decoding every request speculatively, -np of them batched in each step."""
+    """An OpenAI- and llama-server-compatible HTTP server (/v1/completions, /v1/chat/completions,
+    /completion, /tokenize, /props, ...) decoding every request speculatively (or as the request
+    says), -np of them batched in each step."""
     from ggspec.console.config import pair_config
     from ggspec.console.serve import listen_address
 

@@ -16,6 +16,14 @@ class InputError(GGSpecError):
         self.field = field
 
 
+class ContextOverflow(InputError):
+    """A prompt (with its budget and one verify block) needs more positions than a slot holds."""
+
+    def __init__(self, message: str, field: str, n_prompt: int, n_ctx: int) -> None:
+        super().__init__(message, field)
+        self.n_prompt, self.n_ctx = n_prompt, n_ctx
+
+
 class LlamaError(GGSpecError):
     """llama.cpp refused a request (returned NULL or an error code)."""
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 from conftest import run_cli
+from helpers.serving import LiveServer
 
 from ggspec.server.text import TextStream
-from helpers.serving import LiveServer
 
 openai = pytest.importorskip("openai")
 
@@ -203,9 +203,20 @@ def test_a_seed_reproduces_a_sampled_answer_alone_or_batched(server4):
     ("/v1/completions", b"[1, 2]", 400, None, "must be a JSON object"),
     ("/v1/completions", {"prompt": "x", "max_tokens": "5"}, 400, "max_tokens", "valid integer"),
     ("/v1/completions", {"prompt": "x", "temperature": True}, 400, "temperature", "valid number"),
-    ("/v1/completions", {"prompt": "x", "best_of_n": 3}, 400, "best_of_n", "unknown or unsupported parameter"),
     ("/v1/completions", {"prompt": "x", "n": 2}, 400, "n", "not supported"),
     ("/v1/completions", {"prompt": "x", "frequency_penalty": 0.5}, 400, "frequency_penalty", "not supported"),
+    ("/v1/completions", {"prompt": "x", "grammar": "root ::= [a-z]+"}, 400, "grammar", "not supported"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                              "response_format": {"type": "json_object"}}, 400, "response_format.type", "not supported"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": [
+        {"type": "function", "function": {"name": "f", "parameters": {}}}]}, 400, "tools", "not supported"),
+    ("/v1/completions", {"prompt": "x", "speculative.n_max": 99}, 400, "speculative.n_max", "within 0..7"),
+    ("/v1/completions", {"prompt": "x", "speculative.n_max": 2, "speculative.n_min": 3}, 400, "speculative.n_min",
+     "within 0..2"),
+    ("/v1/completions", {"prompt": "x", "speculative.type": "ngram-simple"}, 400, "speculative.type",
+     "drafts with draft-dflash"),
+    ("/v1/completions", {"prompt": "x", "speculative.p_min": 0.5}, 400, "speculative.p_min", "not per request"),
+    ("/v1/completions", {"prompt": "x", "speculative": "off"}, 400, "speculative", "valid boolean"),
     ("/v1/completions", {"prompt": ["a", "b"]}, 400, "prompt", "one prompt per request"),
     ("/v1/completions", {"prompt": [5, 999999]}, 400, "prompt", "outside the vocabulary"),
     ("/v1/completions", {}, 400, "prompt", "'prompt' is required"),
@@ -217,19 +228,35 @@ def test_a_seed_reproduces_a_sampled_answer_alone_or_batched(server4):
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
      "messages.0.content.0.type", "'text'"),
     ("/v1/nope", {}, 404, None, "no route POST /v1/nope"),
+    ("/tokenize", {"content": [5, -1]}, 400, "content.1", "greater than or equal to 0"),
+    ("/detokenize", {"tokens": [999999]}, 400, "tokens", "outside the vocabulary"),
+    ("/completion", {"prompt": "x", "n_predict": -2}, 400, "n_predict", "greater than or equal to -1"),
+    ("/completion", {"prompt": "x", "n_probs": 5}, 400, "n_probs", "not supported"),
+    ("/apply-template", {"messages": []}, 400, "messages", "at least 1"),
 ])
 def test_bad_requests_get_4xx_with_an_error_body(server4, path, body, status, param, needle):
+    """llama-server's error body (`code` the HTTP status, llama-server's `type`), with the field
+    at fault as OpenAI's `param`."""
     code, reply = server4.post(path, body)
     assert code == status, reply
     err = reply["error"]
-    assert needle in err["message"] and err["param"] == param and err["type"] == "invalid_request_error"
+    assert needle in err["message"] and err["param"] == param and err["code"] == status, err
+    assert err["type"] == {400: "invalid_request_error", 404: "not_found_error"}[status]
     assert server4.health()["status"] == "ok"
+
+
+def test_fields_the_server_does_not_know_are_ignored(server4, refs):
+    """As llama-server (and OpenAI-compatible servers): an unknown field changes nothing."""
+    code, reply = server4.post("/v1/completions", {"prompt": PROMPTS[0], "max_tokens": N, "temperature": 0,
+                                                   "ignore_eos": True, "best_of_n": 3, "x_vendor": {"a": 1}})
+    assert code == 200 and reply["choices"][0]["text"] == refs[PROMPTS[0]]
 
 
 def test_context_overflow_is_a_400_before_any_decode(server4):
     steps = server4.metric("ggspec:engine_steps_total", model_name=PAIR)
     code, reply = server4.post("/v1/completions", {"prompt": "def f(x):", "max_tokens": 1020})
-    assert code == 400 and reply["error"]["code"] == "context_length_exceeded"
+    err = reply["error"]
+    assert code == 400 and err["type"] == "exceed_context_size_error" and err["n_ctx"] == 1024 and err["n_prompt_tokens"] > 0
     assert re.search(r"needs \d+ prompt \+ 1020 generated \+ 8 draft-block positions, but a slot holds 1024: lower "
                      r"max_tokens to at most \d+", reply["error"]["message"]), reply
     long = "x = 1\n" * 600  # over the 1024-token slot by itself
@@ -282,7 +309,8 @@ def test_overload_is_a_503_and_a_disconnect_frees_the_slot(build_info):
                                                           "ignore_eos": True}), {"Content-Type": "application/json"})
         _wait_for(lambda: s.health()["requests_waiting"] == 1, "the second request to queue")
         code, reply = s.post("/v1/completions", {"prompt": "x", "max_tokens": 4})
-        assert code == 503 and reply["error"]["code"] == "overloaded" and "retry later" in reply["error"]["message"]
+        err = reply["error"]
+        assert code == 503 and err["type"] == "unavailable_error" and "retry later" in err["message"]
         with pytest.raises(openai.InternalServerError):  # the client's class for a 503
             s.client.completions.create(model=PAIR, prompt="x", max_tokens=4)
         assert s.metric("ggspec:request_rejected_total", reason="overloaded") == 2

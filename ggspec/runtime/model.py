@@ -112,20 +112,27 @@ class Model(OwnedHandle):
             piece = self._pieces[token] = self._piece(token)
         return piece
 
-    def _piece(self, token: int) -> bytes:
+    def _piece(self, token: int, special: bool = False) -> bytes:
+        """One token's bytes; `special`: control tokens as their text (else nothing), as
+        llama.cpp's common_token_to_piece."""
         if not 0 <= token < self.n_vocab:
             raise InputError(f"token id {token} is outside the {self.what}'s vocabulary (0..{self.n_vocab - 1})")
         buf = ctypes.create_string_buffer(64)
-        n = self.lc._lib.ggspec_token_to_piece(self.vocab, token, buf, 64, 0, False)
+        n = self.lc._lib.ggspec_token_to_piece(self.vocab, token, buf, 64, 0, special)
         if n < 0 and n != _TOKENIZER_THREW:
             buf = ctypes.create_string_buffer(-n)
-            n = self.lc._lib.ggspec_token_to_piece(self.vocab, token, buf, -n, 0, False)
+            n = self.lc._lib.ggspec_token_to_piece(self.vocab, token, buf, -n, 0, special)
         if n == _TOKENIZER_THREW:
             raise InputError(f"{self.what} {self.path}: llama.cpp cannot turn token {token} into text")
         return buf.raw[:n]
 
     def detokenize(self, tokens) -> str:
         return b"".join(self.token_bytes(int(t)) for t in tokens).decode("utf-8", "replace")
+
+    def special_piece(self, token: int) -> bytes:
+        """A token's bytes with control tokens written out (`<eos>`, `<|im_end|>`): what
+        llama-server's /tokenize pieces and /detokenize show."""
+        return self._piece(token, special=True)
 
     def is_eog(self, token: int) -> bool:
         """Whether a token ends generation (asked of every committed token: cached)."""

@@ -16,7 +16,15 @@ from pathlib import Path
 
 from ggspec.errors import InputError
 
+# a model without a template gets llama-server's: chatml, as the Jinja source its /props shows
+# (llama.cpp's common/chat.cpp, CHATML_TEMPLATE_SRC)
 FALLBACK = "chatml"
+CHATML_SOURCE = ("{%- for message in messages -%}\n"
+                 "  {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' -}}\n"
+                 "{%- endfor -%}\n"
+                 "{%- if add_generation_prompt -%}\n"
+                 "  {{- '<|im_start|>assistant\n' -}}\n"
+                 "{%- endif -%}")
 
 
 @dataclass(frozen=True)
@@ -35,7 +43,8 @@ def builtin_names(lc) -> list[str]:
 
 class ChatTemplate:
     """`render(messages)` gives the prompt text (ending with the assistant's turn opened);
-    `source` says where the template came from (for /v1/models and the start-up line)."""
+    `source` says where the template came from (for /v1/models and the start-up line), `text`
+    is the template itself (a built-in one's name)."""
 
     def __init__(self, model, name: str | None = None, path: Path | None = None) -> None:
         """`model`: the target (runtime.Model); `name`: a llama.cpp built-in template;
@@ -48,7 +57,8 @@ class ChatTemplate:
         self._jinja = None
         self._builtin: str | None = None
         if path is not None:
-            self._jinja = _compile(_read(path), f"--chat-template-file {path}")
+            self.text = _read(path)
+            self._jinja = _compile(self.text, f"--chat-template-file {path}")
             self.source = f"file {path}"
         elif name is not None:
             names = builtin_names(self._lc)
@@ -59,10 +69,15 @@ class ChatTemplate:
         else:
             own = self._lc.llama_model_chat_template(model.ptr, None)
             if own:
-                self._jinja = _compile(own.decode("utf-8", "replace"), "the model's chat template")
+                self.text = own.decode("utf-8", "replace")
+                self._jinja = _compile(self.text, "the model's chat template")
                 self.source = "the model's (GGUF tokenizer.chat_template)"
             else:
-                self._builtin, self.source = FALLBACK, f"built-in {FALLBACK} (the model has no chat template)"
+                self.text = CHATML_SOURCE
+                self._jinja = _compile(self.text, "llama.cpp's chatml template")
+                self.source = f"{FALLBACK} (the model has no chat template; llama-server's)"
+        if self._builtin is not None:
+            self.text = self._builtin  # (llama-server's /props shows a built-in template by its name too)
 
     def _special_text(self, token: int) -> str:
         if token < 0:

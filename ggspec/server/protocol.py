@@ -1,9 +1,15 @@
 """OpenAI's request bodies, validated, and the bodies and stream chunks of the answers.
 
-Requests are parsed strictly from the raw JSON (pydantic): a field of the wrong type, an unknown
-field or a value out of range is a 400 naming the field, never a 500. Parameters of OpenAI's API
-that ggspec does not implement (penalties, logprobs, logit bias, n > 1, echo, best_of) are
-accepted only at their no-op values, so a request is never silently answered as something else.
+Requests are parsed from the raw JSON (pydantic, strict types): a field of the wrong type or a
+value out of range is a 400 naming the field, never a 500. Fields the server does not know are
+ignored, as llama-server and other OpenAI-compatible servers do. Features of the APIs that
+ggspec does not implement yet (penalties, logprobs, logit bias, n > 1, grammars, response
+formats, tools) are accepted only at their no-op values, so a request is never silently
+answered as something else.
+
+Speculation per request (ggspec's, in llama-server's names): `"speculative": false` decodes it
+plainly; `speculative.n_max` / `speculative.n_min` bound its drafts within the server's;
+`speculative.type` may name the server's type or "none"; `speculative.p_min` is the server's.
 """
 
 from __future__ import annotations
@@ -11,27 +17,50 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 MAX_STOPS = 4  # as OpenAI
 # request fields an InputError of the engine or the chat template may name (the 400's `param`;
-# the command line's flags never see these)
-REQUEST_PARAMS = frozenset({"prompt", "messages", "max_tokens", "temp", "top_p", "min_p", "seed"})
+# the command line's flags never see these), by the engine's name where it differs
+REQUEST_PARAMS = {"prompt": "prompt", "messages": "messages", "max_tokens": "max_tokens", "temp": "temperature",
+                  "top_p": "top_p", "min_p": "min_p", "seed": "seed", "n_max": "speculative.n_max",
+                  "n_min": "speculative.n_min"}
 SEED_MAX = 0xFFFFFFFE  # llama.cpp's seeds are uint32; 0xFFFFFFFF means "random" there
+# fields accepted only at their no-op value: a 400 says so for any other
+NOT_YET = frozenset({"n", "best_of", "echo", "presence_penalty", "frequency_penalty", "logprobs", "top_logprobs",
+                     "suffix", "logit_bias", "response_format", "tools", "tool_choice", "grammar", "json_schema",
+                     "repeat_penalty", "typical_p", "mirostat", "n_probs", "dry_multiplier", "xtc_probability",
+                     "n_cmpl", "parallel_tool_calls"})
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+class Body(BaseModel):
+    """A request body: strict types, unknown fields ignored."""
+
+    model_config = ConfigDict(extra="ignore", strict=True, populate_by_name=True)
 
 
-class StreamOptions(_Strict):
+class StreamOptions(Body):
     include_usage: bool = False
 
 
-class _Sampling(_Strict):
-    """Fields both endpoints take."""
+class TextFormat(Body):
+    type: Literal["text"]
+
+
+class Speculation(Body):
+    """Speculation per request (module docstring)."""
+
+    speculative: bool | None = None
+    n_max: Annotated[int, Field(ge=0)] | None = Field(None, alias="speculative.n_max")
+    n_min: Annotated[int, Field(ge=0)] | None = Field(None, alias="speculative.n_min")
+    p_min: Annotated[float, Field(ge=0.0, le=1.0)] | None = Field(None, alias="speculative.p_min")
+    spec_type: str | None = Field(None, alias="speculative.type")
+
+
+class Sampling(Speculation):
+    """Fields both OpenAI endpoints take."""
 
     model: str | None = None
     max_tokens: Annotated[int, Field(ge=1)] | None = None
@@ -48,7 +77,11 @@ class _Sampling(_Strict):
     user: str | None = None  # OpenAI's end-user id: accepted, unused
     presence_penalty: Literal[0] = 0
     frequency_penalty: Literal[0] = 0
+    repeat_penalty: Literal[1] = 1  # llama.cpp's extension
     logit_bias: Annotated[dict[str, float], Field(max_length=0)] | None = None
+    response_format: TextFormat | None = None
+    grammar: Literal[""] | None = None  # llama.cpp's extension
+    json_schema: None = None  # llama.cpp's extension
 
     @property
     def stops(self) -> list[str]:
@@ -59,7 +92,7 @@ class _Sampling(_Strict):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
-class CompletionRequest(_Sampling):
+class CompletionRequest(Sampling):
     prompt: str | Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)] | Annotated[
         list[str], Field(min_length=1, max_length=1)]
     echo: Literal[False] = False
@@ -68,12 +101,12 @@ class CompletionRequest(_Sampling):
     suffix: None = None
 
 
-class ContentPart(_Strict):
+class ContentPart(Body):
     type: Literal["text"]
     text: str
 
 
-class ChatMessage(_Strict):
+class ChatMessage(Body):
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[ContentPart]
     name: str | None = None
@@ -83,10 +116,14 @@ class ChatMessage(_Strict):
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
 
-class ChatRequest(_Sampling):
+class ChatRequest(Sampling):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: Literal[False] | None = None
+    top_logprobs: Literal[0] | None = None
+    tools: Annotated[list[Any], Field(max_length=0)] | None = None
+    tool_choice: Literal["none", "auto"] | None = None
+    parallel_tool_calls: bool | None = None
 
     @field_validator("max_completion_tokens")
     @classmethod
@@ -106,7 +143,8 @@ def validation_message(exc: ValidationError) -> tuple[str, str | None]:
     # a union (prompt, stop) reports every branch: the one that got furthest says what is wrong
     e = min(errors, key=lambda e: (e["type"].endswith("_type"), -len(e["loc"])))
     loc = ".".join(str(p) for p in e["loc"] if not isinstance(p, str) or not p.startswith(("function-", "list[",
-                                                                                           "str", "int", "literal")))
+                                                                                           "str", "int", "literal",
+                                                                                           "constrained-", "union[")))
     if e["type"] == "json_invalid":
         return f"the body is not valid JSON: {e['msg'].removeprefix('Invalid JSON: ')}", None
     if e["type"] == "extra_forbidden":
@@ -118,18 +156,19 @@ def validation_message(exc: ValidationError) -> tuple[str, str | None]:
     msg = e["msg"].removeprefix("Value error, ")
     if e["type"] == "too_long" and loc == "prompt":
         msg = "one prompt per request (n = 1)"
-    if e["type"] == "literal_error" and loc in {"n", "best_of", "echo", "presence_penalty", "frequency_penalty",
-                                                  "logprobs", "suffix"}:
-        msg = f"not supported by this server ({msg.lower()})"
+    if loc.split(".")[0] in NOT_YET and e["type"] in ("literal_error", "too_long", "none_required", "model_type",
+                                                       "model_attributes_type", "missing", "extra_forbidden"):
+        msg = f"not supported by this server yet (only its no-op value: {msg[0].lower() + msg[1:]})"
     return f"'{loc}': {msg}" if loc else msg, loc or None
 
 
 # --- answers ---------------------------------------------------------------------------------------
 
 
-def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None,
-               code: str | None = None) -> dict:
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+def error_body(status: int, message: str, kind: str, param: str | None = None, **extra) -> dict:
+    """llama-server's error body (its `code` is the HTTP status), with the field at fault as
+    OpenAI's `param` and any extra fields (a context overflow's n_prompt_tokens and n_ctx)."""
+    return {"error": {"code": status, "message": message, "type": kind, "param": param, **extra}}
 
 
 def new_id(prefix: str) -> str:
@@ -144,6 +183,23 @@ def usage(n_prompt: int, stats) -> dict:
             "total_tokens": n_prompt + stats.n_generated, "prompt_tokens_details": {"cached_tokens": stats.n_cached},
             "draft_tokens": stats.drafted, "accepted_tokens": stats.accepted, "spec_steps": stats.spec_steps,
             "tau": round(stats.tau, 4)}
+
+
+def timings(stats) -> dict:
+    """llama-server's `timings` of one request (server_slot_stats::to_json): its prompt (cached
+    tokens apart) and its generation after the first token, with draft_n / draft_n_accepted once
+    it drafted."""
+    n_prompt = stats.n_prompt - stats.n_cached
+    prompt_ms, gen_ms = stats.t_prompt * 1e3, stats.t_decode * 1e3
+    out = {"cache_n": stats.n_cached, "prompt_n": n_prompt, "prompt_ms": prompt_ms,
+           "prompt_per_token_ms": prompt_ms / n_prompt if n_prompt else 0.0,
+           "prompt_per_second": 1e3 * n_prompt / prompt_ms if prompt_ms > 0 else 0.0,
+           "predicted_n": stats.n_generated, "predicted_ms": gen_ms,
+           "predicted_per_token_ms": gen_ms / stats.n_decoded if stats.n_decoded else 0.0,
+           "predicted_per_second": 1e3 * stats.n_decoded / gen_ms if gen_ms > 0 else 0.0}
+    if stats.drafted:
+        out.update(draft_n=stats.drafted, draft_n_accepted=stats.accepted)
+    return out
 
 
 def sse(obj) -> bytes:
@@ -176,13 +232,13 @@ class Shape:
     def _head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def whole(self, text: str, finish: str, use: dict) -> dict:
+    def whole(self, text: str, finish: str, use: dict, times: dict) -> dict:
         if self.chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
                       "finish_reason": finish}
-            return {**self._head("chat.completion"), "choices": [choice], "usage": use}
+            return {**self._head("chat.completion"), "choices": [choice], "usage": use, "timings": times}
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-        return {**self._head("text_completion"), "choices": [choice], "usage": use}
+        return {**self._head("text_completion"), "choices": [choice], "usage": use, "timings": times}
 
     def chunk(self, text: str | None, finish: str | None = None, *, role: bool = False) -> dict:
         if self.chat:

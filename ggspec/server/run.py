@@ -54,8 +54,16 @@ def build_service(engine: Engine, options: ServeOptions):
             "adaptive": engine.draft_length is not None, "plain_by_cost": engine.plain_by_cost,
             "parallel": engine.parallel, "n_ctx_slot": engine.capacity, "n_vocab": engine.target_model.n_vocab,
             "prompt_cache": engine.prompt_cache, "cache_ram_mib": options.cache_ram_mib if engine.store is not None else 0,
-            "chat_template": template.source}
+            "chat_template": template.source, "build": build_info()}
     return Service(scheduler, template, options.model_id, cfg.sampling, metrics, info)
+
+
+def build_info() -> str:
+    """This build's name in /props (llama-server's build_info): ggspec's build key and patches."""
+    from ggspec.native.bindings import current_build
+
+    info = current_build()
+    return f"ggspec {info.key} (llama.cpp + {len(info.patches)} patches)"
 
 
 def serve(cfg: PairConfig, options: ServeOptions, log: Callable[[str], None] = print) -> None:

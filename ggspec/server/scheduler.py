@@ -26,10 +26,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ggspec.errors import GGSpecError, InputError
+from ggspec.errors import ContextOverflow, GGSpecError
 from ggspec.speculative.driver import Request, start
 from ggspec.speculative.engine import Engine
 from ggspec.speculative.sampling import SamplerSettings
+from ggspec.speculative.sequence import DraftLimits
 from ggspec.speculative.stats import RunStats
 
 log = logging.getLogger("ggspec.server")
@@ -66,11 +67,13 @@ class JobSpec:
     sampling: SamplerSettings
     seed: int | None = None
     ignore_eos: bool = False
+    speculate: bool = True  # False: this request decodes plainly ("speculative": false)
+    limits: DraftLimits | None = None  # its own draft lengths (None: the server's)
 
     def request(self, tag: object) -> Request:
         """The driver's request of this job (`tag`: the Job, handed back on its sequence)."""
         return Request(self.prompt, self.max_tokens, tag=tag, seed=self.seed, sampling=self.sampling,
-                       ignore_eos=self.ignore_eos)
+                       ignore_eos=self.ignore_eos, speculate=self.speculate, limits=self.limits)
 
 
 class Job:
@@ -125,6 +128,10 @@ class Scheduler:
     def running(self) -> int:
         return len(self._running)
 
+    def jobs(self) -> list[Job]:
+        """The running jobs, as of now (a copy: the engine thread changes the set)."""
+        return list(self._running.values())
+
     def budget(self, prompt: np.ndarray, max_tokens: int | None) -> int:
         """Admission: the request's token budget if its prompt, budget and one verify block fit
         a slot's cells; InputError (HTTP 400) otherwise, before anything is decoded."""
@@ -134,9 +141,10 @@ class Scheduler:
         if max_tokens is None:
             return room  # until an end-of-generation token or the slot is full, as llama-server
         if max_tokens > room:
-            raise InputError(f"this request needs {len(prompt)} prompt + {max_tokens} generated + {eng.block_cells} "
-                             f"draft-block positions, but a slot holds {eng.capacity}: lower max_tokens to at most "
-                             f"{room} or shorten the prompt", field="max_tokens")
+            raise ContextOverflow(f"this request needs {len(prompt)} prompt + {max_tokens} generated + "
+                                  f"{eng.block_cells} draft-block positions, but a slot holds {eng.capacity}: lower "
+                                  f"max_tokens to at most {room} or shorten the prompt", "max_tokens", len(prompt),
+                                  eng.capacity)
         return max_tokens
 
     def submit(self, spec: JobSpec) -> Job:

@@ -20,6 +20,7 @@ class TextStream:
         self.text = ""  # decoded so far (cut at a stop string once one is found)
         self._sent = 0  # characters of `text` already returned
         self.stopped = False  # a stop string was found
+        self.stop_word = ""  # which one
 
     def push(self, tokens: Iterable[int]) -> str:
         """The text that can be sent after these tokens ('' while held back or once stopped)."""
@@ -38,9 +39,10 @@ class TextStream:
         start = self._sent
         # a stop string begins at or after `start`: anything before it was released, so it was
         # not the beginning of one
-        hits = [i for i in (self.text.find(s, start) for s in self.stops) if i >= 0]
+        hits = [(i, s) for i, s in ((self.text.find(s, start), s) for s in self.stops) if i >= 0]
         if hits:
-            self.text = self.text[:min(hits)]
+            at, self.stop_word = min(hits)
+            self.text = self.text[:at]
             self.stopped = True
             end = len(self.text)
         else:

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from ggspec.speculative.sampling import DEFAULT_SEED, SamplerSettings
-from ggspec.speculative.sequence import Sequence
+from ggspec.speculative.sequence import DraftLimits, Sequence
 from ggspec.speculative.stats import Step
 
 
@@ -36,6 +36,7 @@ class Request:
     ignore_eos: bool = False
     speculate: bool = True  # False: plain decoding (the baseline) on a speculative engine
     record_margins: bool = False  # keep the target's top-2 margin of each plain step's token
+    limits: DraftLimits | None = None  # its own draft lengths (None: the engine's)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +65,7 @@ def start(engine, request: Request) -> Sequence:
     """Add one request to the engine (its prompt is decoded at the next step)."""
     r = request
     return engine.add(r.prompt, r.n_predict, ignore_eos=r.ignore_eos, tag=r.tag, speculate=r.speculate,
-                      record_margins=r.record_margins, seed=r.seed, sampling=r.sampling)
+                      record_margins=r.record_margins, seed=r.seed, sampling=r.sampling, limits=r.limits)
 
 
 def admit(engine, pending: deque[Request]) -> list[Sequence]:

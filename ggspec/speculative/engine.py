@@ -35,7 +35,7 @@ from ggspec.speculative.models import Models, PairConfig
 from ggspec.speculative.planes import layout_words
 from ggspec.speculative.proposer import Draft, Proposer, Span, verify_span
 from ggspec.speculative.sampling import DEFAULT_SEED, SamplerSettings, concrete_seed
-from ggspec.speculative.sequence import Sequence
+from ggspec.speculative.sequence import DraftLimits, Sequence
 from ggspec.speculative.slots import CapacityError, Slots
 from ggspec.speculative.stats import EngineStats, Step, top2_margin
 from ggspec.speculative.verifier import SequenceVerifier, Verifier
@@ -145,7 +145,7 @@ class Engine:
         self._hold_cells(parts)
 
     @classmethod
-    def open(cls, cfg: PairConfig, **kwargs) -> "Engine":
+    def open(cls, cfg: PairConfig, **kwargs) -> Engine:
         """Load the pair's models and build an engine that owns them."""
         models = Models(cfg)
         try:
@@ -178,18 +178,21 @@ class Engine:
 
     def add(self, prompt, n_predict: int, *, ignore_eos: bool = False, tag: object = None,
             speculate: bool = True, record_margins: bool = False, seed: int | None = None,
-            sampling: SamplerSettings | None = None) -> Sequence:
+            sampling: SamplerSettings | None = None, limits: DraftLimits | None = None) -> Sequence:
         """A new sequence; its prompt is decoded at the next step. `speculate=False` decodes it
         plainly (the baseline), `record_margins` keeps the target's top-2 margin of its plain steps,
         `sampling` chooses its tokens (default: the engine's settings; each sequence of a batch may
         have its own), `seed` keys its random draws when sampling (default: the settings' seed;
-        llama.cpp's default seed means a random one)."""
+        llama.cpp's default seed means a random one), `limits` bounds its drafts' lengths within
+        the engine's (a server request's own n_max / n_min)."""
         if self._closed:
             raise ClosedError("this Engine is closed (close() was called): it cannot be used any more")
         prompt = np.ascontiguousarray(prompt, dtype=np.int32)
         self.check_prompt(prompt)
         if n_predict < 1:
             raise InputError(f"the token budget must be at least 1 (got {n_predict})", field="n_predict")
+        limits = self.check_limits(limits)
+        speculate = speculate and limits.n_max > 0
         sampling = self.sampling if sampling is None else sampling
         sampling.validate()
         if not self.can_add(prompt, n_predict):
@@ -202,7 +205,7 @@ class Engine:
             self.proposer is not None and rule is not None and not fixed and rule.starts_plain()))
         seq = Sequence(slot, prompt, n_predict, ignore_eos=ignore_eos, tag=tag, plain_by_cost=by_cost,
                        speculate=speculate and self.proposer is not None and not by_cost,
-                       record_margins=record_margins,
+                       record_margins=record_margins, limits=limits,
                        sampling=sampling, seed=concrete_seed(sampling.seed if seed is None else seed))
         seq.limit = self.slots.limit(len(prompt), n_predict)  # positions it may use
         seq.n_cached = cached
@@ -214,6 +217,18 @@ class Engine:
         elif self.proposer is not None:
             self.proposer.release(seq)  # its draft cells would go stale
         return seq
+
+    def check_limits(self, limits: DraftLimits | None) -> DraftLimits:
+        """A sequence's own draft limits, validated against the engine's (None: the engine's)."""
+        if limits is None:
+            return DraftLimits(self.n_max)
+        if not 0 <= limits.n_max <= self.n_max:
+            raise InputError(f"a sequence's draft length must be within 0..{self.n_max} (this engine's n_max; got "
+                             f"{limits.n_max})", field="n_max")
+        if not 0 <= limits.n_min <= limits.n_max:
+            raise InputError(f"a sequence's shortest draft must be within 0..{limits.n_max} (its n_max; got "
+                             f"{limits.n_min})", field="n_min")
+        return limits
 
     @property
     def plain_by_cost(self) -> bool:
@@ -371,8 +386,9 @@ class Engine:
         drafts = dict.fromkeys(live, Draft.empty())
         made: dict[Sequence, Draft] = {}  # the drafts as made (the adaptive rule scores them whole)
         if drafting:
+            n = min(n, max(seq.limits.n_max for seq in drafting))  # no longer than any of them may verify
             for seq, d in zip(drafting, self.proposer.propose(drafting, n)):
-                made[seq] = d.head(seq.left - 1)  # drafted past the budget: never verified
+                made[seq] = seq.limits.cut(d.head(seq.left - 1))  # drafted past the budget: never verified
             verified = auto.after(live, made) if auto is not None else None
             for seq, d in made.items():
                 drafts[seq] = d if verified is None else d.head(verified[seq])
@@ -513,7 +529,7 @@ class Engine:
         if self._owns_models:
             self.models.close()
 
-    def __enter__(self) -> "Engine":
+    def __enter__(self) -> Engine:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -6,10 +6,26 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ggspec.speculative.proposer import Draft
 from ggspec.speculative.sampling import SamplerSettings
 from ggspec.speculative.stats import RunStats
 
 GREEDY = SamplerSettings(temp=0.0)
+
+
+@dataclass(frozen=True)
+class DraftLimits:
+    """How long one sequence's verified drafts may be, within its engine's: at most n_max tokens
+    (0: it decodes plainly), and none shorter than n_min (a shorter draft is not verified, as
+    llama.cpp's --spec-draft-n-min; the engine's own n_min still applies where its drafter has
+    one). A server request's own `speculative.n_max` / `n_min`."""
+
+    n_max: int
+    n_min: int = 0
+
+    def cut(self, draft: Draft) -> Draft:
+        draft = draft.head(self.n_max)
+        return draft if len(draft) >= self.n_min else Draft.empty()
 
 
 @dataclass(eq=False)
@@ -25,6 +41,7 @@ class Sequence:
     speculate: bool = True  # False: plain decoding for this sequence (the proposer never sees it)
     plain_by_cost: bool = False  # it decodes plainly because no draft length pays (its steps: k = 0)
     record_margins: bool = False  # keep the target's top-2 margin of each plain step (the oracle)
+    limits: DraftLimits = DraftLimits(1 << 30)  # its own bounds on a draft's length (the engine's: no bound)
     limit: int = 0  # positions it may use (prompt, budget, one verify block), set by the engine
     n_cached: int = 0  # leading prompt tokens its slot's cells held already (the prompt cache)
     tokens: list[int] = field(default_factory=list)  # generated (committed) tokens
@@ -69,7 +86,7 @@ class Sequence:
             self.done = True
         return kept
 
-    def rng(self, purpose: int) -> "Draws":
+    def rng(self, purpose: int) -> Draws:
         """The uniform draws of one step of one kind (0: drafting, 1: verifying), keyed by the
         sequence's seed and position: the same seed gives the same draws whatever other sequences
         run beside it and however many draws earlier steps made."""
@@ -91,7 +108,7 @@ class Draws:
     over the key and a counter, a few microseconds a draw (numpy's generators take tens of
     microseconds to create, and a step needs a fresh one per sequence)."""
 
-    __slots__ = ("_key", "_i")
+    __slots__ = ("_i", "_key")
 
     def __init__(self, seed: int, purpose: int, pos: int) -> None:
         self._key = _mix(_mix(_mix(seed & _MASK) ^ purpose) ^ pos)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ggspec.errors import InputError, LlamaError
+from ggspec.errors import ContextOverflow, InputError, LlamaError
 from ggspec.runtime import Context
 from ggspec.speculative.prompt_store import PromptStore, Saved, common_prefix
 
@@ -51,9 +51,9 @@ class Slots:
         need = len(prompt) + self.block_cells  # prompt, then one verify block [id_last, d1..dn]
         if need > self.capacity:
             room = "a draft block" if self.block_cells > 1 else "one generated token"
-            raise InputError(f"the prompt has {len(prompt)} tokens: with {room} it needs {need} positions, "
-                             f"but the context holds {self.capacity} (raise the context size or shorten the prompt)",
-                             field="prompt")
+            raise ContextOverflow(f"the prompt has {len(prompt)} tokens: with {room} it needs {need} positions, "
+                                  f"but the context holds {self.capacity} (raise the context size or shorten the "
+                                  "prompt)", "prompt", len(prompt), self.capacity)
 
     def limit(self, n_prompt: int, n_predict: int) -> int:
         """Positions a sequence may use: its prompt, its budget and one verify block past it."""

@@ -14,8 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-
 from conftest import PROMPTS
+
 from ggspec.bench.serving import NotReady, free_port, wait_ready
 from ggspec.speculative.engine import Engine
 from ggspec.speculative.models import PairConfig
@@ -101,3 +101,31 @@ def serve_equals_plain(target: Path, *server_args: str) -> None:
     finally:
         code, err = s.stop()
     assert code == 0, err
+
+
+class NativeServer:
+    """llama.cpp's own llama-server of the same build, on a free loopback port (the reference
+    ggspec serve is compared with)."""
+
+    def __init__(self, lib_dir: str, model: Path, *args: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [str(Path(lib_dir) / "llama-server"), "-m", str(model), "--host", "127.0.0.1", "--port", str(self.port),
+               "-t", "2", "--no-warmup", *args]
+        self.log = tempfile.TemporaryFile("w+")
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, text=True)
+        try:
+            wait_ready(self.url, self.proc, timeout=120)
+        except NotReady as exc:
+            self.log.seek(0)
+            raise AssertionError(f"{exc}: {self.log.read()[-2000:]}") from None
+
+    get, post = LiveServer.get, LiveServer.post
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()

@@ -1,0 +1,96 @@
+"""llama-server's own request bodies and answers: /completion, /tokenize, /detokenize,
+/apply-template, /props and /slots, in the shapes of the pinned llama.cpp's tools/server
+(server-task.cpp, server-context.cpp). Where ggspec knows more (its speculative settings and
+figures) it adds fields; it never changes llama-server's.
+
+Requests follow protocol.py's rules: strict types, unknown fields ignored, unimplemented
+features accepted only at their no-op values.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import AliasChoices, Field
+
+from ggspec.server.protocol import SEED_MAX, ChatMessage, Speculation, Body
+from ggspec.speculative.sampling import DEFAULT_SEED, SamplerSettings
+
+Prompt = str | Annotated[list[Annotated[int, Field(ge=0)] | str], Field(min_length=1)]
+STOP_TYPES = {"stop": "eos", "length": "limit"}  # a Done's reason -> llama-server's stop_type ("word": a stop string)
+
+
+class CompletionRequest(Speculation):
+    """POST /completion (and /completions): llama-server's native completion."""
+
+    prompt: Prompt
+    n_predict: Annotated[int, Field(ge=-1)] = Field(-1, validation_alias=AliasChoices(
+        "n_predict", "max_tokens", "max_completion_tokens"))  # -1: until an end token or a full slot
+    temperature: Annotated[float, Field(ge=0.0)] | None = None
+    top_k: int | None = None
+    top_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    seed: Annotated[int, Field(ge=-1, le=SEED_MAX + 1)] | None = None  # -1 (or 2^32 - 1): a random one
+    stop: Annotated[list[str], Field(max_length=16)] | None = None
+    stream: bool = False
+    ignore_eos: bool = False
+    cache_prompt: bool = True  # the prompt cache is lossless: a request answers alike either way
+    return_tokens: bool = False
+    timings_per_token: bool = False
+    n_probs: Literal[0] = 0
+    n_cmpl: Literal[1] = Field(1, validation_alias=AliasChoices("n_cmpl", "n"))
+    repeat_penalty: Literal[1] = 1
+    presence_penalty: Literal[0] = 0
+    frequency_penalty: Literal[0] = 0
+    typical_p: Literal[1] = 1
+    mirostat: Literal[0] = 0
+    dry_multiplier: Literal[0] = 0
+    xtc_probability: Literal[0] = 0
+    grammar: Literal[""] | None = None
+    json_schema: None = None
+    logit_bias: Annotated[list[Any] | dict[str, Any], Field(max_length=0)] | None = None
+
+    @property
+    def stops(self) -> list[str]:
+        return list(self.stop or [])
+
+    @property
+    def limit(self) -> int | None:
+        return None if self.n_predict < 0 else self.n_predict
+
+    @property
+    def request_seed(self) -> int | None:
+        return None if self.seed is None else (DEFAULT_SEED if self.seed < 0 else self.seed)
+
+
+class TokenizeRequest(Body):
+    content: Prompt | None = None
+    add_special: bool = False
+    parse_special: bool = True
+    with_pieces: bool = False
+
+
+class DetokenizeRequest(Body):
+    tokens: list[int] = Field(default_factory=list)
+
+
+class ApplyTemplateRequest(Body):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+
+
+def generation_settings(sampling: SamplerSettings, n_predict: int, stream: bool, ignore_eos: bool,
+                        speculative: dict) -> dict:
+    """task_params::to_json's fields that ggspec has (the sampler chain's no-op stages at their
+    no-op values), and the request's speculative settings."""
+    return {"seed": sampling.seed, "temperature": sampling.temp, "top_k": sampling.top_k, "top_p": sampling.top_p,
+            "min_p": sampling.min_p, "typical_p": 1.0, "repeat_penalty": 1.0, "presence_penalty": 0.0,
+            "frequency_penalty": 0.0, "mirostat": 0, "max_tokens": n_predict, "n_predict": n_predict,
+            "ignore_eos": ignore_eos, "stream": stream, "n_probs": 0,
+            "samplers": ["top_k", "top_p", "min_p", "temperature"],
+            **{f"speculative.{k}": v for k, v in speculative.items()}}
+
+
+def completion_chunk(text: str, tokens: list[int], slot: int, n_predicted: int, n_prompt: int) -> dict:
+    """One streamed piece (server_task_result_cmpl_partial::to_json_non_oaicompat)."""
+    return {"index": 0, "content": text, "tokens": tokens, "stop": False, "id_slot": slot,
+            "tokens_predicted": n_predicted, "tokens_evaluated": n_prompt}

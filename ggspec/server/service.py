@@ -1,0 +1,167 @@
+"""What every route shares: the Service (scheduler, template, defaults), admission, and errors.
+
+Errors leave in llama-server's body, `{"error": {"code": <HTTP status>, "message", "type"}}`, with
+the request field at fault added as `param` (OpenAI's name for it): a client written for either
+server reads it. A request is admitted here, on the event loop, before it reaches the engine: a
+bad body, an unknown model or a prompt that cannot fit its slot is a 4xx, a full queue a 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, replace
+
+import numpy as np
+from pydantic import BaseModel, ValidationError
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from ggspec.server import protocol as p
+from ggspec.server.chat import ChatTemplate, Message
+from ggspec.server.metrics import Metrics
+from ggspec.server.scheduler import Done, Failed, JobSpec, Scheduler, Tokens
+from ggspec.server.text import TextStream
+from ggspec.speculative.sampling import SamplerSettings
+from ggspec.speculative.sequence import DraftLimits
+
+# llama-server's error types by HTTP status (server-common.cpp, format_error_response)
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+               404: "not_found_error", 500: "server_error", 501: "not_supported_error", 503: "unavailable_error"}
+CONTEXT_ERROR = "exceed_context_size_error"
+DISCONNECT_POLL = 0.25  # seconds between checks for a vanished client while a whole answer is made
+
+
+class ApiError(Exception):
+    """An answer other than 200: status, one line, the field at fault, and extra error fields."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, kind: str | None = None,
+                 **extra) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+        self.kind = kind or ERROR_TYPES.get(status, "server_error")
+        self.extra = extra
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(p.error_body(self.status, self.message, self.kind, self.param, **self.extra),
+                            status_code=self.status)
+
+
+def parse(model: type[BaseModel], raw: bytes):
+    """A request body as `model`, or a 400 naming the field at fault."""
+    try:
+        return model.model_validate_json(raw or b"null")
+    except ValidationError as exc:
+        message, param = p.validation_message(exc)
+        raise ApiError(400, message, param) from None
+
+
+def tokenize_mixed(model, prompt: str | list, add_special: bool, parse_special: bool, field: str = "prompt") -> np.ndarray:
+    """Text, token ids, or a list mixing both, as llama-server's tokenize_mixed: only a text
+    that comes first gets the BOS token (`add_special`); ids outside the vocabulary are a 400."""
+    if isinstance(prompt, str):
+        return model.tokenize(prompt, add_special=add_special, parse_special=parse_special)
+    out: list[int] = []
+    for i, part in enumerate(prompt):
+        if isinstance(part, str):
+            out += model.tokenize(part, add_special=add_special and i == 0, parse_special=parse_special).tolist()
+        elif not 0 <= part < model.n_vocab:
+            raise ApiError(400, f"token id {part} is outside the vocabulary (0..{model.n_vocab - 1})", field)
+        else:
+            out.append(part)
+    return np.asarray(out, dtype=np.int32)
+
+
+@dataclass
+class Service:
+    """What the routes need: the scheduler, the model's names and template, request defaults."""
+
+    scheduler: Scheduler
+    template: ChatTemplate
+    model_id: str
+    sampling: SamplerSettings  # for fields a request leaves out (the server's --temp, --top-k, ...)
+    metrics: Metrics
+    info: dict  # /v1/models "meta" and /props "speculative": the pair and its settings
+
+    @property
+    def engine(self):
+        return self.scheduler.engine
+
+    # --- admission -------------------------------------------------------------------------------
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name != self.model_id:
+            raise ApiError(404, f"the model '{name}' does not exist here: this server has '{self.model_id}'",
+                           "model")
+
+    def settings(self, req: p.Sampling) -> SamplerSettings:
+        given = {"temp": req.temperature, "top_p": req.top_p, "top_k": req.top_k, "min_p": req.min_p}
+        return replace(self.sampling, **{k: v for k, v in given.items() if v is not None})
+
+    def speculation(self, req: p.Speculation) -> tuple[bool, DraftLimits | None]:
+        """Whether a request speculates, and its own draft limits (None: the server's)."""
+        eng = self.engine
+        kind = req.spec_type
+        if kind is not None and kind not in ("none", eng.plan.spec_type):
+            have = f"drafts with {eng.plan.spec_type}" if eng.speculative else "does not speculate"
+            raise ApiError(400, f"this server {have}: a request may ask for that or 'none', not '{kind}'",
+                           "speculative.type")
+        if req.p_min is not None and req.p_min != eng.cfg.p_min:
+            raise ApiError(400, f"the confidence cut-off is the server's ({eng.cfg.p_min}), not per request",
+                           "speculative.p_min")
+        if req.speculative is False or kind == "none":
+            return False, None
+        if req.n_max is None and req.n_min is None:
+            return True, None
+        if not eng.speculative and req.n_max:
+            raise ApiError(400, "this server does not speculate (it was started plain)", "speculative.n_max")
+        limits = DraftLimits(eng.n_max if req.n_max is None else req.n_max, req.n_min or 0)
+        return True, eng.check_limits(limits)
+
+    def tokens(self, prompt) -> np.ndarray:
+        """A prompt's tokens: text (special tokens written as text are parsed, as llama-server
+        does), token ids, or llama-server's mixed list of both."""
+        return tokenize_mixed(self.engine.target_model, prompt, add_special=True, parse_special=True)
+
+    def chat_tokens(self, messages: list[p.ChatMessage]) -> np.ndarray:
+        text = self.render(messages)
+        return self.engine.target_model.tokenize(text, add_special=not self.template.starts_with_bos(text),
+                                                 parse_special=True)
+
+    def render(self, messages: list[p.ChatMessage]) -> str:
+        return self.template.render([Message(m.role, m.text) for m in messages])
+
+    def admit(self, req, prompt: np.ndarray, limit: int | None, seed: int | None = None):
+        """The scheduler job of an admitted request (InputError / Overloaded raised otherwise)."""
+        budget = self.scheduler.budget(prompt, limit)
+        sampling = self.settings(req)
+        sampling.validate()
+        speculate, limits = self.speculation(req)
+        return self.scheduler.submit(JobSpec(prompt, budget, sampling, req.seed if seed is None else seed,
+                                             req.ignore_eos, speculate, limits))
+
+
+async def collect(request: Request, svc: Service, job, text: TextStream, tokens: list[int] | None = None):
+    """(finish reason, stats) of a whole answer, its text in `text` (and its token ids appended
+    to `tokens`); (None, None) once the client is gone. The finish reason is OpenAI's: "stop"
+    at an end-of-generation token or a stop string, "length" at the budget or a full slot."""
+    stopped = False
+    while True:
+        try:
+            event = await asyncio.wait_for(job.events.get(), DISCONNECT_POLL)
+        except TimeoutError:
+            if await request.is_disconnected():
+                return None, None
+            continue
+        if isinstance(event, Tokens) and not stopped:
+            text.push(event.tokens)
+            if tokens is not None:
+                tokens += event.tokens
+            if text.stopped:
+                stopped = True
+                svc.scheduler.cancel(job)
+        elif isinstance(event, Done):
+            if not stopped:
+                text.finish()
+            return ("stop" if stopped else event.reason), event.stats
+        elif isinstance(event, Failed):
+            raise ApiError(500, event.message)

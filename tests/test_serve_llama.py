@@ -1,0 +1,216 @@
+"""`ggspec serve` as llama-server: its own endpoints (/completion, /tokenize, /detokenize,
+/apply-template, /props, /slots), `timings`, and speculation chosen per request.
+
+The tiny pair's server is checked against `ggspec run`'s greedy text; the real Gemma 3 270M's
+against llama.cpp's own llama-server of the same build, request for request."""
+
+from __future__ import annotations
+
+import http.client
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from conftest import run_cli
+from ggspec.runtime import ContextParams
+from ggspec.speculative.driver import Request, drive
+from ggspec.speculative.engine import Engine
+from ggspec.speculative.models import PairConfig
+from ggspec.speculative.oracle import compare
+from helpers.serving import LiveServer, NativeServer
+
+PAIR = "tiny-coder"
+PROMPTS = ["def fibonacci(n):", "class Stack:\n    def __init__(self):"]
+N = 32
+
+
+@pytest.fixture(scope="module")
+def refs(build_info) -> dict[str, str]:
+    out = {}
+    for p in PROMPTS:
+        proc = run_cli("run", "--pair", PAIR, "-p", p, "-n", str(N), "--ignore-eos")
+        assert proc.returncode == 0, proc.stderr
+        out[p] = proc.stdout[len(p):-1]
+    return out
+
+
+@pytest.fixture(scope="module")
+def server(build_info):
+    s = LiveServer("--pair", PAIR, "-np", "4", "--spec-draft-n-max", "7")  # (a fixed length: speculation is tested)
+    yield s
+    code, err = s.stop()
+    assert code == 0, err
+
+
+def _stream(port: int, path: str, body: dict) -> list[dict]:
+    """The `data: {...}` events of a streamed answer."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    conn.request("POST", path, json.dumps({**body, "stream": True}), {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200 and resp.getheader("Content-Type").startswith("text/event-stream")
+    events = [json.loads(line[6:]) for line in resp.read().decode().splitlines() if line.startswith("data: {")]
+    conn.close()
+    return events
+
+
+def _greedy(prompt: str, **kw) -> dict:
+    return {"prompt": prompt, "n_predict": N, "temperature": 0, "ignore_eos": True, **kw}
+
+
+# --- /completion -----------------------------------------------------------------------------------
+
+
+def test_completion_is_greedy_run_whole_and_streamed(server, refs):
+    """llama-server's native completion: the same text as `ggspec run`, its token ids, why it
+    stopped, the request's settings and its timings with the speculative figures."""
+    for prompt, want in refs.items():
+        code, r = server.post("/completion", _greedy(prompt, return_tokens=True))
+        assert code == 200, r
+        assert r["content"] == want and r["stop"] is True and r["stop_type"] == "limit" and r["stopping_word"] == ""
+        assert r["tokens_predicted"] == N == len(r["tokens"]) and r["tokens_evaluated"] > 0 and 0 <= r["id_slot"] < 4
+        assert server.post("/detokenize", {"tokens": r["tokens"]})[1]["content"] == want
+        t = r["timings"]
+        assert t["predicted_n"] == N and t["draft_n"] >= t["draft_n_accepted"] > 0 and t["predicted_per_second"] > 0
+        g = r["generation_settings"]
+        assert g["temperature"] == 0 and g["n_predict"] == N and g["speculative.n_max"] == 7
+        assert g["speculative.type"] == "draft-dflash"
+
+        events = _stream(server.port, "/completion", _greedy(prompt))
+        *pieces, last = events
+        assert all(e["stop"] is False and e["tokens"] == [] for e in pieces) and last["stop"] is True
+        assert "".join(e["content"] for e in events) == want
+        assert last["timings"]["predicted_n"] == N and last["tokens_predicted"] == N
+
+
+def test_completion_stops_at_a_stop_word_or_the_budget(server, refs):
+    prompt, want = next((p, w) for p, w in refs.items() if "\n" in w)
+    code, r = server.post("/completion", _greedy(prompt, stop=["\n"]))
+    assert code == 200 and r["stop_type"] == "word" and r["stopping_word"] == "\n"
+    assert r["content"] == want[:want.index("\n")]
+    code, r = server.post("/completion", {**_greedy(prompt), "n_predict": 5})
+    assert code == 200 and r["stop_type"] == "limit" and r["tokens_predicted"] == 5 and want.startswith(r["content"])
+    code, r = server.post("/completion", {**_greedy(prompt), "n_predict": 0})  # the prompt alone
+    assert code == 200 and r["content"] == "" and r["tokens_predicted"] == 0
+
+
+# --- speculation per request -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("endpoint", ["/completion", "/v1/completions"])
+def test_speculation_per_request_in_one_batch(server, refs, endpoint):
+    """Requests with their own speculative settings, at once in the same steps: each gets the
+    greedy text; `"speculative": false` drafts nothing, `speculative.n_max` bounds each draft,
+    `speculative.n_min` drops shorter ones."""
+    settings = [{"speculative": False}, {"speculative.type": "none"}, {"speculative.n_max": 2},
+                {"speculative.n_max": 7, "speculative.n_min": 5}, {}]
+    prompt, want = next(iter(refs.items()))
+
+    def ask(extra: dict) -> dict:
+        body = _greedy(prompt, **extra) if endpoint == "/completion" else {
+            "prompt": prompt, "max_tokens": N, "temperature": 0, "ignore_eos": True, **extra}
+        code, r = server.post(endpoint, body)
+        assert code == 200, r
+        return r
+
+    with ThreadPoolExecutor(len(settings)) as pool:
+        replies = list(pool.map(ask, settings))
+    for extra, r in zip(settings, replies):
+        text = r["content"] if endpoint == "/completion" else r["choices"][0]["text"]
+        assert text == want, extra
+        t = r["timings"]
+        drafted, steps = t.get("draft_n", 0), (r["usage"]["spec_steps"] if "usage" in r else None)
+        if extra.get("speculative") is False or extra.get("speculative.type") == "none":
+            assert drafted == 0
+        else:
+            assert drafted > 0
+        if steps is not None and drafted:
+            n_max, n_min = extra.get("speculative.n_max", 7), extra.get("speculative.n_min", 0)
+            assert n_min * steps <= drafted <= n_max * steps, (extra, drafted, steps)
+
+
+# --- tokens, templates, the server's state ---------------------------------------------------------
+
+
+def test_tokenize_detokenize_and_apply_template(server):
+    code, r = server.post("/tokenize", {"content": "def f(x):"})
+    assert code == 200 and all(isinstance(t, int) for t in r["tokens"])
+    ids = r["tokens"]
+    assert server.post("/detokenize", {"tokens": ids})[1] == {"content": "def f(x):"}
+    pieces = server.post("/tokenize", {"content": "def f(x):", "with_pieces": True})[1]["tokens"]
+    assert [p["id"] for p in pieces] == ids and "".join(p["piece"] for p in pieces) == "def f(x):"
+    mixed = server.post("/tokenize", {"content": ["def", ids[-1]]})[1]["tokens"]
+    assert mixed[-1] == ids[-1]
+    assert server.post("/tokenize", {})[1] == {"tokens": []}
+    code, r = server.post("/apply-template", {"messages": [{"role": "user", "content": "hi"}]})
+    assert code == 200 and "hi" in r["prompt"] and r["prompt"].endswith("assistant\n")
+
+
+def test_props_and_slots(server):
+    code, props = server.get("/props")
+    assert code == 200
+    assert props["total_slots"] == 4 and props["default_generation_settings"]["n_ctx"] == 1024
+    params = props["default_generation_settings"]["params"]
+    assert params["speculative.type"] == "draft-dflash" and params["speculative.n_max"] == 7
+    assert props["speculative"]["spec_type"] == "draft-dflash" and props["build_info"].startswith("ggspec ")
+    code, slots = server.get("/slots")
+    assert code == 200 and [s["id"] for s in slots] == [0, 1, 2, 3]
+    assert all(s["n_ctx"] == 1024 and s["speculative"] and not s["is_processing"] for s in slots)
+
+
+# --- against llama-server, on a real model ---------------------------------------------------------
+
+
+@pytest.mark.real
+def test_answers_equal_llama_servers(build_info, real_target):
+    """The same requests to llama-server and to ggspec serve (speculating with the pair's n-gram
+    drafter) over Gemma 3 270M: the same tokens, texts, prompts and fields."""
+    # (flash attention off in both: ggspec's verifying context has it off, and with it on the two
+    # servers' kernels round differently; the oracle's margins are those of the same settings)
+    ours = LiveServer("-m", str(real_target), "--spec-type", "ngram-simple", "--spec-draft-n-max", "8", "-np", "1",
+                      "-c", "2048", "-fa", "off")
+    theirs = NativeServer(build_info.lib_dir, real_target, "-np", "1", "-c", "2048", "-fa", "off")
+    try:
+        for body in ({"content": "Hello <start_of_turn>user\nhi"}, {"content": "x = 1", "add_special": True},
+                     {"content": ["a b", 106, "c"], "with_pieces": True}, {"content": "naïve café ✓", "with_pieces": True}):
+            assert ours.post("/tokenize", body) == theirs.post("/tokenize", body), body
+        ids = theirs.post("/tokenize", {"content": "<start_of_turn>user\nnaïve<end_of_turn>", "parse_special": True})[1]
+        assert ours.post("/detokenize", ids) == theirs.post("/detokenize", ids)
+        chat = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a color."}]}
+        assert ours.post("/apply-template", chat) == theirs.post("/apply-template", chat)
+
+        for prompt in ("def is_prime(n):\n", "The capital of France is"):
+            body = {"prompt": prompt, "n_predict": 24, "temperature": 0, "return_tokens": True}
+            (c1, a), (c2, b) = ours.post("/completion", body), theirs.post("/completion", body)
+            assert c1 == c2 == 200
+            div = compare(b["tokens"], _margins(real_target, prompt, 24), a["tokens"])
+            print(f"{prompt!r}: {'identical' if div is None else div.describe()} (llama-server = plain)")
+            assert div is None or div.benign, div.describe()
+            if div is None:
+                assert a["content"] == b["content"]
+                for key in ("stop_type", "stopping_word", "has_new_line"):
+                    assert a[key] == b[key], key
+            for key in ("tokens_predicted", "tokens_evaluated", "prompt"):
+                assert a[key] == b[key], key
+            assert set(b) <= set(a) and set(b["timings"]) <= set(a["timings"])
+            assert set(b["generation_settings"]) & set(a["generation_settings"]) >= {"temperature", "top_k", "n_predict"}
+
+        (_, a), (_, b) = ours.get("/props"), theirs.get("/props")
+        assert set(b) - set(a) <= UI_ONLY_PROPS, set(b) - set(a)
+        assert a["chat_template"] == b["chat_template"] and a["bos_token"] == b["bos_token"]
+        assert a["total_slots"] == b["total_slots"] and a["default_generation_settings"]["n_ctx"] > 0
+    finally:
+        theirs.stop()
+        code, err = ours.stop()
+    assert code == 0, err
+
+
+def _margins(target, prompt: str, n: int) -> list[float]:
+    """The target's top-2 logit margin at each of its plain greedy tokens (the oracle's)."""
+    with Engine.open(PairConfig(target, ctx=ContextParams(n_ctx=2048, n_threads=2, flash_attn="off")), plain=True) as e:
+        ids = e.target_model.tokenize(prompt, add_special=True, parse_special=True)
+        return [m for ev in drive(e, [Request(ids, n, speculate=False, record_margins=True)]) for m in ev.step.margins]
+
+
+# /props fields of llama-server's web UI and media input, which ggspec serve has no use for
+UI_ONLY_PROPS = {"ui", "ui_settings", "media_marker", "chat_template_caps", "cors_proxy_enabled", "model_ftype",
+                 "chat_template_tool_use"}
