@@ -205,9 +205,11 @@ def test_a_seed_reproduces_a_sampled_answer_alone_or_batched(server4):
     ("/v1/completions", {"prompt": "x", "temperature": True}, 400, "temperature", "valid number"),
     ("/v1/completions", {"prompt": "x", "n": 2}, 400, "n", "not supported"),
     ("/v1/completions", {"prompt": "x", "frequency_penalty": 0.5}, 400, "frequency_penalty", "not supported"),
-    ("/v1/completions", {"prompt": "x", "grammar": "root ::= [a-z]+"}, 400, "grammar", "not supported"),
+    ("/v1/completions", {"prompt": "x", "grammar": "root ::= nope"}, 400, "grammar", "cannot parse this grammar"),
+    ("/v1/completions", {"prompt": "x", "grammar": "root ::= [a-z]+", "json_schema": {}}, 400, "json_schema",
+     "not both"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
-                              "response_format": {"type": "json_object"}}, 400, "response_format.type", "not supported"),
+                              "response_format": {"type": "xml"}}, 400, "response_format.type", "'json_schema'"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": [
         {"type": "function", "function": {"name": "f", "parameters": {}}}]}, 400, "tools", "not supported"),
     ("/v1/completions", {"prompt": "x", "speculative.n_max": 99}, 400, "speculative.n_max", "within 0..7"),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -128,6 +129,39 @@ def test_speculation_per_request_in_one_batch(server, refs, endpoint):
             assert n_min * steps <= drafted <= n_max * steps, (extra, drafted, steps)
 
 
+# --- constrained output ----------------------------------------------------------------------------
+
+ARGS = r'''root ::= "(" name ("," " " name)* "):" "\n"
+name ::= [a-z_] [a-z_0-9]{0,7}'''
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                           "age": {"type": "integer", "minimum": 0, "maximum": 150}},
+          "required": ["name", "age"]}
+
+
+def test_a_grammar_holds_under_speculation_and_equals_plain(server):
+    """GBNF on both APIs and a JSON schema through response_format: speculative answers equal the
+    same server's plain ones ("speculative": false) under the same constraint, and follow it."""
+    prompt = "    def push"
+    body = {"prompt": prompt, "n_predict": N, "temperature": 0, "grammar": ARGS}
+    spec, plain = server.post("/completion", body), server.post("/completion", {**body, "speculative": False})
+    assert spec[0] == plain[0] == 200 and spec[1]["content"] == plain[1]["content"]
+    assert re.fullmatch(r"\([a-z_][a-z_0-9]{0,7}(, [a-z_][a-z_0-9]{0,7})*\):\n", spec[1]["content"]), spec[1]
+    assert spec[1]["stop_type"] == "eos"  # the grammar complete: only an end token is left
+    code, r = server.post("/v1/completions", {"prompt": prompt, "max_tokens": N, "temperature": 0, "grammar": ARGS})
+    assert code == 200 and r["choices"][0]["text"] == spec[1]["content"] and r["choices"][0]["finish_reason"] == "stop"
+
+    chat = {"messages": [{"role": "user", "content": "A person as JSON:"}], "max_tokens": 64, "temperature": 0,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}}
+    (c1, a), (c2, b) = server.post("/v1/chat/completions", chat), server.post("/v1/chat/completions",
+                                                                             {**chat, "speculative": False})
+    assert c1 == c2 == 200
+    text = a["choices"][0]["message"]["content"]
+    assert text == b["choices"][0]["message"]["content"]
+    if a["choices"][0]["finish_reason"] == "stop":  # complete: valid JSON of the schema's shape
+        person = json.loads(text)
+        assert set(person) == {"name", "age"} and isinstance(person["age"], int)
+
+
 # --- tokens, templates, the server's state ---------------------------------------------------------
 
 
@@ -193,6 +227,12 @@ def test_answers_equal_llama_servers(build_info, real_target):
                 assert a[key] == b[key], key
             assert set(b) <= set(a) and set(b["timings"]) <= set(a["timings"])
             assert set(b["generation_settings"]) & set(a["generation_settings"]) >= {"temperature", "top_k", "n_predict"}
+
+        # a grammar: the same constraint in both (llama.cpp's grammar sampler)
+        body = {"prompt": "Is the sky blue? Answer:", "n_predict": 16, "temperature": 0, "return_tokens": True,
+                "grammar": 'root ::= " " ("yes" | "no") "," " " [a-z ]{1,40} "."'}
+        (c1, a), (c2, b) = ours.post("/completion", body), theirs.post("/completion", body)
+        assert c1 == c2 == 200 and a["tokens"] == b["tokens"] and a["content"] == b["content"], (a, b)
 
         (_, a), (_, b) = ours.get("/props"), theirs.get("/props")
         assert set(b) - set(a) <= UI_ONLY_PROPS, set(b) - set(a)

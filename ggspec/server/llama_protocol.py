@@ -13,14 +13,14 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, Field
 
-from ggspec.server.protocol import SEED_MAX, ChatMessage, Speculation, Body
+from ggspec.server.protocol import SEED_MAX, Body, ChatMessage, Constrained, Speculation
 from ggspec.speculative.sampling import DEFAULT_SEED, SamplerSettings
 
 Prompt = str | Annotated[list[Annotated[int, Field(ge=0)] | str], Field(min_length=1)]
 STOP_TYPES = {"stop": "eos", "length": "limit"}  # a Done's reason -> llama-server's stop_type ("word": a stop string)
 
 
-class CompletionRequest(Speculation):
+class CompletionRequest(Speculation, Constrained):
     """POST /completion (and /completions): llama-server's native completion."""
 
     prompt: Prompt
@@ -46,8 +46,6 @@ class CompletionRequest(Speculation):
     mirostat: Literal[0] = 0
     dry_multiplier: Literal[0] = 0
     xtc_probability: Literal[0] = 0
-    grammar: Literal[""] | None = None
-    json_schema: None = None
     logit_bias: Annotated[list[Any] | dict[str, Any], Field(max_length=0)] | None = None
 
     @property

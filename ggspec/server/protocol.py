@@ -3,9 +3,12 @@
 Requests are parsed from the raw JSON (pydantic, strict types): a field of the wrong type or a
 value out of range is a 400 naming the field, never a 500. Fields the server does not know are
 ignored, as llama-server and other OpenAI-compatible servers do. Features of the APIs that
-ggspec does not implement yet (penalties, logprobs, logit bias, n > 1, grammars, response
-formats, tools) are accepted only at their no-op values, so a request is never silently
+ggspec does not implement yet (penalties, logprobs, logit bias, n > 1, tools) are accepted only at
+their no-op values, so a request is never silently
 answered as something else.
+
+Constrained output (`grammar`, `json_schema`, `response_format`) becomes one GBNF grammar
+(service.py), which llama.cpp's grammar sampler enforces on every verified row.
 
 Speculation per request (ggspec's, in llama-server's names): `"speculative": false` decodes it
 plainly; `speculative.n_max` / `speculative.n_min` bound its drafts within the server's;
@@ -30,7 +33,7 @@ REQUEST_PARAMS = {"prompt": "prompt", "messages": "messages", "max_tokens": "max
 SEED_MAX = 0xFFFFFFFE  # llama.cpp's seeds are uint32; 0xFFFFFFFF means "random" there
 # fields accepted only at their no-op value: a 400 says so for any other
 NOT_YET = frozenset({"n", "best_of", "echo", "presence_penalty", "frequency_penalty", "logprobs", "top_logprobs",
-                     "suffix", "logit_bias", "response_format", "tools", "tool_choice", "grammar", "json_schema",
+                     "suffix", "logit_bias", "tools", "tool_choice",
                      "repeat_penalty", "typical_p", "mirostat", "n_probs", "dry_multiplier", "xtc_probability",
                      "n_cmpl", "parallel_tool_calls"})
 
@@ -45,8 +48,47 @@ class StreamOptions(Body):
     include_usage: bool = False
 
 
-class TextFormat(Body):
-    type: Literal["text"]
+class SchemaFormat(Body):
+    name: str | None = None
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(Body):
+    """OpenAI's response_format: text, any JSON object, or JSON following a schema (llama-server
+    also takes the schema beside the type)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: SchemaFormat | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+
+    def wanted_schema(self) -> dict | None:
+        """The JSON schema the answer must follow (None: free text)."""
+        if self.type == "text":
+            return None
+        if self.type == "json_schema" and self.json_schema is not None and self.json_schema.schema_:
+            return self.json_schema.schema_
+        return self.schema_ or {"type": "object"}  # (an empty schema means any object, as llama-server)
+
+
+class Constrained(Body):
+    """Grammar-constrained output: a GBNF `grammar`, a `json_schema`, or a `response_format`."""
+
+    grammar: str | None = None  # llama.cpp's extension
+    json_schema: dict[str, Any] | None = None  # llama.cpp's extension
+    response_format: ResponseFormat | None = None
+
+    @field_validator("json_schema")
+    @classmethod
+    def _one_constraint(cls, v, info):
+        if v is not None and info.data.get("grammar"):
+            raise ValueError("give a grammar or a json_schema, not both")
+        return v
+
+    def wanted_schema(self) -> dict | None:
+        if self.json_schema is not None:
+            return self.json_schema or {"type": "object"}
+        return None if self.response_format is None else self.response_format.wanted_schema()
 
 
 class Speculation(Body):
@@ -59,7 +101,7 @@ class Speculation(Body):
     spec_type: str | None = Field(None, alias="speculative.type")
 
 
-class Sampling(Speculation):
+class Sampling(Speculation, Constrained):
     """Fields both OpenAI endpoints take."""
 
     model: str | None = None
@@ -79,9 +121,6 @@ class Sampling(Speculation):
     frequency_penalty: Literal[0] = 0
     repeat_penalty: Literal[1] = 1  # llama.cpp's extension
     logit_bias: Annotated[dict[str, float], Field(max_length=0)] | None = None
-    response_format: TextFormat | None = None
-    grammar: Literal[""] | None = None  # llama.cpp's extension
-    json_schema: None = None  # llama.cpp's extension
 
     @property
     def stops(self) -> list[str]:

@@ -69,11 +69,13 @@ class JobSpec:
     ignore_eos: bool = False
     speculate: bool = True  # False: this request decodes plainly ("speculative": false)
     limits: DraftLimits | None = None  # its own draft lengths (None: the server's)
+    grammar: str | None = None  # GBNF its output must follow
 
     def request(self, tag: object) -> Request:
         """The driver's request of this job (`tag`: the Job, handed back on its sequence)."""
         return Request(self.prompt, self.max_tokens, tag=tag, seed=self.seed, sampling=self.sampling,
-                       ignore_eos=self.ignore_eos, speculate=self.speculate, limits=self.limits)
+                       ignore_eos=self.ignore_eos, speculate=self.speculate, limits=self.limits,
+                       grammar=self.grammar)
 
 
 class Job:

@@ -9,6 +9,7 @@ bad body, an unknown model or a prompt that cannot fit its slot is a 4xx, a full
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -16,6 +17,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
+from ggspec.runtime.grammar import Grammar
 from ggspec.server import protocol as p
 from ggspec.server.chat import ChatTemplate, Message
 from ggspec.server.metrics import Metrics
@@ -136,8 +138,30 @@ class Service:
         sampling = self.settings(req)
         sampling.validate()
         speculate, limits = self.speculation(req)
+        grammar = self.grammar(req)
+        if grammar is not None:  # parsed now: a grammar llama.cpp cannot read is a 400 before the queue
+            Grammar(self.engine.target_model, grammar).close()
         return self.scheduler.submit(JobSpec(prompt, budget, sampling, req.seed if seed is None else seed,
-                                             req.ignore_eos, speculate, limits))
+                                             req.ignore_eos, speculate, limits, grammar))
+
+    @staticmethod
+    def grammar(req: p.Constrained) -> str | None:
+        """The GBNF grammar a request's output must follow: its own `grammar`, or its JSON schema
+        (`json_schema`, `response_format`) through llama-cpp-python's converter (llama.cpp's
+        json_schema_to_grammar.py, ported)."""
+        if req.grammar:
+            return req.grammar
+        schema = req.wanted_schema()
+        if schema is None:
+            return None
+        from llama_cpp.llama_grammar import json_schema_to_gbnf  # (the bindings are loaded with the model)
+
+        try:
+            return json_schema_to_gbnf(json.dumps(schema))
+        except Exception as exc:  # noqa: BLE001 (the converter raises what it meets: KeyError, ValueError, ...)
+            param = "json_schema" if req.json_schema is not None else "response_format"
+            raise ApiError(400, f"cannot turn this JSON schema into a grammar: {exc.__class__.__name__}: {exc}",
+                           param) from None
 
 
 async def collect(request: Request, svc: Service, job, text: TextStream, tokens: list[int] | None = None):

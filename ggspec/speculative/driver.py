@@ -37,6 +37,7 @@ class Request:
     speculate: bool = True  # False: plain decoding (the baseline) on a speculative engine
     record_margins: bool = False  # keep the target's top-2 margin of each plain step's token
     limits: DraftLimits | None = None  # its own draft lengths (None: the engine's)
+    grammar: str | None = None  # GBNF its output must follow (llama.cpp's grammar sampler)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +66,8 @@ def start(engine, request: Request) -> Sequence:
     """Add one request to the engine (its prompt is decoded at the next step)."""
     r = request
     return engine.add(r.prompt, r.n_predict, ignore_eos=r.ignore_eos, tag=r.tag, speculate=r.speculate,
-                      record_margins=r.record_margins, seed=r.seed, sampling=r.sampling, limits=r.limits)
+                      record_margins=r.record_margins, seed=r.seed, sampling=r.sampling, limits=r.limits,
+                      grammar=r.grammar)
 
 
 def admit(engine, pending: deque[Request]) -> list[Sequence]:

@@ -28,6 +28,7 @@ import numpy as np
 
 from ggspec.errors import ClosedError, InputError
 from ggspec.runtime import Batch
+from ggspec.runtime.grammar import Grammar
 from ggspec.speculative.assembly import assemble
 from ggspec.speculative.calibration import Calibration
 from ggspec.speculative.draft_type import DraftPlan
@@ -178,13 +179,17 @@ class Engine:
 
     def add(self, prompt, n_predict: int, *, ignore_eos: bool = False, tag: object = None,
             speculate: bool = True, record_margins: bool = False, seed: int | None = None,
-            sampling: SamplerSettings | None = None, limits: DraftLimits | None = None) -> Sequence:
+            sampling: SamplerSettings | None = None, limits: DraftLimits | None = None,
+            grammar: str | None = None) -> Sequence:
         """A new sequence; its prompt is decoded at the next step. `speculate=False` decodes it
         plainly (the baseline), `record_margins` keeps the target's top-2 margin of its plain steps,
         `sampling` chooses its tokens (default: the engine's settings; each sequence of a batch may
         have its own), `seed` keys its random draws when sampling (default: the settings' seed;
         llama.cpp's default seed means a random one), `limits` bounds its drafts' lengths within
-        the engine's (a server request's own n_max / n_min)."""
+        the engine's (a server request's own n_max / n_min), `grammar` (GBNF) constrains its
+        tokens: each one is the best the grammar allows, drafts are cut where it stops allowing
+        them, and sampled tokens follow the distribution the grammar leaves (llama.cpp's
+        grammar sampler)."""
         if self._closed:
             raise ClosedError("this Engine is closed (close() was called): it cannot be used any more")
         prompt = np.ascontiguousarray(prompt, dtype=np.int32)
@@ -193,6 +198,7 @@ class Engine:
             raise InputError(f"the token budget must be at least 1 (got {n_predict})", field="n_predict")
         limits = self.check_limits(limits)
         speculate = speculate and limits.n_max > 0
+        constraint = None if grammar is None else Grammar(self.target_model, grammar)
         sampling = self.sampling if sampling is None else sampling
         sampling.validate()
         if not self.can_add(prompt, n_predict):
@@ -205,7 +211,7 @@ class Engine:
             self.proposer is not None and rule is not None and not fixed and rule.starts_plain()))
         seq = Sequence(slot, prompt, n_predict, ignore_eos=ignore_eos, tag=tag, plain_by_cost=by_cost,
                        speculate=speculate and self.proposer is not None and not by_cost,
-                       record_margins=record_margins, limits=limits,
+                       record_margins=record_margins, limits=limits, grammar=constraint,
                        sampling=sampling, seed=concrete_seed(sampling.seed if seed is None else seed))
         seq.limit = self.slots.limit(len(prompt), n_predict)  # positions it may use
         seq.n_cached = cached
@@ -247,6 +253,8 @@ class Engine:
         """Free a sequence's slot. With the prompt cache its cells stay, up to its last decoded
         position, for a later prompt that starts the same way."""
         self.active.remove(seq)
+        if seq.grammar is not None:
+            seq.grammar.close()
         if self.draft_length is not None:
             self.draft_length.forget(seq)
         keep = min(seq.pos, len(seq.history) - 1) if self.prompt_cache and seq.started else 0
@@ -388,7 +396,7 @@ class Engine:
         if drafting:
             n = min(n, max(seq.limits.n_max for seq in drafting))  # no longer than any of them may verify
             for seq, d in zip(drafting, self.proposer.propose(drafting, n)):
-                made[seq] = seq.limits.cut(d.head(seq.left - 1))  # drafted past the budget: never verified
+                made[seq] = seq.limits.cut(grammar_cut(seq, d.head(seq.left - 1)))  # past the budget: never verified
             verified = auto.after(live, made) if auto is not None else None
             for seq, d in made.items():
                 drafts[seq] = d if verified is None else d.head(verified[seq])
@@ -534,3 +542,13 @@ class Engine:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def grammar_cut(seq: Sequence, draft: Draft) -> Draft:
+    """A draft up to the first token the sequence's grammar forbids: the target could never
+    commit it, so verifying it and what follows is wasted. Drafts drawn from a distribution keep
+    their tokens (cutting on what was drawn would change the rejection sampler's distribution);
+    the verifier rejects a forbidden one there."""
+    if seq.grammar is None or not len(draft) or (draft.probs is not None and not seq.sampling.greedy):
+        return draft
+    return draft.head(seq.grammar.cut(draft.tokens.tolist()))

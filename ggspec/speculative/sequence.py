@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ggspec.runtime.grammar import Grammar
 from ggspec.speculative.proposer import Draft
 from ggspec.speculative.sampling import SamplerSettings
 from ggspec.speculative.stats import RunStats
@@ -42,6 +43,7 @@ class Sequence:
     plain_by_cost: bool = False  # it decodes plainly because no draft length pays (its steps: k = 0)
     record_margins: bool = False  # keep the target's top-2 margin of each plain step (the oracle)
     limits: DraftLimits = DraftLimits(1 << 30)  # its own bounds on a draft's length (the engine's: no bound)
+    grammar: Grammar | None = None  # what its tokens must follow (runtime.Grammar, at the state after them)
     limit: int = 0  # positions it may use (prompt, budget, one verify block), set by the engine
     n_cached: int = 0  # leading prompt tokens its slot's cells held already (the prompt cache)
     tokens: list[int] = field(default_factory=list)  # generated (committed) tokens
@@ -76,6 +78,8 @@ class Sequence:
         kept = []
         for t in tokens[:self.left]:
             kept.append(t)
+            if self.grammar is not None:
+                self.grammar.accept(t)
             if not self.ignore_eos and is_eog(t):
                 self.done = True
                 break

@@ -66,15 +66,46 @@ class SequenceVerifier:
         self.rejection = RejectionVerifier()  # each span with its sequence's own settings
 
     def verify(self, logits: np.ndarray, spans: list[tuple[Sequence, Draft, int]]) -> list[Outcome]:
-        if all(seq.sampling.greedy for seq, _, _ in spans):
+        if all(seq.sampling.greedy and seq.grammar is None for seq, _, _ in spans):
             return self.greedy.verify(logits, spans)
         outcomes: list[Outcome | None] = [None] * len(spans)
+        for k, (seq, draft, row0) in enumerate(spans):  # grammars walk their own state, span by span
+            if seq.grammar is not None:
+                outcomes[k] = verify_constrained(logits[row0:row0 + len(draft) + 1], seq, draft)
         for rule, greedy in ((self.greedy, True), (self.rejection, False)):  # each rule once per step
-            mine = [k for k, (seq, _, _) in enumerate(spans) if seq.sampling.greedy == greedy]
+            mine = [k for k, (seq, _, _) in enumerate(spans) if seq.sampling.greedy == greedy and outcomes[k] is None]
             if mine:
                 for k, outcome in zip(mine, rule.verify(logits, [spans[k] for k in mine])):
                     outcomes[k] = outcome
         return outcomes
+
+
+def verify_constrained(rows: np.ndarray, seq: Sequence, draft: Draft) -> Outcome:
+    """One span under the sequence's grammar: each row is judged at the grammar's state after the
+    span's tokens before it (a clone walks them), by the same rule as without a grammar: greedy,
+    the best token the grammar allows; sampled, the rejection sampler over the distribution the
+    grammar leaves (forbidden tokens at -inf before top-k / top-p / min-p, as llama.cpp's chain)."""
+    walk = seq.grammar.clone()
+    try:
+        if seq.sampling.greedy:
+            tokens = draft.tokens.tolist()
+            for i, x in enumerate(tokens):
+                best = walk.greedy(rows[i])
+                if best != x:
+                    return Outcome(i, tokens[:i] + [best])
+                walk.accept(x)
+            return Outcome(len(tokens), tokens + [walk.greedy(rows[len(tokens)])])
+        tokens, at = draft.tokens.tolist(), [0]
+
+        def row(i: int) -> Candidates:  # the walk reaches row i only after accepting tokens[:i]
+            while at[0] < i:
+                walk.accept(tokens[at[0]])
+                at[0] += 1
+            return candidates(walk.mask(rows[i]), seq.sampling)
+
+        return RejectionVerifier.verify_one(row, draft, seq.rng(VERIFY))
+    finally:
+        walk.close()
 
 
 class RejectionVerifier:

@@ -1,0 +1,107 @@
+"""A grammar constraint: llama.cpp's grammar sampler (GBNF), owned.
+
+`Grammar(model, gbnf)` parses a GBNF grammar against a model's vocabulary. It answers which
+tokens may come next (`allows`, `mask`, `greedy`) and moves on as tokens are accepted
+(`accept`); `clone` copies its state, so a verify walk can try drafted tokens without touching
+the sequence's own. An end-of-generation token is allowed only where the grammar is complete,
+as in llama.cpp.
+
+Accepting a token the grammar does not allow would abort inside llama.cpp, so `accept` checks
+first and raises instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from ggspec.errors import ClosedError, GGSpecError, InputError
+
+TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")], align=True)  # llama_token_data
+
+
+class GrammarDeadEnd(GGSpecError):
+    """The grammar allows no token at all here (or not the one given): the request cannot go on."""
+
+
+class Grammar:
+    def __init__(self, model, gbnf: str, root: str = "root", *, _ptr=None) -> None:
+        self._lc, self._model = model.lc, model
+        if _ptr is None:
+            if not gbnf.strip():
+                raise InputError("the grammar is empty", field="grammar")
+            _ptr = self._lc.llama_sampler_init_grammar(model.vocab, gbnf.encode("utf-8"), root.encode("utf-8"))
+            if not _ptr:
+                raise InputError(f"llama.cpp cannot parse this grammar (GBNF, start symbol '{root}'): see "
+                                 "llama.cpp's grammars/README.md", field="grammar")
+        self._ptr = _ptr
+        self._one = np.zeros(1, dtype=TOKEN_DATA)
+
+    @property
+    def ptr(self):
+        if self._ptr is None:
+            raise ClosedError("this Grammar is closed")
+        return self._ptr
+
+    def clone(self) -> "Grammar":
+        return Grammar(self._model, "", _ptr=self._lc.llama_sampler_clone(self.ptr))
+
+    def _apply(self, cells: np.ndarray) -> None:
+        lc = self._lc
+        arr = lc.llama_token_data_array(ctypes.cast(cells.ctypes.data, lc.llama_token_data_p), len(cells), -1, False)
+        lc.llama_sampler_apply(self.ptr, ctypes.byref(arr))
+
+    def allows(self, token: int) -> bool:
+        one = self._one
+        one["id"], one["logit"] = token, 0.0
+        self._apply(one)
+        return bool(np.isfinite(one["logit"][0]))
+
+    def mask(self, logits: np.ndarray) -> np.ndarray:
+        """A copy of one row of logits with every token the grammar forbids at -inf."""
+        cells = np.empty(len(logits), dtype=TOKEN_DATA)
+        cells["id"] = np.arange(len(logits), dtype=np.int32)
+        cells["logit"] = logits
+        self._apply(cells)
+        return cells["logit"]
+
+    def greedy(self, logits: np.ndarray) -> int:
+        """The argmax of a row among the tokens allowed: the row's own argmax when it is allowed
+        (almost always: no whole-vocabulary pass), else the masked row's."""
+        token = int(logits.argmax())
+        if self.allows(token):
+            return token
+        masked = self.mask(logits)
+        token = int(masked.argmax())
+        if not np.isfinite(masked[token]):
+            raise GrammarDeadEnd("the grammar allows no token here")
+        return token
+
+    def accept(self, token: int) -> None:
+        if not self.allows(token):
+            raise GrammarDeadEnd(f"the grammar does not allow token {token} here")
+        self._lc.llama_sampler_accept(self.ptr, token)
+
+    def cut(self, tokens: list[int]) -> int:
+        """How many leading tokens the grammar allows in turn (this grammar is left as it was)."""
+        walk = self.clone()
+        try:
+            for i, t in enumerate(tokens):
+                if not walk.allows(t):
+                    return i
+                walk._lc.llama_sampler_accept(walk.ptr, t)
+            return len(tokens)
+        finally:
+            walk.close()
+
+    def close(self) -> None:
+        if self._ptr is not None:
+            self._lc.llama_sampler_free(self._ptr)
+            self._ptr = None
+
+    def __del__(self) -> None:  # a sequence cancelled mid-step still frees its grammar
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 (interpreter shutdown)
+            pass
