@@ -3,6 +3,7 @@
 
     python scripts/serve_bench.py --pair tiny-coder            # concurrency 1,2,4,8; -np 8
     python scripts/serve_bench.py --pair tiny-coder --spec-type ngram-mod --spec-args "--spec-ngram-mod-n-match 4"
+    python scripts/serve_bench.py --pair tiny-coder --body '{"grammar": "root ::= [^\\x00]*"}'   # every request constrained
 
 Four servers with the same pair, slots (-np), context, cache types, threads and draft length:
 ggspec speculative, llama-server speculative (`--spec-type` as given, draft-dflash by default: the
@@ -139,6 +140,8 @@ def main() -> int:
     ap.add_argument("--spec-type", default="draft-dflash", help="llama.cpp's --spec-type, for both servers")
     ap.add_argument("--spec-args", default="", help="more speculative flags for both servers, e.g. n-gram sizes")
     ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--body", default="{}", help="more request fields for every request (JSON), e.g. a grammar: "
+                                                 "'{\"grammar\": \"root ::= [a-z ]*\"}'")
     ap.add_argument("--requests-per-client", type=int, default=6)
     ap.add_argument("--reps", type=int, default=3, help="runs of each (server, concurrency), interleaved; the median is shown")
     ap.add_argument("--only", help="comma list of servers to run (default: all four)")
@@ -154,7 +157,7 @@ def main() -> int:
         raise SystemExit(f"pair {args.pair} has no draft for --spec-type {args.spec_type}")
     levels = [int(c) for c in args.concurrency.split(",")]
     prompts = [p.text for p in BUILTIN]
-    extra = {"ignore_eos": True}
+    extra = {"ignore_eos": True, **json.loads(args.body)}
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_ARG_")}
     names = list(commands(args, files.target, files.draft, 0))
     if args.only:

@@ -13,6 +13,7 @@ first and raises instead.
 from __future__ import annotations
 
 import ctypes
+import math
 
 import numpy as np
 
@@ -36,7 +37,10 @@ class Grammar:
                 raise InputError(f"llama.cpp cannot parse this grammar (GBNF, start symbol '{root}'): see "
                                  "llama.cpp's grammars/README.md", field="grammar")
         self._ptr = _ptr
-        self._one = np.zeros(1, dtype=TOKEN_DATA)
+        # one candidate, asked about for almost every token: built once (a ctypes array per call
+        # cost more than the grammar's own work)
+        self._cell = self._lc.llama_token_data()
+        self._one = ctypes.byref(self._lc.llama_token_data_array(ctypes.pointer(self._cell), 1, -1, False))
 
     @property
     def ptr(self):
@@ -53,10 +57,10 @@ class Grammar:
         lc.llama_sampler_apply(self.ptr, ctypes.byref(arr))
 
     def allows(self, token: int) -> bool:
-        one = self._one
-        one["id"], one["logit"] = token, 0.0
-        self._apply(one)
-        return bool(np.isfinite(one["logit"][0]))
+        cell = self._cell
+        cell.id, cell.logit = token, 0.0
+        self._lc.llama_sampler_apply(self.ptr, self._one)
+        return cell.logit != -math.inf
 
     def mask(self, logits: np.ndarray) -> np.ndarray:
         """A copy of one row of logits with every token the grammar forbids at -inf."""

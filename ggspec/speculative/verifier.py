@@ -85,6 +85,8 @@ def verify_constrained(rows: np.ndarray, seq: Sequence, draft: Draft) -> Outcome
     span's tokens before it (a clone walks them), by the same rule as without a grammar: greedy,
     the best token the grammar allows; sampled, the rejection sampler over the distribution the
     grammar leaves (forbidden tokens at -inf before top-k / top-p / min-p, as llama.cpp's chain)."""
+    if not len(draft) and seq.sampling.greedy:  # one row, at the sequence's own state: no walk
+        return Outcome(0, [seq.grammar.greedy(rows[0])])
     walk = seq.grammar.clone()
     try:
         if seq.sampling.greedy:
