@@ -113,7 +113,7 @@ def test_every_field_the_library_names_has_a_flag():
     assert {"n_max", "p_min", "parallel", "spec_type", "draft"} <= fields
     from ggspec.server.protocol import REQUEST_PARAMS
 
-    assert fields <= set(FLAGS) | REQUEST_PARAMS, fields - set(FLAGS) - REQUEST_PARAMS
+    assert fields <= set(FLAGS) | set(REQUEST_PARAMS), fields - set(FLAGS) - set(REQUEST_PARAMS)
     assert error_text(InputError("must be at least 1", field="n_ctx")) == "-c: must be at least 1"
     assert error_text(InputError("plain message")) == "plain message"
     assert error_text(InputError("unknown field", field="nonesuch")) == "unknown field"
