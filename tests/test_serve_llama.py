@@ -234,6 +234,15 @@ def test_answers_equal_llama_servers(build_info, real_target):
         (c1, a), (c2, b) = ours.post("/completion", body), theirs.post("/completion", body)
         assert c1 == c2 == 200 and a["tokens"] == b["tokens"] and a["content"] == b["content"], (a, b)
 
+        # penalties and logit bias: the same samplers' arithmetic, over the same history (prompt included)
+        body = {"prompt": "def is_prime(n):\n", "n_predict": 32, "temperature": 0, "return_tokens": True,
+                "repeat_penalty": 1.3, "repeat_last_n": 32, "presence_penalty": 0.4, "frequency_penalty": 0.2,
+                "logit_bias": [[" return", -2.5], [107, False]]}
+        (c1, a), (c2, b) = ours.post("/completion", body), theirs.post("/completion", body)
+        assert c1 == c2 == 200 and a["tokens"] == b["tokens"], (a["content"], b["content"])
+        plain = ours.post("/completion", {**body, "speculative": False})[1]
+        assert plain["tokens"] == a["tokens"]
+
         (_, a), (_, b) = ours.get("/props"), theirs.get("/props")
         assert set(b) - set(a) <= UI_ONLY_PROPS, set(b) - set(a)
         assert a["chat_template"] == b["chat_template"] and a["bos_token"] == b["bos_token"]

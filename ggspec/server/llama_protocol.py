@@ -9,18 +9,19 @@ features accepted only at their no-op values.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+import math
+from typing import Annotated, Literal
 
 from pydantic import AliasChoices, Field
 
-from ggspec.server.protocol import SEED_MAX, Body, ChatMessage, Constrained, Speculation
+from ggspec.server.protocol import SEED_MAX, Body, ChatMessage, Constrained, Penalties, Speculation
 from ggspec.speculative.sampling import DEFAULT_SEED, SamplerSettings
 
 Prompt = str | Annotated[list[Annotated[int, Field(ge=0)] | str], Field(min_length=1)]
 STOP_TYPES = {"stop": "eos", "length": "limit"}  # a Done's reason -> llama-server's stop_type ("word": a stop string)
 
 
-class CompletionRequest(Speculation, Constrained):
+class CompletionRequest(Speculation, Constrained, Penalties):
     """POST /completion (and /completions): llama-server's native completion."""
 
     prompt: Prompt
@@ -39,14 +40,10 @@ class CompletionRequest(Speculation, Constrained):
     timings_per_token: bool = False
     n_probs: Literal[0] = 0
     n_cmpl: Literal[1] = Field(1, validation_alias=AliasChoices("n_cmpl", "n"))
-    repeat_penalty: Literal[1] = 1
-    presence_penalty: Literal[0] = 0
-    frequency_penalty: Literal[0] = 0
     typical_p: Literal[1] = 1
     mirostat: Literal[0] = 0
     dry_multiplier: Literal[0] = 0
     xtc_probability: Literal[0] = 0
-    logit_bias: Annotated[list[Any] | dict[str, Any], Field(max_length=0)] | None = None
 
     @property
     def stops(self) -> list[str]:
@@ -81,10 +78,12 @@ def generation_settings(sampling: SamplerSettings, n_predict: int, stream: bool,
     """task_params::to_json's fields that ggspec has (the sampler chain's no-op stages at their
     no-op values), and the request's speculative settings."""
     return {"seed": sampling.seed, "temperature": sampling.temp, "top_k": sampling.top_k, "top_p": sampling.top_p,
-            "min_p": sampling.min_p, "typical_p": 1.0, "repeat_penalty": 1.0, "presence_penalty": 0.0,
-            "frequency_penalty": 0.0, "mirostat": 0, "max_tokens": n_predict, "n_predict": n_predict,
+            "min_p": sampling.min_p, "typical_p": 1.0, "repeat_last_n": sampling.penalty_last_n,
+            "repeat_penalty": sampling.penalty_repeat, "presence_penalty": sampling.penalty_present,
+            "frequency_penalty": sampling.penalty_freq, "mirostat": 0, "max_tokens": n_predict, "n_predict": n_predict,
             "ignore_eos": ignore_eos, "stream": stream, "n_probs": 0,
-            "samplers": ["top_k", "top_p", "min_p", "temperature"],
+            "samplers": ["penalties", "top_k", "top_p", "min_p", "temperature"],
+            "logit_bias": [{"bias": b if math.isfinite(b) else None, "token": t} for t, b in sampling.logit_bias],
             **{f"speculative.{k}": v for k, v in speculative.items()}}
 
 

@@ -3,8 +3,7 @@
 Requests are parsed from the raw JSON (pydantic, strict types): a field of the wrong type or a
 value out of range is a 400 naming the field, never a 500. Fields the server does not know are
 ignored, as llama-server and other OpenAI-compatible servers do. Features of the APIs that
-ggspec does not implement yet (penalties, logprobs, logit bias, n > 1, tools) are accepted only at
-their no-op values, so a request is never silently
+ggspec does not implement yet (logprobs, n > 1, tools) are accepted only at their no-op values, so a request is never silently
 answered as something else.
 
 Constrained output (`grammar`, `json_schema`, `response_format`) becomes one GBNF grammar
@@ -32,8 +31,7 @@ REQUEST_PARAMS = {"prompt": "prompt", "messages": "messages", "max_tokens": "max
                   "n_min": "speculative.n_min", "grammar": "grammar", "content": "content"}
 SEED_MAX = 0xFFFFFFFE  # llama.cpp's seeds are uint32; 0xFFFFFFFF means "random" there
 # fields accepted only at their no-op value: a 400 says so for any other
-NOT_YET = frozenset({"n", "best_of", "echo", "presence_penalty", "frequency_penalty", "logprobs", "top_logprobs",
-                     "suffix", "logit_bias", "tools", "tool_choice",
+NOT_YET = frozenset({"n", "best_of", "echo", "logprobs", "top_logprobs", "suffix", "tools", "tool_choice",
                      "repeat_penalty", "typical_p", "mirostat", "n_probs", "dry_multiplier", "xtc_probability",
                      "n_cmpl", "parallel_tool_calls"})
 
@@ -101,7 +99,22 @@ class Speculation(Body):
     spec_type: str | None = Field(None, alias="speculative.type")
 
 
-class Sampling(Speculation, Constrained):
+Bias = float | bool  # llama-server's: false means never this token
+
+
+class Penalties(Body):
+    """llama.cpp's logit bias and repetition penalties (OpenAI's presence / frequency penalties,
+    llama-server's repeat_penalty and repeat_last_n); None: the server's."""
+
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repeat_penalty: Annotated[float, Field(ge=0.0)] | None = None
+    repeat_last_n: Annotated[int, Field(ge=-1)] | None = None
+    # OpenAI's {"token id": bias}, or llama-server's [[token id or text, bias], ...]
+    logit_bias: dict[str, Bias] | list[tuple[int | str, Bias]] | None = None
+
+
+class Sampling(Speculation, Constrained, Penalties):
     """Fields both OpenAI endpoints take."""
 
     model: str | None = None
@@ -117,10 +130,6 @@ class Sampling(Speculation, Constrained):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None  # OpenAI's end-user id: accepted, unused
-    presence_penalty: Literal[0] = 0
-    frequency_penalty: Literal[0] = 0
-    repeat_penalty: Literal[1] = 1  # llama.cpp's extension
-    logit_bias: Annotated[dict[str, float], Field(max_length=0)] | None = None
 
     @property
     def stops(self) -> list[str]:

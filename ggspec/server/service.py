@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -96,8 +97,31 @@ class Service:
                            "model")
 
     def settings(self, req: p.Sampling) -> SamplerSettings:
-        given = {"temp": req.temperature, "top_p": req.top_p, "top_k": req.top_k, "min_p": req.min_p}
-        return replace(self.sampling, **{k: v for k, v in given.items() if v is not None})
+        given = {"temp": req.temperature, "top_p": req.top_p, "top_k": req.top_k, "min_p": req.min_p,
+                 "penalty_repeat": req.repeat_penalty, "penalty_last_n": req.repeat_last_n,
+                 "penalty_freq": req.frequency_penalty, "penalty_present": req.presence_penalty}
+        settings = replace(self.sampling, **{k: v for k, v in given.items() if v is not None})
+        if req.logit_bias:
+            settings = replace(settings, logit_bias=self.logit_bias(req.logit_bias))
+        return settings
+
+    def logit_bias(self, given: dict | list) -> tuple[tuple[int, float], ...]:
+        """(token, bias) pairs from OpenAI's {"id": bias} or llama-server's [[id or text, bias]]
+        (a text biases each of its tokens; a bias of false forbids the token)."""
+        model = self.engine.target_model
+        pairs = given.items() if isinstance(given, dict) else given
+        out = []
+        for key, bias in pairs:
+            value = -math.inf if bias is False else 0.0 if bias is True else float(bias)
+            if isinstance(key, str) and not key.lstrip("-").isdigit():
+                ids = model.tokenize(key, add_special=False, parse_special=False).tolist()
+            else:
+                ids = [int(key)]
+            for t in ids:
+                if not 0 <= t < model.n_vocab:
+                    raise ApiError(400, f"token id {t} is outside the vocabulary (0..{model.n_vocab - 1})", "logit_bias")
+                out.append((t, value))
+        return tuple(out)
 
     def speculation(self, req: p.Speculation) -> tuple[bool, DraftLimits | None]:
         """Whether a request speculates, and its own draft limits (None: the server's)."""

@@ -30,10 +30,27 @@ class SamplerSettings:
     top_p: float = 0.95  # 1.0: off
     min_p: float = 0.05  # 0.0: off
     seed: int = DEFAULT_SEED
+    # llama.cpp's samplers before top-k, which change logits by what came before (see `adjust`)
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token, bias); -inf: never that token
+    penalty_last_n: int = 64  # the last n tokens (prompt included) penalties count; -1: all, 0: off
+    penalty_repeat: float = 1.0  # 1.0: off
+    penalty_freq: float = 0.0
+    penalty_present: float = 0.0
 
     @property
     def greedy(self) -> bool:
         return self.temp <= 0
+
+    @property
+    def penalizes(self) -> bool:
+        return self.penalty_last_n != 0 and (self.penalty_repeat != 1.0 or self.penalty_freq != 0.0
+                                             or self.penalty_present != 0.0)
+
+    @property
+    def adjusts(self) -> bool:
+        """Whether a row's logits depend on more than the row (bias, penalties): then each verify
+        row is adjusted at its own position (`adjust`)."""
+        return bool(self.logit_bias) or self.penalizes
 
     def validate(self) -> None:
         if not np.isfinite(self.temp):
@@ -44,6 +61,34 @@ class SamplerSettings:
             raise InputError(f"min-p must be within 0..1 (got {self.min_p})", field="min_p")
         if not 0 <= self.seed <= 0xFFFFFFFF:
             raise InputError(f"the seed must be within 0..4294967295 (got {self.seed})", field="seed")
+        if self.penalty_last_n < -1:
+            raise InputError(f"the penalties' window must be -1 (everything), 0 (off) or more (got "
+                             f"{self.penalty_last_n})", field="penalty_last_n")
+        for name in ("penalty_repeat", "penalty_freq", "penalty_present"):
+            if not np.isfinite(getattr(self, name)):
+                raise InputError(f"{name} must be a finite number (got {getattr(self, name)})", field=name)
+
+
+def adjust(row: np.ndarray, s: SamplerSettings, history: list[int]) -> np.ndarray:
+    """A row of logits after llama.cpp's logit-bias and penalties samplers, in its order and its
+    float32 arithmetic: each bias is added to its token's logit; then every token among the last
+    `penalty_last_n` of `history` (the prompt and the tokens before this row) has its logit divided
+    by the repeat penalty (multiplied where it is <= 0), then less count x frequency penalty and
+    the presence penalty. A copy; the row itself is left alone."""
+    x = np.array(row, dtype=np.float32)
+    if s.logit_bias:
+        ids, bias = zip(*s.logit_bias)
+        np.add.at(x, np.asarray(ids), np.asarray(bias, dtype=np.float32))
+    if s.penalizes:
+        recent = history if s.penalty_last_n < 0 else history[-s.penalty_last_n:]
+        ids, counts = np.unique(np.asarray(recent, dtype=np.int64), return_counts=True)
+        v = x[ids]
+        repeat = np.float32(s.penalty_repeat)
+        v = np.where(v <= 0, v * repeat, v / repeat)
+        c = counts.astype(np.float32)
+        v -= c * np.float32(s.penalty_freq) + np.float32(s.penalty_present)
+        x[ids] = v
+    return x
 
 
 @dataclass(frozen=True)

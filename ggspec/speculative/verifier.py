@@ -14,7 +14,7 @@ from typing import Protocol
 import numpy as np
 
 from ggspec.speculative.proposer import Draft
-from ggspec.speculative.sampling import Candidates, SamplerSettings, candidates
+from ggspec.speculative.sampling import Candidates, SamplerSettings, adjust, candidates
 from ggspec.speculative.sequence import Sequence
 
 DRAFT, VERIFY = 0, 1  # the purposes of a sequence's random draws (Sequence.rng)
@@ -66,12 +66,12 @@ class SequenceVerifier:
         self.rejection = RejectionVerifier()  # each span with its sequence's own settings
 
     def verify(self, logits: np.ndarray, spans: list[tuple[Sequence, Draft, int]]) -> list[Outcome]:
-        if all(seq.sampling.greedy and seq.grammar is None for seq, _, _ in spans):
+        if all(seq.sampling.greedy and not row_by_row(seq) for seq, _, _ in spans):
             return self.greedy.verify(logits, spans)
         outcomes: list[Outcome | None] = [None] * len(spans)
-        for k, (seq, draft, row0) in enumerate(spans):  # grammars walk their own state, span by span
-            if seq.grammar is not None:
-                outcomes[k] = verify_constrained(logits[row0:row0 + len(draft) + 1], seq, draft)
+        for k, (seq, draft, row0) in enumerate(spans):  # rows judged at their own state, span by span
+            if row_by_row(seq):
+                outcomes[k] = verify_rows(logits[row0:row0 + len(draft) + 1], seq, draft)
         for rule, greedy in ((self.greedy, True), (self.rejection, False)):  # each rule once per step
             mine = [k for k, (seq, _, _) in enumerate(spans) if seq.sampling.greedy == greedy and outcomes[k] is None]
             if mine:
@@ -80,30 +80,51 @@ class SequenceVerifier:
         return outcomes
 
 
-def verify_constrained(rows: np.ndarray, seq: Sequence, draft: Draft) -> Outcome:
-    """One span under the sequence's grammar: each row is judged at the grammar's state after the
-    span's tokens before it (a clone walks them), by the same rule as without a grammar: greedy,
-    the best token the grammar allows; sampled, the rejection sampler over the distribution the
-    grammar leaves (forbidden tokens at -inf before top-k / top-p / min-p, as llama.cpp's chain)."""
-    if not len(draft) and seq.sampling.greedy:  # one row, at the sequence's own state: no walk
-        return Outcome(0, [seq.grammar.greedy(rows[0])])
+def row_by_row(seq: Sequence) -> bool:
+    """Whether a sequence's rows depend on the tokens before them (a grammar, logit bias,
+    penalties): then each of its rows is judged at its own position (`verify_rows`)."""
+    return seq.grammar is not None or seq.sampling.adjusts
+
+
+def verify_rows(rows: np.ndarray, seq: Sequence, draft: Draft) -> Outcome:
+    """One span whose rows are judged at the state after the span's tokens before them, as plain
+    decoding would judge them: bias and penalties over the history up to that row (`adjust`), and
+    the grammar at its state there (a clone walks the drafted tokens). Greedy: the best token the
+    grammar allows; sampled: the rejection sampler over the distribution that leaves (forbidden
+    tokens at -inf before top-k / top-p / min-p, as llama.cpp's chain)."""
+    tokens = draft.tokens.tolist()
+    last_n = seq.sampling.penalty_last_n
+    history = [] if not seq.sampling.penalizes else seq.history[-last_n:] if last_n > 0 else seq.history
+
+    def logits(i: int) -> np.ndarray:
+        return adjust(rows[i], seq.sampling, history + tokens[:i]) if seq.sampling.adjusts else rows[i]
+
+    if seq.grammar is None:
+        if seq.sampling.greedy:
+            for i, x in enumerate(tokens):
+                best = int(logits(i).argmax())
+                if best != x:
+                    return Outcome(i, tokens[:i] + [best])
+            return Outcome(len(tokens), tokens + [int(logits(len(tokens)).argmax())])
+        return RejectionVerifier.verify_one(lambda i: candidates(logits(i), seq.sampling), draft, seq.rng(VERIFY))
+    if not tokens and seq.sampling.greedy:  # one row, at the sequence's own state: no walk
+        return Outcome(0, [seq.grammar.greedy(logits(0))])
     walk = seq.grammar.clone()
     try:
         if seq.sampling.greedy:
-            tokens = draft.tokens.tolist()
             for i, x in enumerate(tokens):
-                best = walk.greedy(rows[i])
+                best = walk.greedy(logits(i))
                 if best != x:
                     return Outcome(i, tokens[:i] + [best])
                 walk.accept(x)
-            return Outcome(len(tokens), tokens + [walk.greedy(rows[len(tokens)])])
-        tokens, at = draft.tokens.tolist(), [0]
+            return Outcome(len(tokens), tokens + [walk.greedy(logits(len(tokens)))])
+        at = [0]
 
         def row(i: int) -> Candidates:  # the walk reaches row i only after accepting tokens[:i]
             while at[0] < i:
                 walk.accept(tokens[at[0]])
                 at[0] += 1
-            return candidates(walk.mask(rows[i]), seq.sampling)
+            return candidates(walk.mask(logits(i)), seq.sampling)
 
         return RejectionVerifier.verify_one(row, draft, seq.rng(VERIFY))
     finally:
