@@ -25,6 +25,9 @@ SETTINGS = {
     "t0.7-defaults": SamplerSettings(temp=0.7),  # llama.cpp's top-k 40, top-p 0.95, min-p 0.05
     "t1.0-plain": SamplerSettings(temp=1.0, top_k=0, top_p=1.0, min_p=0.0),
     "t1.0-topk-topp": SamplerSettings(temp=1.0, top_k=20, top_p=0.9, min_p=0.0),
+    # penalties and bias: the second token's row depends on the first (each row over its own history)
+    "t1.0-penalties-bias": SamplerSettings(temp=1.0, top_k=0, top_p=1.0, min_p=0.0, penalty_repeat=1.5,
+                                           penalty_present=0.7, penalty_freq=0.3, logit_bias=((13, 1.5), (25, -3.0))),
 }
 
 
