@@ -206,7 +206,7 @@ def test_a_seed_reproduces_a_sampled_answer_alone_or_batched(server4):
     ("/v1/completions", {"prompt": "x", "n": 2}, 400, "n", "not supported"),
     ("/v1/completions", {"prompt": "x", "logit_bias": {"999999": -5}}, 400, "logit_bias", "outside the vocabulary"),
     ("/v1/completions", {"prompt": "x", "repeat_last_n": -2}, 400, "repeat_last_n", "greater than or equal to -1"),
-    ("/v1/completions", {"prompt": "x", "logprobs": 2}, 400, "logprobs", "not supported"),
+    ("/v1/completions", {"prompt": "x", "logprobs": 25}, 400, "logprobs", "less than or equal to 20"),
     ("/v1/completions", {"prompt": "x", "grammar": "root ::= nope"}, 400, "grammar", "cannot parse this grammar"),
     ("/v1/completions", {"prompt": "x", "grammar": "root ::= [a-z]+", "json_schema": {}}, 400, "json_schema",
      "not both"),
@@ -235,7 +235,7 @@ def test_a_seed_reproduces_a_sampled_answer_alone_or_batched(server4):
     ("/tokenize", {"content": [5, -1]}, 400, "content.1", "greater than or equal to 0"),
     ("/detokenize", {"tokens": [999999]}, 400, "tokens", "outside the vocabulary"),
     ("/completion", {"prompt": "x", "n_predict": -2}, 400, "n_predict", "greater than or equal to -1"),
-    ("/completion", {"prompt": "x", "n_probs": 5}, 400, "n_probs", "not supported"),
+    ("/completion", {"prompt": "x", "n_probs": 500}, 400, "n_probs", "less than or equal to 100"),
     ("/apply-template", {"messages": []}, 400, "messages", "at least 1"),
 ])
 def test_bad_requests_get_4xx_with_an_error_body(server4, path, body, status, param, needle):

@@ -162,6 +162,39 @@ def test_a_grammar_holds_under_speculation_and_equals_plain(server):
         assert set(person) == {"name", "age"} and isinstance(person["age"], int)
 
 
+# --- token probabilities ----------------------------------------------------------------------------
+
+
+def test_token_probabilities_on_every_endpoint(server, refs):
+    """n_probs (llama-server), logprobs (completions) and logprobs + top_logprobs (chat): one
+    entry per generated token, the token's own log-probability among its row's likeliest (greedy:
+    the first of them), the same entries streamed or whole and speculating or not."""
+    prompt, want = next(iter(refs.items()))
+    code, r = server.post("/completion", _greedy(prompt, n_probs=3, return_tokens=True))
+    assert code == 200
+    probs = r["completion_probabilities"]
+    assert [e["id"] for e in probs] == r["tokens"] and "".join(e["token"] for e in probs) == want
+    for e in probs:
+        assert len(e["top_logprobs"]) == 3 and e["top_logprobs"][0]["id"] == e["id"]  # greedy: the likeliest
+        assert e["logprob"] == e["top_logprobs"][0]["logprob"] <= 0
+        assert [t["logprob"] for t in e["top_logprobs"]] == sorted((t["logprob"] for t in e["top_logprobs"]), reverse=True)
+    streamed = [e for ev in _stream(server.port, "/completion", _greedy(prompt, n_probs=3))
+                for e in ev.get("completion_probabilities", [])]
+    plain = server.post("/completion", _greedy(prompt, n_probs=3, speculative=False))[1]["completion_probabilities"]
+    assert [e["id"] for e in streamed] == [e["id"] for e in plain] == r["tokens"]
+    for a, b in zip(probs, plain):  # the verify rows' probabilities are the plain rows' (to rounding)
+        assert a["logprob"] == pytest.approx(b["logprob"], abs=1e-3)
+
+    code, r = server.post("/v1/completions", {"prompt": prompt, "max_tokens": N, "temperature": 0,
+                                              "ignore_eos": True, "logprobs": 2})
+    content = r["choices"][0]["logprobs"]["content"]
+    assert code == 200 and len(content) == N and all(len(e["top_logprobs"]) == 2 for e in content)
+    code, r = server.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
+                                                   "temperature": 0, "logprobs": True, "top_logprobs": 0})
+    content = r["choices"][0]["logprobs"]["content"]
+    assert code == 200 and len(content) == r["usage"]["completion_tokens"] and content[0]["top_logprobs"] == []
+
+
 # --- tokens, templates, the server's state ---------------------------------------------------------
 
 
@@ -242,6 +275,15 @@ def test_answers_equal_llama_servers(build_info, real_target):
         assert c1 == c2 == 200 and a["tokens"] == b["tokens"], (a["content"], b["content"])
         plain = ours.post("/completion", {**body, "speculative": False})[1]
         assert plain["tokens"] == a["tokens"]
+
+        # token probabilities: the same tokens ranked alike, the same log-probabilities to rounding
+        body = {"prompt": "The capital of France is", "n_predict": 8, "temperature": 0, "n_probs": 4}
+        (c1, a), (c2, b) = ours.post("/completion", body), theirs.post("/completion", body)
+        assert c1 == c2 == 200
+        for x, y in zip(a["completion_probabilities"], b["completion_probabilities"], strict=True):
+            assert x["id"] == y["id"] and x["token"] == y["token"] and x["bytes"] == y["bytes"]
+            assert [t["id"] for t in x["top_logprobs"]] == [t["id"] for t in y["top_logprobs"]]
+            assert x["logprob"] == pytest.approx(y["logprob"], abs=1e-3)
 
         (_, a), (_, b) = ours.get("/props"), theirs.get("/props")
         assert set(b) - set(a) <= UI_ONLY_PROPS, set(b) - set(a)

@@ -20,6 +20,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ggspec.errors import ContextOverflow, GGSpecError, InputError
+from ggspec.server import llama_protocol as lp
 from ggspec.server import llama_routes
 from ggspec.server import protocol as p
 from ggspec.server.metrics import CONTENT_TYPE_LATEST
@@ -50,24 +51,37 @@ async def chat_completions(request: Request) -> Response:
 
 
 async def _answer(request: Request, svc: Service, req, prompt: np.ndarray, limit: int | None, chat: bool) -> Response:
-    job = svc.admit(req, prompt, limit)
+    job = svc.admit(req, prompt, limit, n_probs=req.n_probs)
     shape = p.Shape(chat, svc.model_id)
     text = TextStream(svc.engine.target_model.token_bytes, req.stops)
+    logprobs = _logprobs(svc, req)
     if req.stream:
-        return StreamingResponse(_sse(svc, job, shape, text, len(prompt), req.include_usage),
+        return StreamingResponse(_sse(svc, job, shape, text, len(prompt), req.include_usage, logprobs),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    probs = [] if logprobs else None
     try:
-        finish, stats = await collect(request, svc, job, text)
+        finish, stats = await collect(request, svc, job, text, probs=probs)
     except asyncio.CancelledError:
         svc.scheduler.cancel(job)
         raise
     if finish is None:  # the client left
         svc.scheduler.cancel(job)
         return Response(status_code=499)
-    return JSONResponse(shape.whole(text.text, finish, p.usage(len(prompt), stats), p.timings(stats)))
+    return JSONResponse(shape.whole(text.text, finish, p.usage(len(prompt), stats), p.timings(stats),
+                                    logprobs(probs) if logprobs else None))
 
 
-async def _sse(svc: Service, job, shape: p.Shape, text: TextStream, n_prompt: int, include_usage: bool):
+def _logprobs(svc: Service, req):
+    """The request's `logprobs` as a function of its tokens' TokenProbs (None: not asked for):
+    llama-server's completion_probabilities, each with the `top_n` likeliest tokens."""
+    if not req.n_probs:
+        return None
+    token_bytes, n = svc.engine.target_model.token_bytes, req.top_n
+    return lambda probs: [{**e, "top_logprobs": e["top_logprobs"][:n]} for e in lp.probs_json(token_bytes, probs)]
+
+
+async def _sse(svc: Service, job, shape: p.Shape, text: TextStream, n_prompt: int, include_usage: bool,
+               logprobs=None):
     """Server-sent events: chunks as tokens arrive, a last chunk with the finish reason, usage
     when asked for, then [DONE]. A client that leaves cancels the job (Starlette cancels this
     generator when the connection closes)."""
@@ -79,7 +93,9 @@ async def _sse(svc: Service, job, shape: p.Shape, text: TextStream, n_prompt: in
             event = await job.events.get()
             if isinstance(event, Tokens) and not stopped:
                 delta = text.push(event.tokens)
-                if delta:
+                if logprobs is not None:  # each step's tokens with their probabilities
+                    yield p.sse(shape.chunk(delta, logprobs=logprobs(event.probs)))
+                elif delta:
                     yield shape.text_event(delta)
                 if text.stopped:
                     stopped = True

@@ -38,7 +38,7 @@ class CompletionRequest(Speculation, Constrained, Penalties):
     cache_prompt: bool = True  # the prompt cache is lossless: a request answers alike either way
     return_tokens: bool = False
     timings_per_token: bool = False
-    n_probs: Literal[0] = 0
+    n_probs: Annotated[int, Field(ge=0, le=100)] = 0
     n_cmpl: Literal[1] = Field(1, validation_alias=AliasChoices("n_cmpl", "n"))
     typical_p: Literal[1] = 1
     mirostat: Literal[0] = 0
@@ -74,14 +74,14 @@ class ApplyTemplateRequest(Body):
 
 
 def generation_settings(sampling: SamplerSettings, n_predict: int, stream: bool, ignore_eos: bool,
-                        speculative: dict) -> dict:
+                        speculative: dict, n_probs: int = 0) -> dict:
     """task_params::to_json's fields that ggspec has (the sampler chain's no-op stages at their
     no-op values), and the request's speculative settings."""
     return {"seed": sampling.seed, "temperature": sampling.temp, "top_k": sampling.top_k, "top_p": sampling.top_p,
             "min_p": sampling.min_p, "typical_p": 1.0, "repeat_last_n": sampling.penalty_last_n,
             "repeat_penalty": sampling.penalty_repeat, "presence_penalty": sampling.penalty_present,
             "frequency_penalty": sampling.penalty_freq, "mirostat": 0, "max_tokens": n_predict, "n_predict": n_predict,
-            "ignore_eos": ignore_eos, "stream": stream, "n_probs": 0,
+            "ignore_eos": ignore_eos, "stream": stream, "n_probs": n_probs,
             "samplers": ["penalties", "top_k", "top_p", "min_p", "temperature"],
             "logit_bias": [{"bias": b if math.isfinite(b) else None, "token": t} for t, b in sampling.logit_bias],
             **{f"speculative.{k}": v for k, v in speculative.items()}}
@@ -91,3 +91,23 @@ def completion_chunk(text: str, tokens: list[int], slot: int, n_predicted: int, 
     """One streamed piece (server_task_result_cmpl_partial::to_json_non_oaicompat)."""
     return {"index": 0, "content": text, "tokens": tokens, "stop": False, "id_slot": slot,
             "tokens_predicted": n_predicted, "tokens_evaluated": n_prompt}
+
+
+def probs_json(token_bytes, probs) -> list[dict]:
+    """TokenProbs as llama-server's completion_probabilities (probs_vector_to_json): each token's
+    id, text, bytes and log-probability, and its row's likeliest tokens alike."""
+    def entry(token: int, logprob: float) -> dict:
+        data = token_bytes(token)
+        return {"id": token, "token": _whole_utf8(data), "bytes": list(data), "logprob": logprob}
+
+    return [{**entry(p.token, p.logprob), "top_logprobs": [entry(t, lp) for t, lp in p.top]} for p in probs]
+
+
+def _whole_utf8(data: bytes) -> str:
+    """The text of a token's bytes without an unfinished trailing character (llama-server's validate_utf8)."""
+    for cut in range(len(data), max(len(data) - 4, -1), -1):
+        try:
+            return data[:cut].decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+    return data.decode("utf-8", "replace")

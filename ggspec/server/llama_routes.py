@@ -39,6 +39,7 @@ class _Answer:
         self.svc, self.req, self.prompt = svc, req, prompt
         self.text = TextStream(svc.engine.target_model.token_bytes, req.stops)
         self.tokens: list[int] = []
+        self.probs: list = []  # TokenProbs of each token (n_probs)
 
     def settings(self, job) -> dict:
         spec = job.spec
@@ -47,7 +48,8 @@ class _Answer:
         speculative = {"type": self.svc.engine.plan.spec_type if spec.speculate else "none",
                        "n_max": limits.n_max if spec.speculate else 0, "n_min": limits.n_min,
                        "p_min": self.svc.engine.cfg.p_min}
-        return lp.generation_settings(sampling, self.req.n_predict, self.req.stream, self.req.ignore_eos, speculative)
+        return lp.generation_settings(sampling, self.req.n_predict, self.req.stream, self.req.ignore_eos, speculative,
+                                      self.req.n_probs)
 
     def final(self, job, reason: str, stats, content: str) -> dict:
         stop_type = "word" if self.text.stopped else lp.STOP_TYPES.get(reason, "none")
@@ -58,7 +60,9 @@ class _Answer:
                 "generation_settings": self.settings(job), "prompt": _special_text(model, self.prompt),
                 "has_new_line": "\n" in self.text.text, "truncated": False, "stop_type": stop_type,
                 "stopping_word": self.text.stop_word, "tokens_cached": len(self.prompt) + max(stats.n_generated - 1, 0),
-                "timings": p.timings(stats)}
+                "timings": p.timings(stats),
+                **({"completion_probabilities": lp.probs_json(model.token_bytes, self.probs)}
+                   if self.req.n_probs and not self.req.stream else {})}
 
 
 async def completion(request: Request) -> Response:
@@ -69,13 +73,13 @@ async def completion(request: Request) -> Response:
         svc.scheduler.budget(prompt, 1)
         return JSONResponse({"index": 0, "content": "", "tokens": [], "stop": True, "stop_type": "limit",
                              "tokens_predicted": 0, "tokens_evaluated": len(prompt), "model": svc.model_id})
-    job = svc.admit(req, prompt, req.limit, seed=req.request_seed)
+    job = svc.admit(req, prompt, req.limit, seed=req.request_seed, n_probs=req.n_probs)
     answer = _Answer(svc, req, prompt)
     if req.stream:
         return StreamingResponse(_events(svc, job, answer), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
     try:
-        reason, stats = await collect(request, svc, job, answer.text, answer.tokens)
+        reason, stats = await collect(request, svc, job, answer.text, answer.tokens, answer.probs)
     except asyncio.CancelledError:
         svc.scheduler.cancel(job)
         raise
@@ -95,9 +99,13 @@ async def _events(svc: Service, job, answer: _Answer):
                 delta = answer.text.push(event.tokens)
                 answer.tokens += event.tokens
                 n_predicted += len(event.tokens)
-                if delta or answer.req.return_tokens:
-                    yield p.sse(lp.completion_chunk(delta, event.tokens if answer.req.return_tokens else [],
-                                                    job.seq.seq_id, n_predicted, len(answer.prompt)))
+                if delta or answer.req.return_tokens or answer.req.n_probs:
+                    chunk = lp.completion_chunk(delta, event.tokens if answer.req.return_tokens else [],
+                                                job.seq.seq_id, n_predicted, len(answer.prompt))
+                    if answer.req.n_probs:
+                        chunk["completion_probabilities"] = lp.probs_json(svc.engine.target_model.token_bytes,
+                                                                          event.probs)
+                    yield p.sse(chunk)
                 if answer.text.stopped:
                     svc.scheduler.cancel(job)
             elif isinstance(event, Done):

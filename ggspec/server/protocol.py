@@ -3,7 +3,7 @@
 Requests are parsed from the raw JSON (pydantic, strict types): a field of the wrong type or a
 value out of range is a 400 naming the field, never a 500. Fields the server does not know are
 ignored, as llama-server and other OpenAI-compatible servers do. Features of the APIs that
-ggspec does not implement yet (logprobs, n > 1, tools) are accepted only at their no-op values, so a request is never silently
+ggspec does not implement yet (n > 1, tools) are accepted only at their no-op values, so a request is never silently
 answered as something else.
 
 Constrained output (`grammar`, `json_schema`, `response_format`) becomes one GBNF grammar
@@ -31,7 +31,7 @@ REQUEST_PARAMS = {"prompt": "prompt", "messages": "messages", "max_tokens": "max
                   "n_min": "speculative.n_min", "grammar": "grammar", "content": "content"}
 SEED_MAX = 0xFFFFFFFE  # llama.cpp's seeds are uint32; 0xFFFFFFFF means "random" there
 # fields accepted only at their no-op value: a 400 says so for any other
-NOT_YET = frozenset({"n", "best_of", "echo", "logprobs", "top_logprobs", "suffix", "tools", "tool_choice",
+NOT_YET = frozenset({"n", "best_of", "echo", "suffix", "tools", "tool_choice",
                      "repeat_penalty", "typical_p", "mirostat", "n_probs", "dry_multiplier", "xtc_probability",
                      "n_cmpl", "parallel_tool_calls"})
 
@@ -145,7 +145,15 @@ class CompletionRequest(Sampling):
         list[str], Field(min_length=1, max_length=1)]
     echo: Literal[False] = False
     best_of: Literal[1] = 1
-    logprobs: Literal[0] | None = None
+    logprobs: Annotated[int, Field(ge=0, le=20)] | None = None  # the likeliest n per token
+
+    @property
+    def n_probs(self) -> int:
+        return 0 if self.logprobs is None else max(self.logprobs, 1)
+
+    @property
+    def top_n(self) -> int:
+        return self.logprobs or 0
     suffix: None = None
 
 
@@ -167,8 +175,16 @@ class ChatMessage(Body):
 class ChatRequest(Sampling):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
-    logprobs: Literal[False] | None = None
-    top_logprobs: Literal[0] | None = None
+    logprobs: bool | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+
+    @property
+    def n_probs(self) -> int:
+        return max(self.top_logprobs or 0, 1) if self.logprobs else 0
+
+    @property
+    def top_n(self) -> int:
+        return self.top_logprobs or 0
     tools: Annotated[list[Any], Field(max_length=0)] | None = None
     tool_choice: Literal["none", "auto"] | None = None
     parallel_tool_calls: bool | None = None
@@ -280,20 +296,23 @@ class Shape:
     def _head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def whole(self, text: str, finish: str, use: dict, times: dict) -> dict:
+    def whole(self, text: str, finish: str, use: dict, times: dict, logprobs: list | None = None) -> dict:
+        lp = None if logprobs is None else {"content": logprobs}  # (llama-server's form, on both endpoints)
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": lp,
                       "finish_reason": finish}
             return {**self._head("chat.completion"), "choices": [choice], "usage": use, "timings": times}
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        choice = {"index": 0, "text": text, "logprobs": lp, "finish_reason": finish}
         return {**self._head("text_completion"), "choices": [choice], "usage": use, "timings": times}
 
-    def chunk(self, text: str | None, finish: str | None = None, *, role: bool = False) -> dict:
+    def chunk(self, text: str | None, finish: str | None = None, *, role: bool = False,
+              logprobs: list | None = None) -> dict:
+        lp = None if logprobs is None else {"content": logprobs}
         if self.chat:
             delta = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}
             return {**self._head("chat.completion.chunk"), "choices": [choice]}
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+        choice = {"index": 0, "text": text or "", "logprobs": lp, "finish_reason": finish}
         return {**self._head("text_completion"), "choices": [choice]}
 
     def usage_chunk(self, use: dict) -> dict:

@@ -22,7 +22,7 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -47,6 +47,7 @@ class Draining(GGSpecError):
 @dataclass(frozen=True)
 class Tokens:
     tokens: list[int]
+    probs: list = field(default_factory=list)  # TokenProbs per token, when the request asked (n_probs)
 
 
 @dataclass(frozen=True)
@@ -70,12 +71,13 @@ class JobSpec:
     speculate: bool = True  # False: this request decodes plainly ("speculative": false)
     limits: DraftLimits | None = None  # its own draft lengths (None: the server's)
     grammar: str | None = None  # GBNF its output must follow
+    n_probs: int = 0  # each token's probability and the n likeliest
 
     def request(self, tag: object) -> Request:
         """The driver's request of this job (`tag`: the Job, handed back on its sequence)."""
         return Request(self.prompt, self.max_tokens, tag=tag, seed=self.seed, sampling=self.sampling,
                        ignore_eos=self.ignore_eos, speculate=self.speculate, limits=self.limits,
-                       grammar=self.grammar)
+                       grammar=self.grammar, n_probs=self.n_probs)
 
 
 class Job:
@@ -241,7 +243,7 @@ class Scheduler:
             job = self._running.get(seq)
             if job is None or not step.tokens:
                 continue
-            events.append((job, Tokens(list(step.tokens))))
+            events.append((job, Tokens(list(step.tokens), step.probs)))
             if self.metrics is not None:
                 if job.t_last is None:
                     self.metrics.first_token(now - job.t_arrival)

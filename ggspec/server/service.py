@@ -156,7 +156,7 @@ class Service:
     def render(self, messages: list[p.ChatMessage]) -> str:
         return self.template.render([Message(m.role, m.text) for m in messages])
 
-    def admit(self, req, prompt: np.ndarray, limit: int | None, seed: int | None = None):
+    def admit(self, req, prompt: np.ndarray, limit: int | None, seed: int | None = None, n_probs: int = 0):
         """The scheduler job of an admitted request (InputError / Overloaded raised otherwise)."""
         budget = self.scheduler.budget(prompt, limit)
         sampling = self.settings(req)
@@ -166,7 +166,7 @@ class Service:
         if grammar is not None:  # parsed now: a grammar llama.cpp cannot read is a 400 before the queue
             Grammar(self.engine.target_model, grammar).close()
         return self.scheduler.submit(JobSpec(prompt, budget, sampling, req.seed if seed is None else seed,
-                                             req.ignore_eos, speculate, limits, grammar))
+                                             req.ignore_eos, speculate, limits, grammar, n_probs))
 
     @staticmethod
     def grammar(req: p.Constrained) -> str | None:
@@ -188,10 +188,12 @@ class Service:
                            param) from None
 
 
-async def collect(request: Request, svc: Service, job, text: TextStream, tokens: list[int] | None = None):
-    """(finish reason, stats) of a whole answer, its text in `text` (and its token ids appended
-    to `tokens`); (None, None) once the client is gone. The finish reason is OpenAI's: "stop"
-    at an end-of-generation token or a stop string, "length" at the budget or a full slot."""
+async def collect(request: Request, svc: Service, job, text: TextStream, tokens: list[int] | None = None,
+                  probs: list | None = None):
+    """(finish reason, stats) of a whole answer, its text in `text` (its token ids appended to
+    `tokens`, their TokenProbs to `probs`); (None, None) once the client is gone. The finish
+    reason is OpenAI's: "stop" at an end-of-generation token or a stop string, "length" at the
+    budget or a full slot."""
     stopped = False
     while True:
         try:
@@ -204,6 +206,8 @@ async def collect(request: Request, svc: Service, job, text: TextStream, tokens:
             text.push(event.tokens)
             if tokens is not None:
                 tokens += event.tokens
+            if probs is not None:
+                probs += event.probs
             if text.stopped:
                 stopped = True
                 svc.scheduler.cancel(job)

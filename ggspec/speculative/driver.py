@@ -38,6 +38,7 @@ class Request:
     record_margins: bool = False  # keep the target's top-2 margin of each plain step's token
     limits: DraftLimits | None = None  # its own draft lengths (None: the engine's)
     grammar: str | None = None  # GBNF its output must follow (llama.cpp's grammar sampler)
+    n_probs: int = 0  # each token's probability and the n likeliest, in its events' Step.probs
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +68,7 @@ def start(engine, request: Request) -> Sequence:
     r = request
     return engine.add(r.prompt, r.n_predict, ignore_eos=r.ignore_eos, tag=r.tag, speculate=r.speculate,
                       record_margins=r.record_margins, seed=r.seed, sampling=r.sampling, limits=r.limits,
-                      grammar=r.grammar)
+                      grammar=r.grammar, n_probs=r.n_probs)
 
 
 def admit(engine, pending: deque[Request]) -> list[Sequence]:

@@ -38,7 +38,7 @@ from ggspec.speculative.proposer import Draft, Proposer, Span, verify_span
 from ggspec.speculative.sampling import DEFAULT_SEED, SamplerSettings, concrete_seed
 from ggspec.speculative.sequence import DraftLimits, Sequence
 from ggspec.speculative.slots import CapacityError, Slots
-from ggspec.speculative.stats import EngineStats, Step, top2_margin
+from ggspec.speculative.stats import EngineStats, Step, token_probs, top2_margin
 from ggspec.speculative.verifier import SequenceVerifier, Verifier
 
 
@@ -180,7 +180,7 @@ class Engine:
     def add(self, prompt, n_predict: int, *, ignore_eos: bool = False, tag: object = None,
             speculate: bool = True, record_margins: bool = False, seed: int | None = None,
             sampling: SamplerSettings | None = None, limits: DraftLimits | None = None,
-            grammar: str | None = None) -> Sequence:
+            grammar: str | None = None, n_probs: int = 0) -> Sequence:
         """A new sequence; its prompt is decoded at the next step. `speculate=False` decodes it
         plainly (the baseline), `record_margins` keeps the target's top-2 margin of its plain steps,
         `sampling` chooses its tokens (default: the engine's settings; each sequence of a batch may
@@ -189,7 +189,8 @@ class Engine:
         the engine's (a server request's own n_max / n_min), `grammar` (GBNF) constrains its
         tokens: each one is the best the grammar allows, drafts are cut where it stops allowing
         them, and sampled tokens follow the distribution the grammar leaves (llama.cpp's
-        grammar sampler)."""
+        grammar sampler); with `n_probs`, each step says every committed token's probability
+        and the n likeliest tokens of its row (Step.probs)."""
         if self._closed:
             raise ClosedError("this Engine is closed (close() was called): it cannot be used any more")
         prompt = np.ascontiguousarray(prompt, dtype=np.int32)
@@ -198,6 +199,8 @@ class Engine:
             raise InputError(f"the token budget must be at least 1 (got {n_predict})", field="n_predict")
         limits = self.check_limits(limits)
         speculate = speculate and limits.n_max > 0
+        if n_probs < 0:
+            raise InputError(f"n_probs must be at least 0 (got {n_probs})", field="n_probs")
         constraint = None if grammar is None else Grammar(self.target_model, grammar)
         sampling = self.sampling if sampling is None else sampling
         sampling.validate()
@@ -211,7 +214,7 @@ class Engine:
             self.proposer is not None and rule is not None and not fixed and rule.starts_plain()))
         seq = Sequence(slot, prompt, n_predict, ignore_eos=ignore_eos, tag=tag, plain_by_cost=by_cost,
                        speculate=speculate and self.proposer is not None and not by_cost,
-                       record_margins=record_margins, limits=limits, grammar=constraint,
+                       record_margins=record_margins, limits=limits, grammar=constraint, n_probs=n_probs,
                        sampling=sampling, seed=concrete_seed(sampling.seed if seed is None else seed))
         seq.limit = self.slots.limit(len(prompt), n_predict)  # positions it may use
         seq.n_cached = cached
@@ -351,8 +354,11 @@ class Engine:
             out = self.verifier.verify(logits, [(seq, Draft.empty(), 0)])[0]
             if seq.record_margins:
                 step.margins.append(top2_margin(logits[0]))
+            probs = token_probs(logits[0], out.tokens[0], seq.n_probs) if seq.n_probs else None
             seq.pos += 1
             step.tokens += seq.take(out.tokens, self._is_eog)
+            if probs is not None:
+                step.probs.append(probs)
         else:  # (with a first token to send, the rows wait for the transaction's own flush)
             t_inject += self._flush()
         step.t_total = time.perf_counter() - t0
@@ -424,6 +430,8 @@ class Engine:
         t_inject += t_flushed
         logits = self.target.logits_view()
         outcomes = self.verifier.verify(logits, [(seq, drafts[seq], sp.row0) for seq, sp in zip(live, spans)])
+        probs = {seq: [token_probs(logits[sp.row0 + j], t, seq.n_probs) for j, t in enumerate(out.tokens)]
+                 for seq, sp, out in zip(live, spans, outcomes) if seq.n_probs}  # (before a replay reuses the rows)
 
         # commit or roll back, per sequence; replays of all sequences that need one in one decode
         replays = []
@@ -472,6 +480,8 @@ class Engine:
                     self._stop_speculating(seq)
             seq.pos += out.accepted + 1
             step.tokens += seq.take(out.tokens, self._is_eog)
+            if seq in probs:
+                step.probs += probs[seq][:len(step.tokens)]
             self.stats.tokens += len(step.tokens)
             seq.stats.add(step)
             result.append((seq, step))

@@ -44,6 +44,7 @@ class Sequence:
     record_margins: bool = False  # keep the target's top-2 margin of each plain step (the oracle)
     limits: DraftLimits = DraftLimits(1 << 30)  # its own bounds on a draft's length (the engine's: no bound)
     grammar: Grammar | None = None  # what its tokens must follow (runtime.Grammar, at the state after them)
+    n_probs: int = 0  # report each committed token's probability and the n likeliest (Step.probs)
     limit: int = 0  # positions it may use (prompt, budget, one verify block), set by the engine
     n_cached: int = 0  # leading prompt tokens its slot's cells held already (the prompt cache)
     tokens: list[int] = field(default_factory=list)  # generated (committed) tokens

@@ -7,6 +7,28 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 
 
+@dataclass(frozen=True, slots=True)
+class TokenProbs:
+    """A committed token's probability under the target's raw distribution (the softmax of its
+    row, before any sampler), and the n most likely tokens of that row: llama-server's n_probs."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]  # (token, logprob), most likely first
+
+
+def token_probs(row: np.ndarray, token: int, n: int) -> TokenProbs:
+    """As llama-server's get_token_probabilities: float32 softmax of the raw logits."""
+    x = np.asarray(row, dtype=np.float32)
+    p = np.exp(x - x.max())
+    p /= p.sum(dtype=np.float32)
+    n = min(n, len(p))
+    top = np.argpartition(-x, n - 1)[:n]
+    top = top[np.argsort(-x[top], kind="stable")]
+    log = lambda v: float(np.log(v)) if v > 0 else float(np.finfo(np.float32).min)  # noqa: E731 (as llama-server)
+    return TokenProbs(token, log(p[token]), tuple((int(t), log(p[t])) for t in top))
+
+
 @dataclass
 class Step:
     """One transaction (or the prefill): what it committed and what it cost."""
@@ -25,6 +47,7 @@ class Step:
     t_total: float = 0.0  # wall time of the whole step
     k: int | None = None  # the adaptive length (auto): drafted tokens it verified this step
     margins: list[float] = field(default_factory=list)  # top-2 logit gap per token (optional)
+    probs: list[TokenProbs] = field(default_factory=list)  # per committed token, when its sequence asks (n_probs)
 
     @property
     def t_overhead(self) -> float:
