@@ -203,7 +203,7 @@ def test_a_seed_reproduces_a_sampled_answer_alone_or_batched(server4):
     ("/v1/completions", b"[1, 2]", 400, None, "must be a JSON object"),
     ("/v1/completions", {"prompt": "x", "max_tokens": "5"}, 400, "max_tokens", "valid integer"),
     ("/v1/completions", {"prompt": "x", "temperature": True}, 400, "temperature", "valid number"),
-    ("/v1/completions", {"prompt": "x", "n": 2}, 400, "n", "not supported"),
+    ("/v1/completions", {"prompt": "x", "n": 17}, 400, "n", "less than or equal to 16"),
     ("/v1/completions", {"prompt": "x", "logit_bias": {"999999": -5}}, 400, "logit_bias", "outside the vocabulary"),
     ("/v1/completions", {"prompt": "x", "repeat_last_n": -2}, 400, "repeat_last_n", "greater than or equal to -1"),
     ("/v1/completions", {"prompt": "x", "logprobs": 25}, 400, "logprobs", "less than or equal to 20"),

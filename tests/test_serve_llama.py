@@ -195,6 +195,35 @@ def test_token_probabilities_on_every_endpoint(server, refs):
     assert code == 200 and len(content) == r["usage"]["completion_tokens"] and content[0]["top_logprobs"] == []
 
 
+# --- several choices --------------------------------------------------------------------------------
+
+
+def test_n_choices_are_sequences_of_their_own(server, refs):
+    """`n`: one sequence per choice, batched together. Greedy, every choice is the greedy text;
+    sampled with a seed, choice i is what a lone request with seed + i gets, streamed or whole."""
+    prompt, want = next(iter(refs.items()))
+    code, r = server.post("/v1/completions", {"prompt": prompt, "max_tokens": N, "temperature": 0,
+                                              "ignore_eos": True, "n": 3})
+    assert code == 200 and [c["index"] for c in r["choices"]] == [0, 1, 2]
+    assert all(c["text"] == want for c in r["choices"])
+    assert r["usage"]["completion_tokens"] == 3 * N and r["usage"]["prompt_tokens"] < N
+
+    sampled = {"max_tokens": 16, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "ignore_eos": True}
+    msgs = [{"role": "user", "content": "def add(a, b):"}]
+    code, r = server.post("/v1/chat/completions", {"messages": msgs, "n": 3, "seed": 7, **sampled})
+    texts = [c["message"]["content"] for c in sorted(r["choices"], key=lambda c: c["index"])]
+    alone = [server.post("/v1/chat/completions", {"messages": msgs, "seed": 7 + i, **sampled})[1]
+             ["choices"][0]["message"]["content"] for i in range(3)]
+    assert code == 200 and texts == alone and len(set(texts)) > 1
+    streamed = ["", "", ""]
+    for chunk in server.client.chat.completions.create(model=PAIR, messages=msgs, n=3, seed=7, stream=True,
+                                                       max_tokens=16, temperature=1.0, top_p=1.0,
+                                                       extra_body={"top_k": 0, "min_p": 0.0, "ignore_eos": True}):
+        for c in chunk.choices:
+            streamed[c.index] += c.delta.content or ""
+    assert streamed == texts
+
+
 # --- tokens, templates, the server's state ---------------------------------------------------------
 
 

@@ -27,6 +27,8 @@ from ggspec.server.metrics import CONTENT_TYPE_LATEST
 from ggspec.server.scheduler import Done, Draining, Failed, Overloaded, Tokens
 from ggspec.server.service import CONTEXT_ERROR, ApiError, Service, collect, parse
 from ggspec.server.text import TextStream
+from ggspec.speculative.driver import request_seed
+from ggspec.speculative.stats import merge
 
 log = logging.getLogger("ggspec.server")
 DONE = b"data: [DONE]\n\n"  # the stream's last event
@@ -51,24 +53,50 @@ async def chat_completions(request: Request) -> Response:
 
 
 async def _answer(request: Request, svc: Service, req, prompt: np.ndarray, limit: int | None, chat: bool) -> Response:
-    job = svc.admit(req, prompt, limit, n_probs=req.n_probs)
+    jobs = _admit_all(svc, req, prompt, limit)
     shape = p.Shape(chat, svc.model_id)
-    text = TextStream(svc.engine.target_model.token_bytes, req.stops)
+    texts = [TextStream(svc.engine.target_model.token_bytes, req.stops) for _ in jobs]
     logprobs = _logprobs(svc, req)
     if req.stream:
-        return StreamingResponse(_sse(svc, job, shape, text, len(prompt), req.include_usage, logprobs),
+        return StreamingResponse(_sse(svc, jobs, shape, texts, len(prompt), req.include_usage, logprobs),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-    probs = [] if logprobs else None
+    probs = [[] if logprobs else None for _ in jobs]
     try:
-        finish, stats = await collect(request, svc, job, text, probs=probs)
-    except asyncio.CancelledError:
-        svc.scheduler.cancel(job)
+        ends = await asyncio.gather(*(collect(request, svc, job, text, probs=pr)
+                                      for job, text, pr in zip(jobs, texts, probs)))
+    except BaseException:
+        _cancel(svc, jobs)
         raise
-    if finish is None:  # the client left
-        svc.scheduler.cancel(job)
+    if any(finish is None for finish, _ in ends):  # the client left
+        _cancel(svc, jobs)
         return Response(status_code=499)
-    return JSONResponse(shape.whole(text.text, finish, p.usage(len(prompt), stats), p.timings(stats),
-                                    logprobs(probs) if logprobs else None))
+    choices = [shape.choice(i, text.text, finish, logprobs(pr) if logprobs else None)
+               for i, (text, (finish, _), pr) in enumerate(zip(texts, ends, probs))]
+    stats = [st for _, st in ends]
+    return JSONResponse(shape.whole(choices, _usage(len(prompt), stats), p.timings(stats[0])))
+
+
+def _admit_all(svc: Service, req, prompt: np.ndarray, limit: int | None) -> list:
+    """One job per choice (`n`), each with its own seed (the request's + i; a random one each
+    when none is set), or none at all when one cannot be admitted."""
+    base = req.seed if req.seed is not None else svc.sampling.seed
+    jobs = []
+    try:
+        for i in range(req.n):
+            jobs.append(svc.admit(req, prompt, limit, seed=request_seed(base, i), n_probs=req.n_probs))
+    except BaseException:
+        _cancel(svc, jobs)
+        raise
+    return jobs
+
+
+def _cancel(svc: Service, jobs: list) -> None:
+    for job in jobs:
+        svc.scheduler.cancel(job)
+
+
+def _usage(n_prompt: int, stats: list) -> dict:
+    return p.usage(n_prompt, merge(stats), n_cached=stats[0].n_cached)
 
 
 def _logprobs(svc: Service, req):
@@ -80,40 +108,58 @@ def _logprobs(svc: Service, req):
     return lambda probs: [{**e, "top_logprobs": e["top_logprobs"][:n]} for e in lp.probs_json(token_bytes, probs)]
 
 
-async def _sse(svc: Service, job, shape: p.Shape, text: TextStream, n_prompt: int, include_usage: bool,
-               logprobs=None):
-    """Server-sent events: chunks as tokens arrive, a last chunk with the finish reason, usage
-    when asked for, then [DONE]. A client that leaves cancels the job (Starlette cancels this
-    generator when the connection closes)."""
-    stopped = False
+async def _sse(svc: Service, jobs: list, shape: p.Shape, texts: list[TextStream], n_prompt: int,
+               include_usage: bool, logprobs=None):
+    """Server-sent events: chunks as tokens arrive (each choice's with its index), a last chunk
+    per choice with its finish reason, usage when asked for, then [DONE]. A client that leaves
+    cancels the jobs (Starlette cancels this generator when the connection closes)."""
+    events: asyncio.Queue = asyncio.Queue()
+
+    async def forward(i: int, job) -> None:  # one job's events, tagged with its choice
+        while True:
+            event = await job.events.get()
+            await events.put((i, event))
+            if isinstance(event, (Done, Failed)):
+                return
+
+    tasks = [asyncio.create_task(forward(i, job)) for i, job in enumerate(jobs)]
+    stopped = [False] * len(jobs)
+    done: dict[int, object] = {}
+    fast = len(jobs) == 1 and logprobs is None  # one choice of text: the pre-rendered chunk
     try:
         if shape.chat:
-            yield p.sse(shape.chunk(None, role=True))
-        while True:  # the job's events end with its Done or Failed
-            event = await job.events.get()
-            if isinstance(event, Tokens) and not stopped:
+            for i in range(len(jobs)):
+                yield p.sse(shape.chunk(None, role=True, index=i))
+        while len(done) < len(jobs):  # every job's events end with its Done or Failed
+            i, event = await events.get()
+            text = texts[i]
+            if isinstance(event, Tokens) and not stopped[i]:
                 delta = text.push(event.tokens)
-                if logprobs is not None:  # each step's tokens with their probabilities
-                    yield p.sse(shape.chunk(delta, logprobs=logprobs(event.probs)))
-                elif delta:
-                    yield shape.text_event(delta)
+                if fast:
+                    if delta:
+                        yield shape.text_event(delta)
+                elif delta or logprobs is not None:
+                    yield p.sse(shape.chunk(delta, index=i, logprobs=None if logprobs is None else logprobs(event.probs)))
                 if text.stopped:
-                    stopped = True
-                    svc.scheduler.cancel(job)
-            elif isinstance(event, Done):  # the rest of the answer in one write
-                tail = "" if stopped else text.finish()
-                end = [shape.text_event(tail)] if tail else []
-                end.append(p.sse({**shape.chunk(None, "stop" if stopped else event.reason),
+                    stopped[i] = True
+                    svc.scheduler.cancel(jobs[i])
+            elif isinstance(event, Done):  # the rest of this choice in one write
+                done[i] = event.stats
+                tail = "" if stopped[i] else text.finish()
+                end = [(shape.text_event(tail) if fast else p.sse(shape.chunk(tail, index=i)))] if tail else []
+                end.append(p.sse({**shape.chunk(None, "stop" if stopped[i] else event.reason, index=i),
                                   "timings": p.timings(event.stats)}))
-                if include_usage:
-                    end.append(p.sse(shape.usage_chunk(p.usage(n_prompt, event.stats))))
-                yield b"".join([*end, DONE])
-                return
+                yield b"".join(end)
             elif isinstance(event, Failed):
                 yield p.sse(p.error_body(500, event.message, "server_error")) + DONE
                 return
+        if include_usage:
+            yield p.sse(shape.usage_chunk(_usage(n_prompt, [done[i] for i in range(len(jobs))])))
+        yield DONE
     finally:
-        svc.scheduler.cancel(job)  # a no-op once it finished
+        for task in tasks:
+            task.cancel()
+        _cancel(svc, jobs)  # a no-op for the finished ones
 
 
 async def models(request: Request) -> Response:

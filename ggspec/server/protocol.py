@@ -3,7 +3,7 @@
 Requests are parsed from the raw JSON (pydantic, strict types): a field of the wrong type or a
 value out of range is a 400 naming the field, never a 500. Fields the server does not know are
 ignored, as llama-server and other OpenAI-compatible servers do. Features of the APIs that
-ggspec does not implement yet (n > 1, tools) are accepted only at their no-op values, so a request is never silently
+ggspec does not implement yet (tools, best_of, echo) are accepted only at their no-op values, so a request is never silently
 answered as something else.
 
 Constrained output (`grammar`, `json_schema`, `response_format`) becomes one GBNF grammar
@@ -31,7 +31,7 @@ REQUEST_PARAMS = {"prompt": "prompt", "messages": "messages", "max_tokens": "max
                   "n_min": "speculative.n_min", "grammar": "grammar", "content": "content"}
 SEED_MAX = 0xFFFFFFFE  # llama.cpp's seeds are uint32; 0xFFFFFFFF means "random" there
 # fields accepted only at their no-op value: a 400 says so for any other
-NOT_YET = frozenset({"n", "best_of", "echo", "suffix", "tools", "tool_choice",
+NOT_YET = frozenset({"best_of", "echo", "suffix", "tools", "tool_choice",
                      "repeat_penalty", "typical_p", "mirostat", "n_probs", "dry_multiplier", "xtc_probability",
                      "n_cmpl", "parallel_tool_calls"})
 
@@ -126,7 +126,7 @@ class Sampling(Speculation, Constrained, Penalties):
     ignore_eos: bool = False  # llama.cpp's extension: generate max_tokens whatever the tokens are
     seed: Annotated[int, Field(ge=0, le=SEED_MAX)] | None = None
     stop: str | Annotated[list[str], Field(max_length=MAX_STOPS)] | None = None
-    n: Literal[1] = 1
+    n: Annotated[int, Field(ge=1, le=16)] = 1  # completions of the prompt, each its own sequence
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None  # OpenAI's end-user id: accepted, unused
@@ -239,12 +239,14 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
-def usage(n_prompt: int, stats) -> dict:
+def usage(n_prompt: int, stats, n_cached: int | None = None) -> dict:
     """OpenAI's usage (cached_tokens: prompt tokens the prompt cache held) plus the request's
     speculative figures: drafted and accepted draft tokens, speculative steps and τ (tokens
-    committed per speculative step)."""
+    committed per speculative step). Several completions: their statistics merged, the prompt
+    (and what the cache held of it) counted once."""
+    cached = stats.n_cached if n_cached is None else n_cached
     return {"prompt_tokens": n_prompt, "completion_tokens": stats.n_generated,
-            "total_tokens": n_prompt + stats.n_generated, "prompt_tokens_details": {"cached_tokens": stats.n_cached},
+            "total_tokens": n_prompt + stats.n_generated, "prompt_tokens_details": {"cached_tokens": cached},
             "draft_tokens": stats.drafted, "accepted_tokens": stats.accepted, "spec_steps": stats.spec_steps,
             "tau": round(stats.tau, 4)}
 
@@ -296,23 +298,26 @@ class Shape:
     def _head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def whole(self, text: str, finish: str, use: dict, times: dict, logprobs: list | None = None) -> dict:
-        lp = None if logprobs is None else {"content": logprobs}  # (llama-server's form, on both endpoints)
+    def choice(self, index: int, text: str, finish: str, logprobs: list | None = None) -> dict:
+        """One whole choice (`logprobs` in llama-server's form, on both endpoints)."""
+        lp = None if logprobs is None else {"content": logprobs}
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": lp,
-                      "finish_reason": finish}
-            return {**self._head("chat.completion"), "choices": [choice], "usage": use, "timings": times}
-        choice = {"index": 0, "text": text, "logprobs": lp, "finish_reason": finish}
-        return {**self._head("text_completion"), "choices": [choice], "usage": use, "timings": times}
+            return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": lp,
+                    "finish_reason": finish}
+        return {"index": index, "text": text, "logprobs": lp, "finish_reason": finish}
+
+    def whole(self, choices: list[dict], use: dict, times: dict) -> dict:
+        obj = "chat.completion" if self.chat else "text_completion"
+        return {**self._head(obj), "choices": choices, "usage": use, "timings": times}
 
     def chunk(self, text: str | None, finish: str | None = None, *, role: bool = False,
-              logprobs: list | None = None) -> dict:
+              logprobs: list | None = None, index: int = 0) -> dict:
         lp = None if logprobs is None else {"content": logprobs}
         if self.chat:
             delta = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
-            choice = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}
+            choice = {"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish}
             return {**self._head("chat.completion.chunk"), "choices": [choice]}
-        choice = {"index": 0, "text": text or "", "logprobs": lp, "finish_reason": finish}
+        choice = {"index": index, "text": text or "", "logprobs": lp, "finish_reason": finish}
         return {**self._head("text_completion"), "choices": [choice]}
 
     def usage_chunk(self, use: dict) -> dict:
