@@ -28,7 +28,9 @@ MAX_STOPS = 4  # as OpenAI
 # the command line's flags never see these), by the engine's name where it differs
 REQUEST_PARAMS = {"prompt": "prompt", "messages": "messages", "max_tokens": "max_tokens", "temp": "temperature",
                   "top_p": "top_p", "min_p": "min_p", "seed": "seed", "n_max": "speculative.n_max",
-                  "n_min": "speculative.n_min", "grammar": "grammar", "content": "content"}
+                  "n_min": "speculative.n_min", "grammar": "grammar", "content": "content", "n_probs": "n_probs",
+                  "penalty_last_n": "repeat_last_n", "penalty_repeat": "repeat_penalty",
+                  "penalty_freq": "frequency_penalty", "penalty_present": "presence_penalty"}
 SEED_MAX = 0xFFFFFFFE  # llama.cpp's seeds are uint32; 0xFFFFFFFF means "random" there
 # fields accepted only at their no-op value: a 400 says so for any other
 NOT_YET = frozenset({"best_of", "echo", "suffix", "tools", "tool_choice",
