@@ -157,7 +157,13 @@ def main() -> int:
         raise SystemExit(f"pair {args.pair} has no draft for --spec-type {args.spec_type}")
     levels = [int(c) for c in args.concurrency.split(",")]
     prompts = [p.text for p in BUILTIN]
-    extra = {"ignore_eos": True, **json.loads(args.body)}
+    try:
+        body = json.loads(args.body)
+    except json.JSONDecodeError as exc:
+        sys.exit(f"error: --body is not JSON: {exc}")
+    if not isinstance(body, dict):
+        sys.exit("error: --body must be a JSON object of request fields")
+    extra = {"ignore_eos": True, **body}
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_ARG_")}
     names = list(commands(args, files.target, files.draft, 0))
     if args.only:

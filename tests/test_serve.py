@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from conftest import run_cli
-from helpers.serving import LiveServer
+from helpers.serving import LiveServer, run_texts, speculating_server
 
 from ggspec.server.text import TextStream
 
@@ -31,22 +31,12 @@ N = 40
 
 @pytest.fixture(scope="module")
 def refs(build_info) -> dict[str, str]:
-    """`ggspec run`'s greedy continuation of each prompt (what the server must answer)."""
-    out = {}
-    for p in PROMPTS:
-        proc = run_cli("run", "--pair", PAIR, "-p", p, "-n", str(N), "--ignore-eos")
-        assert proc.returncode == 0, proc.stderr
-        assert proc.stdout.startswith(p) and proc.stdout.endswith("\n")
-        out[p] = proc.stdout[len(p):-1]
-    return out
+    return run_texts(PAIR, PROMPTS, N)
 
 
 @pytest.fixture(scope="module")
 def server4(build_info):
-    s = LiveServer("--pair", PAIR, "-np", "4", "--spec-draft-n-max", "7")  # (a fixed length: speculation is tested)
-    yield s
-    code, err = s.stop()
-    assert code == 0, err
+    yield from speculating_server(PAIR)
 
 
 def _complete(s: LiveServer, prompt: str, stream: bool, **kw) -> tuple[str, str | None, dict | None]:

@@ -12,13 +12,12 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from conftest import run_cli
 from ggspec.runtime import ContextParams
 from ggspec.speculative.driver import Request, drive
 from ggspec.speculative.engine import Engine
 from ggspec.speculative.models import PairConfig
 from ggspec.speculative.oracle import compare
-from helpers.serving import LiveServer, NativeServer
+from helpers.serving import LiveServer, NativeServer, run_texts, speculating_server
 
 PAIR = "tiny-coder"
 PROMPTS = ["def fibonacci(n):", "class Stack:\n    def __init__(self):"]
@@ -27,20 +26,12 @@ N = 32
 
 @pytest.fixture(scope="module")
 def refs(build_info) -> dict[str, str]:
-    out = {}
-    for p in PROMPTS:
-        proc = run_cli("run", "--pair", PAIR, "-p", p, "-n", str(N), "--ignore-eos")
-        assert proc.returncode == 0, proc.stderr
-        out[p] = proc.stdout[len(p):-1]
-    return out
+    return run_texts(PAIR, PROMPTS, N)
 
 
 @pytest.fixture(scope="module")
 def server(build_info):
-    s = LiveServer("--pair", PAIR, "-np", "4", "--spec-draft-n-max", "7")  # (a fixed length: speculation is tested)
-    yield s
-    code, err = s.stop()
-    assert code == 0, err
+    yield from speculating_server(PAIR)
 
 
 def _stream(port: int, path: str, body: dict) -> list[dict]:

@@ -101,23 +101,14 @@ def verify_rows(rows: np.ndarray, seq: Sequence, draft: Draft) -> Outcome:
 
     if seq.grammar is None:
         if seq.sampling.greedy:
-            for i, x in enumerate(tokens):
-                best = int(logits(i).argmax())
-                if best != x:
-                    return Outcome(i, tokens[:i] + [best])
-            return Outcome(len(tokens), tokens + [int(logits(len(tokens)).argmax())])
+            return greedy_walk(tokens, lambda i: int(logits(i).argmax()), lambda x: None)
         return RejectionVerifier.verify_one(lambda i: candidates(logits(i), seq.sampling), draft, seq.rng(VERIFY))
     if not tokens and seq.sampling.greedy:  # one row, at the sequence's own state: no walk
         return Outcome(0, [seq.grammar.greedy(logits(0))])
     walk = seq.grammar.clone()
     try:
         if seq.sampling.greedy:
-            for i, x in enumerate(tokens):
-                best = walk.greedy(logits(i))
-                if best != x:
-                    return Outcome(i, tokens[:i] + [best])
-                walk.accept(x)
-            return Outcome(len(tokens), tokens + [walk.greedy(logits(len(tokens)))])
+            return greedy_walk(tokens, lambda i: walk.greedy(logits(i)), walk.accept)
         at = [0]
 
         def row(i: int) -> Candidates:  # the walk reaches row i only after accepting tokens[:i]
@@ -129,6 +120,17 @@ def verify_rows(rows: np.ndarray, seq: Sequence, draft: Draft) -> Outcome:
         return RejectionVerifier.verify_one(row, draft, seq.rng(VERIFY))
     finally:
         walk.close()
+
+
+def greedy_walk(tokens: list[int], pick, advance) -> Outcome:
+    """The greedy rule row by row: `pick(i)` is row i's token, `advance(x)` moves past an
+    accepted draft token x (a grammar's walk) before the next row is picked."""
+    for i, x in enumerate(tokens):
+        best = pick(i)
+        if best != x:
+            return Outcome(i, tokens[:i] + [best])
+        advance(x)
+    return Outcome(len(tokens), tokens + [pick(len(tokens))])
 
 
 class RejectionVerifier:

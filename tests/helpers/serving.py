@@ -23,6 +23,28 @@ from helpers.drafts import greedy
 from helpers.pairs import MTP_CTX
 
 
+def run_texts(pair: str, prompts: list[str], n: int) -> dict[str, str]:
+    """`ggspec run`'s greedy continuation of each prompt, n tokens (what a server must answer)."""
+    from conftest import run_cli
+
+    out = {}
+    for p in prompts:
+        proc = run_cli("run", "--pair", pair, "-p", p, "-n", str(n), "--ignore-eos")
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.startswith(p) and proc.stdout.endswith("\n")
+        out[p] = proc.stdout[len(p):-1]
+    return out
+
+
+def speculating_server(pair: str):
+    """A module fixture's body: `ggspec serve` of the pair at -np 4 with a fixed draft length
+    (speculation is what is tested), stopped cleanly afterwards."""
+    s = LiveServer("--pair", pair, "-np", "4", "--spec-draft-n-max", "7")
+    yield s
+    code, err = s.stop()
+    assert code == 0, err
+
+
 class LiveServer:
     """`ggspec serve ARGS` in a subprocess on a free loopback port, ready when /health answers."""
 
