@@ -115,8 +115,9 @@ def test_a_prompt_pushed_out_of_its_slot_comes_back_from_host_memory(build_info,
 
 def test_chat_is_the_template_rendered_then_completed(server4, build_info):
     """A model without a chat template gets llama.cpp's chatml (as llama-server): the chat answer
-    is `ggspec run`'s greedy continuation of that rendered text; streamed the same."""
-    rendered = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\ndef add(a, b):<|im_end|>\n<|im_start|>assistant\n"
+    is `ggspec run`'s greedy continuation of that rendered text; streamed the same. Text parts of
+    one message are joined by a newline, as llama.cpp's chat code joins them."""
+    rendered = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\ndef add\n(a, b):<|im_end|>\n<|im_start|>assistant\n"
     proc = run_cli("run", "--pair", PAIR, "-p", rendered, "-n", "24", "--ignore-eos")
     assert proc.returncode == 0, proc.stderr
     want = proc.stdout[len(rendered):-1]
@@ -202,8 +203,12 @@ def test_a_seed_reproduces_a_sampled_answer_alone_or_batched(server4):
      "not both"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
                               "response_format": {"type": "xml"}}, 400, "response_format.type", "'json_schema'"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": [
-        {"type": "function", "function": {"name": "f", "parameters": {}}}]}, 400, "tools", "not supported"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "grammar": "root ::= [a-z]+", "tools": [
+        {"type": "function", "function": {"name": "f", "parameters": {}}}]}, 400, "grammar", "with tools"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tool_choice": {
+        "type": "function", "function": {"name": "g"}}, "tools": [
+        {"type": "function", "function": {"name": "f", "parameters": {}}}]}, 400, "tool_choice", "not among the tools"),
+    ("/v1/chat/completions", {"messages": [{"role": "user"}]}, 400, "messages", "must contain 'content'"),
     ("/v1/completions", {"prompt": "x", "speculative.n_max": 99}, 400, "speculative.n_max", "within 0..7"),
     ("/v1/completions", {"prompt": "x", "speculative.n_max": 2, "speculative.n_min": 3}, 400, "speculative.n_min",
      "within 0..2"),
@@ -218,7 +223,7 @@ def test_a_seed_reproduces_a_sampled_answer_alone_or_batched(server4):
     ("/v1/completions", {"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop", "at most 4"),
     ("/v1/completions", {"prompt": "x", "model": "gpt-4"}, 404, "model", "does not exist here"),
     ("/v1/chat/completions", {"messages": []}, 400, "messages", "at least 1"),
-    ("/v1/chat/completions", {"messages": [{"role": "tool", "content": "x"}]}, 400, "messages.0.role", "'user'"),
+    ("/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}, 400, "messages.0.role", "'user'"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
      "messages.0.content.0.type", "'text'"),
     ("/v1/nope", {}, 404, None, "no route POST /v1/nope"),
@@ -364,10 +369,11 @@ def test_a_port_in_use_is_one_line(build_info):
 
 
 def test_a_jinja_template_file_renders_the_chat(build_info, tmp_path):
-    """--chat-template-file: rendered with jinja2 (bos_token, add_generation_prompt,
-    raise_exception); a template that raises is the request's 400, not a 500."""
+    """--chat-template-file: rendered by llama.cpp's Jinja engine (add_generation_prompt,
+    raise_exception), as llama-server; a template that raises is the request's 400 in one line,
+    not a 500; /apply-template renders with it too."""
     tmpl = tmp_path / "t.jinja"
-    tmpl.write_text("{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('no system role') }}"
+    tmpl.write_text("{% for m in messages %}{% if m.content == 'boom' %}{{ raise_exception('no boom') }}"
                     "{% endif %}[{{ m.role }}] {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}[bot]"
                     "{% endif %}")
     s = LiveServer("--pair", PAIR, "-np", "1", "--chat-template-file", str(tmpl))
@@ -377,8 +383,11 @@ def test_a_jinja_template_file_renders_the_chat(build_info, tmp_path):
         r = s.client.chat.completions.create(model=PAIR, messages=[{"role": "user", "content": "def add(a, b):"}],
                                              max_tokens=16, temperature=0, extra_body={"ignore_eos": True})
         assert r.choices[0].message.content == proc.stdout[len(rendered):-1]
-        code, reply = s.post("/v1/chat/completions", {"messages": [{"role": "system", "content": "x"}]})
-        assert code == 400 and "the chat template refused these messages: no system role" in reply["error"]["message"]
+        code, reply = s.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "boom"}]})
+        assert code == 400 and reply["error"]["message"] == "the chat template refused these messages: Jinja Exception: no boom"
+        code, reply = s.post("/apply-template", {"messages": [{"role": "system", "content": "Be brief."},
+                                                             {"role": "user", "content": "hi"}]})
+        assert code == 200 and reply["prompt"] == "[system] Be brief.\n[user] hi\n[bot]"
     finally:
         assert s.stop()[0] == 0
 

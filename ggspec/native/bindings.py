@@ -21,6 +21,7 @@ from pathlib import Path
 from ggspec.native import build, paths
 
 SHIM_ABI_VERSION = 9
+CHAT_ABI_VERSION = 1  # libggspec-chat (patch 0017)
 GGML_LOG_LEVEL_ERROR = 4
 
 # llama.cpp logs a great deal to stderr. We keep its recent lines (errors explain NULL returns)
@@ -191,6 +192,33 @@ def load() -> types.ModuleType:
     _install_log_callback(lc)
     lc.llama_backend_init()
     return lc
+
+
+@cache
+def chat_library() -> ctypes.CDLL:
+    """libggspec-chat (patch 0017): llama.cpp's own chat code (templates, tool-call grammars and
+    parsers, the JSON-schema converter) behind a C ABI of JSON texts; loaded after libllama."""
+    load()
+    path = library_path() / "libggspec-chat.so"
+    try:
+        lib = ctypes.CDLL(str(path))
+        _declare(lib, "ggspec_chat_abi_version", [], c_int32)
+    except (OSError, AttributeError) as exc:
+        raise NotBuiltError(f"the llama.cpp build has no ggspec chat library ({path.name}): run `ggspec build`") from exc
+    if lib.ggspec_chat_abi_version() != CHAT_ABI_VERSION:
+        raise NotBuiltError(f"chat ABI {lib.ggspec_chat_abi_version()} != expected {CHAT_ABI_VERSION}: run `ggspec build`")
+    text, errp = c_void_p, POINTER(c_void_p)  # texts the library allocates come back as addresses
+    _declare(lib, "ggspec_chat_string_free", [c_void_p], None)
+    _declare(lib, "ggspec_chat_templates_init", [c_void_p, ctypes.c_char_p, errp], c_void_p)
+    _declare(lib, "ggspec_chat_templates_free", [c_void_p], None)
+    _declare(lib, "ggspec_chat_templates_info", [c_void_p], text)
+    _declare(lib, "ggspec_chat_apply", [c_void_p, ctypes.c_char_p], text)
+    _declare(lib, "ggspec_json_schema_to_grammar", [ctypes.c_char_p], text)
+    _declare(lib, "ggspec_chat_stream_init", [ctypes.c_char_p, errp], c_void_p)
+    _declare(lib, "ggspec_chat_stream_free", [c_void_p], None)
+    _declare(lib, "ggspec_chat_stream_update", [c_void_p, ctypes.c_char_p, c_bool], text)
+    _declare(lib, "ggspec_sampler_accept", [c_void_p, c_int32], c_bool)
+    return lib
 
 
 # The short calls of every engine step (a batch cleared and filled, cache cells removed, the logits'

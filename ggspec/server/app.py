@@ -25,6 +25,8 @@ from ggspec.server import llama_routes
 from ggspec.server import protocol as p
 from ggspec.server.metrics import CONTENT_TYPE_LATEST
 from ggspec.server.scheduler import Done, Draining, Failed, Overloaded, Tokens
+from ggspec.runtime.chat import ChatError
+from ggspec.server.chat import ChatJob
 from ggspec.server.service import CONTEXT_ERROR, ApiError, Service, collect, parse
 from ggspec.server.text import TextStream
 from ggspec.speculative.driver import request_seed
@@ -42,23 +44,27 @@ async def completions(request: Request) -> Response:
     req = parse(p.CompletionRequest, await request.body())
     svc.check_model(req.model)
     prompt = req.prompt[0] if isinstance(req.prompt, list) and isinstance(req.prompt[0], str) else req.prompt
-    return await _answer(request, svc, req, svc.tokens(prompt), req.max_tokens, chat=False)
+    return await _answer(request, svc, req, svc.tokens(prompt), req.max_tokens, None)
 
 
 async def chat_completions(request: Request) -> Response:
     svc: Service = request.app.state.service
     req = parse(p.ChatRequest, await request.body())
     svc.check_model(req.model)
-    return await _answer(request, svc, req, svc.chat_tokens(req.messages), req.limit, chat=True)
+    chat = svc.chat(req)
+    return await _answer(request, svc, req, svc.chat_tokens(chat.prompt), req.limit, chat)
 
 
-async def _answer(request: Request, svc: Service, req, prompt: np.ndarray, limit: int | None, chat: bool) -> Response:
-    jobs = _admit_all(svc, req, prompt, limit)
-    shape = p.Shape(chat, svc.model_id)
-    texts = [TextStream(svc.engine.target_model.token_bytes, req.stops) for _ in jobs]
+async def _answer(request: Request, svc: Service, req, prompt: np.ndarray, limit: int | None,
+                  chat: ChatJob | None) -> Response:
+    """`chat`: a chat request's rendering (its answers are read back by its parser)."""
+    jobs = _admit_all(svc, req, prompt, limit, chat)
+    shape = p.Shape(chat is not None, svc.model_id)
+    texts = [_text_stream(svc, req, chat) for _ in jobs]
     logprobs = _logprobs(svc, req)
     if req.stream:
-        return StreamingResponse(_sse(svc, jobs, shape, texts, len(prompt), req.include_usage, logprobs),
+        parsers = [chat.parser() if chat is not None else None for _ in jobs]
+        return StreamingResponse(_sse(svc, jobs, shape, texts, len(prompt), req.include_usage, logprobs, parsers),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     probs = [[] if logprobs else None for _ in jobs]
     try:
@@ -70,20 +76,57 @@ async def _answer(request: Request, svc: Service, req, prompt: np.ndarray, limit
     if any(finish is None for finish, _ in ends):  # the client left
         _cancel(svc, jobs)
         return Response(status_code=499)
-    choices = [shape.choice(i, text.text, finish, logprobs(pr) if logprobs else None)
-               for i, (text, (finish, _), pr) in enumerate(zip(texts, ends, probs))]
+    choices = []
+    for i, (text, (finish, _), pr) in enumerate(zip(texts, ends, probs)):
+        message = _read_back(chat, text.text)
+        choices.append(shape.choice(i, text.text, _finish(finish, message), logprobs(pr) if logprobs else None,
+                                    message))
     stats = [st for _, st in ends]
     return JSONResponse(shape.whole(choices, _usage(len(prompt), stats), p.timings(stats[0])))
 
 
-def _admit_all(svc: Service, req, prompt: np.ndarray, limit: int | None) -> list:
+def _text_stream(svc: Service, req, chat: ChatJob | None) -> TextStream:
+    """A choice's text: the request's stop strings and the template's; tokens the template
+    preserves are shown although special (a tool call's `<tool_call>`), as llama-server."""
+    model = svc.engine.target_model
+    if chat is None:
+        return TextStream(model.token_bytes, req.stops)
+    shown = chat.shown
+    piece = (lambda t: model.special_piece(t) if t in shown else model.token_bytes(t)) if shown else model.token_bytes
+    return TextStream(piece, req.stops + chat.stops)
+
+
+def _read_back(chat: ChatJob | None, text: str) -> dict | None:
+    """A chat answer as OpenAI's message (content, reasoning_content, tool_calls), parsed by the
+    template's parser; None for a completion."""
+    if chat is None:
+        return None
+    parser = chat.parser()
+    if parser is None:
+        return {"role": "assistant", "content": text}
+    try:
+        parser.update(text, partial=False)
+        return parser.message
+    except ChatError as exc:  # (llama-server fails such a request; ggspec gives the text as it is)
+        log.warning("cannot parse a chat answer (%s); sending it as plain content", exc)
+        return {"role": "assistant", "content": text}
+    finally:
+        parser.close()
+
+
+def _finish(finish: str, message: dict | None) -> str:
+    """OpenAI's finish reason: "tool_calls" where an answer that ended by itself called tools."""
+    return "tool_calls" if finish == "stop" and message and message.get("tool_calls") else finish
+
+
+def _admit_all(svc: Service, req, prompt: np.ndarray, limit: int | None, chat: ChatJob | None) -> list:
     """One job per choice (`n`), each with its own seed (the request's + i; a random one each
     when none is set), or none at all when one cannot be admitted."""
     base = req.seed if req.seed is not None else svc.sampling.seed
     jobs = []
     try:
         for i in range(req.n):
-            jobs.append(svc.admit(req, prompt, limit, seed=request_seed(base, i), n_probs=req.n_probs))
+            jobs.append(svc.admit(req, prompt, limit, seed=request_seed(base, i), n_probs=req.n_probs, chat=chat))
     except BaseException:
         _cancel(svc, jobs)
         raise
@@ -109,10 +152,12 @@ def _logprobs(svc: Service, req):
 
 
 async def _sse(svc: Service, jobs: list, shape: p.Shape, texts: list[TextStream], n_prompt: int,
-               include_usage: bool, logprobs=None):
+               include_usage: bool, logprobs=None, parsers: list | None = None):
     """Server-sent events: chunks as tokens arrive (each choice's with its index), a last chunk
-    per choice with its finish reason, usage when asked for, then [DONE]. A client that leaves
-    cancels the jobs (Starlette cancels this generator when the connection closes)."""
+    per choice with its finish reason, usage when asked for, then [DONE]. A chat answer's text
+    goes through its parser (`parsers`), whose deltas the chunks carry: content, reasoning,
+    tool calls, as llama-server streams them. A client that leaves cancels the jobs (Starlette
+    cancels this generator when the connection closes)."""
     events: asyncio.Queue = asyncio.Queue()
 
     async def forward(i: int, job) -> None:  # one job's events, tagged with its choice
@@ -126,6 +171,31 @@ async def _sse(svc: Service, jobs: list, shape: p.Shape, texts: list[TextStream]
     stopped = [False] * len(jobs)
     done: dict[int, object] = {}
     fast = len(jobs) == 1 and logprobs is None  # one choice of text: the pre-rendered chunk
+    parsers = parsers or [None] * len(jobs)
+    messages: list[dict | None] = [None] * len(jobs)
+
+    def chunks(i: int, text: str, final: bool, probs=None) -> list[bytes]:
+        """The events of new text of choice i (through its parser, if any)."""
+        parser = parsers[i]
+        if parser is None:
+            if fast:
+                return [shape.text_event(text)] if text else []
+            if not text and probs is None:
+                return []
+            return [p.sse(shape.chunk(text, index=i, logprobs=probs))]
+        try:
+            deltas = parser.update(text, partial=not final)
+            messages[i] = parser.message
+        except ChatError as exc:  # (as _read_back: the text as it is from here on)
+            log.warning("cannot parse a chat answer (%s); streaming it as plain content", exc)
+            parsers[i] = None
+            return chunks(i, text, final, probs)
+        out = [shape.text_event(d["content"]) if fast and d.keys() == {"content"} else p.sse(shape.delta_chunk(d, index=i))
+               for d in deltas]
+        if probs is not None:
+            out.append(p.sse(shape.chunk(None, index=i, logprobs=probs)))
+        return out
+
     try:
         if shape.chat:
             for i in range(len(jobs)):
@@ -135,20 +205,18 @@ async def _sse(svc: Service, jobs: list, shape: p.Shape, texts: list[TextStream]
             text = texts[i]
             if isinstance(event, Tokens) and not stopped[i]:
                 delta = text.push(event.tokens)
-                if fast:
-                    if delta:
-                        yield shape.text_event(delta)
-                elif delta or logprobs is not None:
-                    yield p.sse(shape.chunk(delta, index=i, logprobs=None if logprobs is None else logprobs(event.probs)))
+                out = chunks(i, delta, False, None if logprobs is None else logprobs(event.probs))
+                if out:
+                    yield b"".join(out)
                 if text.stopped:
                     stopped[i] = True
                     svc.scheduler.cancel(jobs[i])
             elif isinstance(event, Done):  # the rest of this choice in one write
                 done[i] = event.stats
                 tail = "" if stopped[i] else text.finish()
-                end = [(shape.text_event(tail) if fast else p.sse(shape.chunk(tail, index=i)))] if tail else []
-                end.append(p.sse({**shape.chunk(None, "stop" if stopped[i] else event.reason, index=i),
-                                  "timings": p.timings(event.stats)}))
+                end = chunks(i, tail, True)
+                finish = _finish("stop" if stopped[i] else event.reason, messages[i])
+                end.append(p.sse({**shape.chunk(None, finish, index=i), "timings": p.timings(event.stats)}))
                 yield b"".join(end)
             elif isinstance(event, Failed):
                 yield p.sse(p.error_body(500, event.message, "server_error")) + DONE
@@ -160,6 +228,9 @@ async def _sse(svc: Service, jobs: list, shape: p.Shape, texts: list[TextStream]
         for task in tasks:
             task.cancel()
         _cancel(svc, jobs)  # a no-op for the finished ones
+        for parser in parsers:
+            if parser is not None:
+                parser.close()
 
 
 async def models(request: Request) -> Response:

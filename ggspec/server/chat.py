@@ -1,36 +1,25 @@
-"""Chat messages -> one prompt text, with the model's chat template.
+"""A chat request -> its prompt, grammar and parser, as llama-server makes them.
 
-The model's own template (its GGUF's `tokenizer.chat_template`, Jinja) is rendered with jinja2 in
-a sandbox, as Hugging Face's tokenizers and llama-server's --jinja do; a template file given to
-the server is rendered the same way. A built-in template name (chatml, gemma, llama3, ...) is
-rendered by llama.cpp's own `llama_chat_apply_template`. A model without a template gets chatml,
-as in llama-server.
+A Jinja template (the model's own, a file, or chatml for a model without one) is rendered by
+llama.cpp's own chat code through runtime.chat: tools, tool_choice, a JSON schema, reasoning
+and the template's kwargs included, so the prompt, the tool-call grammar and the parser of the
+answer are llama-server's (oaicompat_chat_params_parse, server-common.cpp). A built-in template
+name other than chatml is rendered by `llama_chat_apply_template` (llama-server's --no-jinja
+path): plain messages only.
 """
 
 from __future__ import annotations
 
 import ctypes
+import json
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 
 from ggspec.errors import InputError
+from ggspec.runtime.chat import ChatParser, ChatPrompt, ChatTemplates, grammar_spec, preserved_ids
+from ggspec.runtime.grammar import GrammarSpec
 
-# a model without a template gets llama-server's: chatml, as the Jinja source its /props shows
-# (llama.cpp's common/chat.cpp, CHATML_TEMPLATE_SRC)
-FALLBACK = "chatml"
-CHATML_SOURCE = ("{%- for message in messages -%}\n"
-                 "  {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' -}}\n"
-                 "{%- endfor -%}\n"
-                 "{%- if add_generation_prompt -%}\n"
-                 "  {{- '<|im_start|>assistant\n' -}}\n"
-                 "{%- endif -%}")
-
-
-@dataclass(frozen=True)
-class Message:
-    role: str
-    content: str
+REASONING_FORMAT = "deepseek"  # llama-server's default (common.h): thinking into reasoning_content
 
 
 def builtin_names(lc) -> list[str]:
@@ -41,10 +30,25 @@ def builtin_names(lc) -> list[str]:
     return sorted(name.decode() for name in names)
 
 
+@dataclass
+class ChatJob:
+    """What one chat request becomes: its prompt text, the grammar its answer follows (None:
+    free), stop strings the template adds, tokens shown although special, and how to read
+    the answer back (None: as plain text)."""
+
+    prompt: str
+    grammar: GrammarSpec | str | None
+    stops: list[str]
+    shown: frozenset[int]
+    parser_params: dict | None
+
+    def parser(self) -> ChatParser | None:
+        return None if self.parser_params is None else ChatParser(self.parser_params)
+
+
 class ChatTemplate:
-    """`render(messages)` gives the prompt text (ending with the assistant's turn opened);
-    `source` says where the template came from (for /v1/models and the start-up line), `text`
-    is the template itself (a built-in one's name)."""
+    """`render(request)` gives a ChatJob; `source` says where the template came from (for
+    /v1/models and the start-up line), `text` is the template itself (a built-in one's name)."""
 
     def __init__(self, model, name: str | None = None, path: Path | None = None) -> None:
         """`model`: the target (runtime.Model); `name`: a llama.cpp built-in template;
@@ -54,30 +58,30 @@ class ChatTemplate:
         self._lc, self._model = model.lc, model
         self.bos = self._special_text(self._lc.llama_vocab_bos(model.vocab))
         self.eos = self._special_text(self._lc.llama_vocab_eos(model.vocab))
-        self._jinja = None
+        self._jinja: ChatTemplates | None = None
         self._builtin: str | None = None
         if path is not None:
-            self.text = _read(path)
-            self._jinja = _compile(self.text, f"--chat-template-file {path}")
+            self._jinja = ChatTemplates(model, _read(path))
             self.source = f"file {path}"
-        elif name is not None:
+        elif name is not None and name != "chatml":  # (llama-server renders "chatml" as its Jinja source)
             names = builtin_names(self._lc)
             if name not in names:
                 raise InputError(f"unknown built-in chat template '{name}' (llama.cpp has: {', '.join(names)})",
                                  field="chat_template")
             self._builtin, self.source = name, f"built-in {name}"
         else:
-            own = self._lc.llama_model_chat_template(model.ptr, None)
-            if own:
-                self.text = own.decode("utf-8", "replace")
-                self._jinja = _compile(self.text, "the model's chat template")
-                self.source = "the model's (GGUF tokenizer.chat_template)"
-            else:
-                self.text = CHATML_SOURCE
-                self._jinja = _compile(self.text, "llama.cpp's chatml template")
-                self.source = f"{FALLBACK} (the model has no chat template; llama-server's)"
-        if self._builtin is not None:
-            self.text = self._builtin  # (llama-server's /props shows a built-in template by its name too)
+            self._jinja = ChatTemplates(model, name)
+            own = name is None and self._jinja.info["explicit"]
+            self.source = ("the model's (GGUF tokenizer.chat_template)" if own
+                           else "chatml (the model has no chat template; llama-server's)" if name is None
+                           else "chatml (llama-server's)")
+        # (llama-server's /props shows a built-in template by its name)
+        self.text = self._jinja.source if self._jinja is not None else self._builtin
+        self.supports_thinking = self._jinja is not None and self._jinja.info["supports_thinking"]
+
+    @property
+    def caps(self) -> dict[str, bool]:
+        return {} if self._jinja is None else self._jinja.caps
 
     def _special_text(self, token: int) -> str:
         if token < 0:
@@ -85,24 +89,29 @@ class ChatTemplate:
         text = self._lc.llama_vocab_get_text(self._model.vocab, token)
         return text.decode("utf-8", "replace") if text else ""
 
-    def render(self, messages: list[Message]) -> str:
-        if self._jinja is not None:
-            from jinja2 import TemplateError
-
-            try:
-                return self._jinja.render(messages=[{"role": m.role, "content": m.content} for m in messages],
-                                          add_generation_prompt=True, bos_token=self.bos, eos_token=self.eos)
-            except TemplateError as exc:
-                raise InputError(f"the chat template refused these messages: {exc}", field="messages") from None
-        return self._apply_builtin(messages)
+    def render(self, req) -> ChatJob:
+        """A chat request (protocol.ChatRequest or ApplyTemplateRequest) as a ChatJob."""
+        if self._jinja is None:
+            return self._render_builtin(req)
+        inputs, parse_tools = chat_inputs(req, self.caps, self.supports_thinking)
+        prompt = self._jinja.apply(inputs)
+        grammar = grammar_spec(self._model, prompt) or getattr(req, "grammar", None) or None
+        params = prompt.parser_params(inputs["reasoning_format"], parse_tools,
+                                      is_continuation="continue_final_message" in inputs,
+                                      reasoning_in_content=getattr(req, "stream", False)
+                                      and inputs["reasoning_format"] == "deepseek-legacy")
+        return ChatJob(prompt.prompt, grammar, list(prompt.additional_stops), preserved_ids(self._model, prompt),
+                       params)
 
     def starts_with_bos(self, text: str) -> bool:
         """Whether the rendered text already holds the BOS token (then tokenizing adds none)."""
         return bool(self.bos) and text.startswith(self.bos)
 
-    def _apply_builtin(self, messages: list[Message]) -> str:
+    def _render_builtin(self, req) -> ChatJob:
+        if getattr(req, "tools", None):
+            raise InputError(f"tools need a Jinja chat template, not the built-in '{self._builtin}'", field="tools")
         lc = self._lc
-        keep = [(m.role.encode(), m.content.encode()) for m in messages]  # alive during the call
+        keep = [(m.role.encode(), (m.text or "").encode()) for m in req.messages]  # alive during the call
         chat = (lc.llama_chat_message * len(keep))(*[lc.llama_chat_message(r, c) for r, c in keep])
         size = 2 * sum(len(r) + len(c) for r, c in keep) + 256
         for _ in range(2):
@@ -112,9 +121,76 @@ class ChatTemplate:
                 raise InputError(f"llama.cpp's '{self._builtin}' chat template cannot render these messages",
                                  field="messages")
             if n <= size:
-                return buf.raw[:n].decode("utf-8", "replace")
+                text = buf.raw[:n].decode("utf-8", "replace")
+                return ChatJob(text, getattr(req, "grammar", None), [], frozenset(), None)
             size = n  # the first call said how much room it needs
         raise InputError("the chat template's output did not fit its buffer", field="messages")
+
+
+def chat_inputs(req, caps: dict[str, bool], supports_thinking: bool) -> tuple[dict, bool]:
+    """The inputs of common_chat_templates_apply for a request, decided as llama-server's
+    oaicompat_chat_params_parse decides them, and whether tool calls are parsed out of the answer."""
+    messages = [m.as_json() for m in req.messages]
+    check_messages(messages)
+    tools = list(getattr(req, "tools", None) or [])
+    choice = getattr(req, "tool_choice", None) or "auto"
+    if isinstance(choice, dict):  # OpenAI's named function: that tool, required (llama-server: auto)
+        name = (choice.get("function") or {}).get("name")
+        tools = [t for t in tools if (t.get("function") or {}).get("name") == name]
+        if not tools:
+            raise InputError(f"tool_choice names '{name}', which is not among the tools", field="tool_choice")
+        choice = "required"
+    grammar = getattr(req, "grammar", None)
+    if tools and choice != "none" and grammar:
+        raise InputError("Cannot use custom grammar constraints with tools.", field="grammar")
+    inputs: dict = {"messages": messages, "tools": tools, "tool_choice": choice,
+                    "add_generation_prompt": getattr(req, "add_generation_prompt", True),
+                    "reasoning_format": getattr(req, "reasoning_format", None) or REASONING_FORMAT,
+                    "enable_thinking": supports_thinking}
+    schema = req.wanted_schema() if hasattr(req, "wanted_schema") else None
+    if schema is not None:
+        inputs["json_schema"] = json.dumps(schema)
+    if getattr(req, "parallel_tool_calls", None) is not None:
+        inputs["parallel_tool_calls"] = req.parallel_tool_calls
+    continuation = getattr(req, "continue_final_message", None)
+    if continuation is not None:
+        inputs["continue_final_message"] = continuation
+    elif messages[-1]["role"] == "assistant":  # llama-server's prefill_assistant: the answer goes on
+        if len(messages) >= 2 and messages[-2]["role"] == "assistant":
+            raise InputError("Cannot have 2 or more assistant messages at the end of the list.", field="messages")
+        inputs["continue_final_message"], inputs["add_generation_prompt"] = "auto", False
+    if "continue_final_message" in inputs:
+        if inputs["continue_final_message"] in (False, "none"):
+            del inputs["continue_final_message"]
+        elif inputs["add_generation_prompt"]:
+            raise InputError("Cannot set both add_generation_prompt and continue_final_message to true.",
+                             field="continue_final_message")
+        elif messages[-1].get("tool_calls"):
+            raise InputError("Cannot continue an assistant message that contains tool calls.", field="messages")
+    kwargs = {k: json.dumps(v) for k, v in (getattr(req, "chat_template_kwargs", None) or {}).items()}
+    thinking = kwargs.get("enable_thinking")
+    if thinking in ("true", "false"):
+        inputs["enable_thinking"] = thinking == "true"
+    elif thinking is not None and thinking.startswith('"'):
+        raise InputError('invalid type for "enable_thinking" (expected boolean, got string)',
+                         field="chat_template_kwargs")
+    effort = getattr(req, "reasoning_effort", None)
+    if effort == "none":
+        inputs["enable_thinking"] = False
+        kwargs.pop("reasoning_effort", None)
+    elif effort:
+        kwargs["reasoning_effort"] = json.dumps(effort)
+    inputs["chat_template_kwargs"] = kwargs
+    return inputs, bool(tools) and choice != "none"
+
+
+def check_messages(messages: list[dict]) -> None:
+    """llama-server's checks of a message list, before the template sees it."""
+    for m in messages:
+        if m["role"] != "assistant" and "content" not in m:
+            raise InputError("All non-assistant messages must contain 'content'", field="messages")
+        if m["role"] == "assistant" and "content" not in m and "tool_calls" not in m:
+            raise InputError("Assistant message must contain either 'content' or 'tool_calls'!", field="messages")
 
 
 def _read(path: Path) -> str:
@@ -123,22 +199,3 @@ def _read(path: Path) -> str:
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"cannot read the chat template file {path}: {getattr(exc, 'strerror', None) or exc}",
                          field="chat_template_file") from None
-
-
-def _compile(source: str, what: str):
-    """A Jinja template in a sandbox, with the helpers chat templates expect."""
-    try:
-        from jinja2 import TemplateError
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-    except ImportError:
-        raise InputError("rendering a Jinja chat template needs jinja2: pip install 'ggspec[serve]'") from None
-
-    def raise_exception(message: str):
-        raise TemplateError(message)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
-    env.globals.update(raise_exception=raise_exception, strftime_now=lambda fmt: datetime.now().strftime(fmt))
-    try:
-        return env.from_string(source)
-    except TemplateError as exc:
-        raise InputError(f"{what} is not a valid Jinja template: {exc}", field="chat_template_file") from None

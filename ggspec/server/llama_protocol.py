@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 
 from pydantic import AliasChoices, Field
 
-from ggspec.server.protocol import SEED_MAX, Body, ChatMessage, Constrained, Penalties, Speculation
+from ggspec.server.protocol import SEED_MAX, Body, ChatFields, Constrained, Penalties, Speculation
 from ggspec.speculative.sampling import DEFAULT_SEED, SamplerSettings
 
 Prompt = str | Annotated[list[Annotated[int, Field(ge=0)] | str], Field(min_length=1)]
@@ -69,8 +69,8 @@ class DetokenizeRequest(Body):
     tokens: list[int] = Field(default_factory=list)
 
 
-class ApplyTemplateRequest(Body):
-    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+class ApplyTemplateRequest(ChatFields, Constrained):
+    """llama-server's /apply-template: a chat request's rendering fields."""
 
 
 def generation_settings(sampling: SamplerSettings, n_predict: int, stream: bool, ignore_eos: bool,

@@ -160,7 +160,7 @@ def _special_text(model, ids) -> str:
 async def apply_template(request: Request) -> Response:
     svc = _service(request)
     req = parse(lp.ApplyTemplateRequest, await request.body())
-    return JSONResponse({"prompt": svc.render(req.messages)})
+    return JSONResponse({"prompt": svc.chat(req).prompt})
 
 
 # --- the server's state ----------------------------------------------------------------------------
@@ -182,7 +182,8 @@ async def props(request: Request) -> Response:
         "total_slots": eng.parallel, "model_alias": svc.model_id, "model_path": str(eng.cfg.target),
         "modalities": {"vision": False, "video": False, "audio": False},
         "endpoint_slots": True, "endpoint_props": False, "endpoint_metrics": True,
-        "chat_template": template.text, "bos_token": template.bos, "eos_token": template.eos,
+        "chat_template": template.text, "chat_template_caps": template.caps, "bos_token": template.bos,
+        "eos_token": template.eos,
         "build_info": svc.info["build"], "is_sleeping": False,
         "speculative": svc.info,  # ggspec's: the pair, its draft type and lengths, plain by cost or not
     })

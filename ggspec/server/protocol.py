@@ -3,8 +3,12 @@
 Requests are parsed from the raw JSON (pydantic, strict types): a field of the wrong type or a
 value out of range is a 400 naming the field, never a 500. Fields the server does not know are
 ignored, as llama-server and other OpenAI-compatible servers do. Features of the APIs that
-ggspec does not implement yet (tools, best_of, echo) are accepted only at their no-op values, so a request is never silently
-answered as something else.
+ggspec does not implement yet (best_of, echo) are accepted only at their no-op values, so a
+request is never silently answered as something else.
+
+Chat requests (messages, tools, tool_choice, reasoning, the template's kwargs) go to llama.cpp's
+own chat code (chat.py): the prompt, the tool-call grammar and the parsed answer are
+llama-server's.
 
 Constrained output (`grammar`, `json_schema`, `response_format`) becomes one GBNF grammar
 (service.py), which llama.cpp's grammar sampler enforces on every verified row.
@@ -33,9 +37,8 @@ REQUEST_PARAMS = {"prompt": "prompt", "messages": "messages", "max_tokens": "max
                   "penalty_freq": "frequency_penalty", "penalty_present": "presence_penalty"}
 SEED_MAX = 0xFFFFFFFE  # llama.cpp's seeds are uint32; 0xFFFFFFFF means "random" there
 # fields accepted only at their no-op value: a 400 says so for any other
-NOT_YET = frozenset({"best_of", "echo", "suffix", "tools", "tool_choice",
-                     "repeat_penalty", "typical_p", "mirostat", "n_probs", "dry_multiplier", "xtc_probability",
-                     "n_cmpl", "parallel_tool_calls"})
+NOT_YET = frozenset({"best_of", "echo", "suffix", "repeat_penalty", "typical_p", "mirostat", "n_probs",
+                     "dry_multiplier", "xtc_probability", "n_cmpl"})
 
 
 class Body(BaseModel):
@@ -165,17 +168,43 @@ class ContentPart(Body):
 
 
 class ChatMessage(Body):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[ContentPart]
+    """One message of OpenAI's chat API: a tool's result (role "tool") and an assistant's tool
+    calls included; llama.cpp's chat code reads the rest of its shape."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
 
     @property
     def text(self) -> str:
+        if self.content is None:
+            return ""
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
+    def as_json(self) -> dict:
+        """The message as sent (fields left out stay out: llama-server tells them apart)."""
+        return self.model_dump(mode="json", exclude_unset=True)
 
-class ChatRequest(Sampling):
+
+class ChatFields(Body):
+    """What a chat template is rendered from (/v1/chat/completions, /apply-template)."""
+
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    tools: list[dict[str, Any]] | None = None
+    # "none" / "auto" / "required", or OpenAI's {"type": "function", "function": {"name": ...}}
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_format: Literal["none", "auto", "deepseek", "deepseek-legacy"] | None = None
+    reasoning_effort: str | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool | str | None = None
+
+
+class ChatRequest(Sampling, ChatFields):
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
@@ -187,9 +216,6 @@ class ChatRequest(Sampling):
     @property
     def top_n(self) -> int:
         return self.top_logprobs or 0
-    tools: Annotated[list[Any], Field(max_length=0)] | None = None
-    tool_choice: Literal["none", "auto"] | None = None
-    parallel_tool_calls: bool | None = None
 
     @field_validator("max_completion_tokens")
     @classmethod
@@ -300,11 +326,13 @@ class Shape:
     def _head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def choice(self, index: int, text: str, finish: str, logprobs: list | None = None) -> dict:
-        """One whole choice (`logprobs` in llama-server's form, on both endpoints)."""
+    def choice(self, index: int, text: str, finish: str, logprobs: list | None = None,
+               message: dict | None = None) -> dict:
+        """One whole choice (`logprobs` in llama-server's form, on both endpoints; a chat
+        answer's `message` as its template's parser read it)."""
         lp = None if logprobs is None else {"content": logprobs}
         if self.chat:
-            return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": lp,
+            return {"index": index, "message": message or {"role": "assistant", "content": text}, "logprobs": lp,
                     "finish_reason": finish}
         return {"index": index, "text": text, "logprobs": lp, "finish_reason": finish}
 
@@ -321,6 +349,11 @@ class Shape:
             return {**self._head("chat.completion.chunk"), "choices": [choice]}
         choice = {"index": index, "text": text or "", "logprobs": lp, "finish_reason": finish}
         return {**self._head("text_completion"), "choices": [choice]}
+
+    def delta_chunk(self, delta: dict, index: int = 0) -> dict:
+        """A chat chunk carrying one parser delta (content, reasoning_content or a tool call's part)."""
+        choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
+        return {**self._head("chat.completion.chunk"), "choices": [choice]}
 
     def usage_chunk(self, use: dict) -> dict:
         return {**self._head("chat.completion.chunk" if self.chat else "text_completion"), "choices": [],

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ggspec.errors import ContextOverflow, GGSpecError
+from ggspec.runtime.grammar import GrammarSpec
 from ggspec.speculative.driver import Request, start
 from ggspec.speculative.engine import Engine
 from ggspec.speculative.sampling import SamplerSettings
@@ -70,7 +71,7 @@ class JobSpec:
     ignore_eos: bool = False
     speculate: bool = True  # False: this request decodes plainly ("speculative": false)
     limits: DraftLimits | None = None  # its own draft lengths (None: the server's)
-    grammar: str | None = None  # GBNF its output must follow
+    grammar: str | GrammarSpec | None = None  # GBNF its output must follow (a chat template's: lazy, prefilled)
     n_probs: int = 0  # each token's probability and the n likeliest
 
     def request(self, tag: object) -> Request:

@@ -9,7 +9,6 @@ bad body, an unknown model or a prompt that cannot fit its slot is a 4xx, a full
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 from dataclasses import dataclass, replace
 
@@ -18,9 +17,10 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from ggspec.runtime.grammar import Grammar
+from ggspec.runtime.chat import ChatError, json_schema_to_grammar
+from ggspec.runtime.grammar import Grammar, GrammarSpec
 from ggspec.server import protocol as p
-from ggspec.server.chat import ChatTemplate, Message
+from ggspec.server.chat import ChatJob, ChatTemplate
 from ggspec.server.metrics import Metrics
 from ggspec.server.scheduler import Done, Failed, JobSpec, Scheduler, Tokens
 from ggspec.server.text import TextStream
@@ -148,44 +148,45 @@ class Service:
         does), token ids, or llama-server's mixed list of both."""
         return tokenize_mixed(self.engine.target_model, prompt, add_special=True, parse_special=True)
 
-    def chat_tokens(self, messages: list[p.ChatMessage]) -> np.ndarray:
-        text = self.render(messages)
+    def chat(self, req) -> ChatJob:
+        """A chat request rendered by the chat template (its prompt, grammar, stops, parser)."""
+        try:
+            return self.template.render(req)
+        except ChatError as exc:
+            raise ApiError(400, str(exc), p.REQUEST_PARAMS.get(exc.field, exc.field)) from None
+
+    def chat_tokens(self, text: str) -> np.ndarray:
         return self.engine.target_model.tokenize(text, add_special=not self.template.starts_with_bos(text),
                                                  parse_special=True)
 
-    def render(self, messages: list[p.ChatMessage]) -> str:
-        return self.template.render([Message(m.role, m.text) for m in messages])
-
-    def admit(self, req, prompt: np.ndarray, limit: int | None, seed: int | None = None, n_probs: int = 0):
-        """The scheduler job of an admitted request (InputError / Overloaded raised otherwise)."""
+    def admit(self, req, prompt: np.ndarray, limit: int | None, seed: int | None = None, n_probs: int = 0,
+              chat: ChatJob | None = None):
+        """The scheduler job of an admitted request (InputError / Overloaded raised otherwise);
+        a chat request's grammar is its template's (`chat`)."""
         budget = self.scheduler.budget(prompt, limit)
         sampling = self.settings(req)
         sampling.validate()
         speculate, limits = self.speculation(req)
-        grammar = self.grammar(req)
+        grammar = chat.grammar if chat is not None else self.grammar(req)
         if grammar is not None:  # parsed now: a grammar llama.cpp cannot read is a 400 before the queue
             Grammar(self.engine.target_model, grammar).close()
         return self.scheduler.submit(JobSpec(prompt, budget, sampling, req.seed if seed is None else seed,
                                              req.ignore_eos, speculate, limits, grammar, n_probs))
 
     @staticmethod
-    def grammar(req: p.Constrained) -> str | None:
-        """The GBNF grammar a request's output must follow: its own `grammar`, or its JSON schema
-        (`json_schema`, `response_format`) through llama-cpp-python's converter (llama.cpp's
-        json_schema_to_grammar.py, ported)."""
+    def grammar(req: p.Constrained) -> str | GrammarSpec | None:
+        """The GBNF grammar a (non-chat) request's output must follow: its own `grammar`, or its
+        JSON schema (`json_schema`, `response_format`) through llama.cpp's converter, as
+        llama-server."""
         if req.grammar:
             return req.grammar
         schema = req.wanted_schema()
         if schema is None:
             return None
-        from llama_cpp.llama_grammar import json_schema_to_gbnf  # (the bindings are loaded with the model)
-
         try:
-            return json_schema_to_gbnf(json.dumps(schema))
-        except Exception as exc:  # noqa: BLE001 (the converter raises what it meets: KeyError, ValueError, ...)
-            param = "json_schema" if req.json_schema is not None else "response_format"
-            raise ApiError(400, f"cannot turn this JSON schema into a grammar: {exc.__class__.__name__}: {exc}",
-                           param) from None
+            return json_schema_to_grammar(schema)
+        except ChatError as exc:
+            raise ApiError(400, str(exc), "json_schema" if req.json_schema is not None else "response_format") from None
 
 
 async def collect(request: Request, svc: Service, job, text: TextStream, tokens: list[int] | None = None,

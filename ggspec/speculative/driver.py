@@ -19,6 +19,7 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+from ggspec.runtime.grammar import GrammarSpec
 from ggspec.speculative.sampling import DEFAULT_SEED, SamplerSettings
 from ggspec.speculative.sequence import DraftLimits, Sequence
 from ggspec.speculative.stats import Step
@@ -37,7 +38,7 @@ class Request:
     speculate: bool = True  # False: plain decoding (the baseline) on a speculative engine
     record_margins: bool = False  # keep the target's top-2 margin of each plain step's token
     limits: DraftLimits | None = None  # its own draft lengths (None: the engine's)
-    grammar: str | None = None  # GBNF its output must follow (llama.cpp's grammar sampler)
+    grammar: str | GrammarSpec | None = None  # GBNF its output must follow (llama.cpp's grammar sampler)
     n_probs: int = 0  # each token's probability and the n likeliest, in its events' Step.probs
 
 

@@ -28,7 +28,7 @@ import numpy as np
 
 from ggspec.errors import ClosedError, InputError
 from ggspec.runtime import Batch
-from ggspec.runtime.grammar import Grammar
+from ggspec.runtime.grammar import Grammar, GrammarSpec
 from ggspec.speculative.assembly import assemble
 from ggspec.speculative.calibration import Calibration
 from ggspec.speculative.draft_type import DraftPlan
@@ -180,7 +180,7 @@ class Engine:
     def add(self, prompt, n_predict: int, *, ignore_eos: bool = False, tag: object = None,
             speculate: bool = True, record_margins: bool = False, seed: int | None = None,
             sampling: SamplerSettings | None = None, limits: DraftLimits | None = None,
-            grammar: str | None = None, n_probs: int = 0) -> Sequence:
+            grammar: str | GrammarSpec | None = None, n_probs: int = 0) -> Sequence:
         """A new sequence; its prompt is decoded at the next step. `speculate=False` decodes it
         plainly (the baseline), `record_margins` keeps the target's top-2 margin of its plain steps,
         `sampling` chooses its tokens (default: the engine's settings; each sequence of a batch may
