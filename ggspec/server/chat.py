@@ -153,19 +153,17 @@ def chat_inputs(req, caps: dict[str, bool], supports_thinking: bool) -> tuple[di
     if getattr(req, "parallel_tool_calls", None) is not None:
         inputs["parallel_tool_calls"] = req.parallel_tool_calls
     continuation = getattr(req, "continue_final_message", None)
-    if continuation is not None:
+    if continuation is True or continuation in ("content", "reasoning_content"):  # (common_chat_continuation_parse)
         inputs["continue_final_message"] = continuation
     elif messages[-1]["role"] == "assistant":  # llama-server's prefill_assistant: the answer goes on
         if len(messages) >= 2 and messages[-2]["role"] == "assistant":
             raise InputError("Cannot have 2 or more assistant messages at the end of the list.", field="messages")
-        inputs["continue_final_message"], inputs["add_generation_prompt"] = "auto", False
+        inputs["continue_final_message"], inputs["add_generation_prompt"] = True, False
     if "continue_final_message" in inputs:
-        if inputs["continue_final_message"] in (False, "none"):
-            del inputs["continue_final_message"]
-        elif inputs["add_generation_prompt"]:
+        if inputs["add_generation_prompt"]:
             raise InputError("Cannot set both add_generation_prompt and continue_final_message to true.",
                              field="continue_final_message")
-        elif messages[-1].get("tool_calls"):
+        if messages[-1]["role"] == "assistant" and messages[-1].get("tool_calls"):
             raise InputError("Cannot continue an assistant message that contains tool calls.", field="messages")
     kwargs = {k: json.dumps(v) for k, v in (getattr(req, "chat_template_kwargs", None) or {}).items()}
     thinking = kwargs.get("enable_thinking")
