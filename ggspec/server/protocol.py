@@ -34,7 +34,10 @@ REQUEST_PARAMS = {"prompt": "prompt", "messages": "messages", "max_tokens": "max
                   "top_p": "top_p", "min_p": "min_p", "seed": "seed", "n_max": "speculative.n_max",
                   "n_min": "speculative.n_min", "grammar": "grammar", "content": "content", "n_probs": "n_probs",
                   "penalty_last_n": "repeat_last_n", "penalty_repeat": "repeat_penalty",
-                  "penalty_freq": "frequency_penalty", "penalty_present": "presence_penalty"}
+                  "penalty_freq": "frequency_penalty", "penalty_present": "presence_penalty",
+                  "json_schema": "json_schema", "tools": "tools", "tool_choice": "tool_choice",
+                  "chat_template_kwargs": "chat_template_kwargs",
+                  "continue_final_message": "continue_final_message"}
 SEED_MAX = 0xFFFFFFFE  # llama.cpp's seeds are uint32; 0xFFFFFFFF means "random" there
 # fields accepted only at their no-op value: a 400 says so for any other
 NOT_YET = frozenset({"best_of", "echo", "suffix", "repeat_penalty", "typical_p", "mirostat", "n_probs",
