@@ -102,6 +102,8 @@ def run(
     tensor_split: opts.TensorSplit = None,
     mirror_output: opts.MirrorOutput = False,
     rpc_timeout: opts.RpcTimeout = opts.RPC_TIMEOUT,
+    fit: opts.Fit = True,
+    no_mmap: opts.NoMmap = False,
     ignore_eos: own.RunIgnoreEos = False,
     inject: opts.INJECT.one = None,
     rs_planes: opts.PLANES.one = None,
@@ -118,7 +120,7 @@ def run(
     cfg = pair_config(shared, plain=no_spec, n_gpu_layers_draft=n_gpu_layers_draft, n_max=n_max,
                       parallel=parallel if parallel is not None else opts.DEFAULTS["parallel"], n_ctx=n_ctx,
                       n_batch=n_batch, n_ubatch=n_ubatch, type_k=type_k, type_v=type_v, flash_attn=flash_attn,
-                      inject=inject, rs_planes=rs_planes, rs_lead=rs_lead)
+                      inject=inject, rs_planes=rs_planes, rs_lead=rs_lead, fit=fit)
     code = decode_prompts(cfg, prompts, n_predict, ignore_eos, prompt_file, check, compare, bench_args(pair, model, draft))
     if code:
         raise typer.Exit(code)
@@ -169,6 +171,8 @@ def serve(
     tensor_split: opts.TensorSplit = None,
     mirror_output: opts.MirrorOutput = False,
     rpc_timeout: opts.RpcTimeout = opts.RPC_TIMEOUT,
+    fit: opts.Fit = True,
+    no_mmap: opts.NoMmap = False,
     inject: opts.INJECT.one = None,
     rs_planes: opts.PLANES.one = None,
     rs_lead: opts.LEAD.one = None,
@@ -183,7 +187,8 @@ def serve(
     shared = _shared(locals(), opts.SamplerSettings(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p))
     cfg = pair_config(shared, plain=no_spec, n_gpu_layers_draft=n_gpu_layers_draft, n_max=n_max,
                       parallel=parallel, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, type_k=type_k,
-                      type_v=type_v, flash_attn=flash_attn, inject=inject, rs_planes=rs_planes, rs_lead=rs_lead)
+                      type_v=type_v, flash_attn=flash_attn, inject=inject, rs_planes=rs_planes, rs_lead=rs_lead,
+                      fit=fit)
     from ggspec.server.run import ServeOptions  # only now: it needs the packages listen_address looked for
     from ggspec.server.run import serve as run_server
 

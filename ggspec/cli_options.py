@@ -162,6 +162,13 @@ PlanPool = Annotated[int, typer.Option(
                         "shapes of draft, verify and inject stop re-planning each other away; 0: llama.cpp's one plan "
                         "(llama.cpp's own tools take LLAMA_SCHED_POOL=N).")]
 Threads = Annotated[int, typer.Option("-t", "--threads", help="CPU threads (use 1 for tiny models on few cores).")]
+Fit = Annotated[bool, typer.Option(
+    "--fit/--no-fit", help="Before loading, measure what the target, the draft and their caches, planes and "
+                           "compute buffers take on each device (llama.cpp's own breakdown, allocations "
+                           "simulated) and shrink a context size left to ggspec until it fits, or refuse in one "
+                           "line.")]
+NoMmap = Annotated[bool, typer.Option(
+    "--no-mmap", help="Read the model files into buffers of llama.cpp's own rather than mapping them.")]
 GpuLayers = Annotated[Optional[int], typer.Option(
     "-ngl", "--n-gpu-layers", help="Target layers to offload, -1 = all \\[default: all with --rpc, else 0].")]
 Rpc = Annotated[Optional[str], typer.Option(
@@ -255,6 +262,7 @@ class Shared:
     tensor_split: str | None = None
     mirror_output: bool = False
     rpc_timeout: float = RPC_TIMEOUT
+    no_mmap: bool = False
     sampling: SamplerSettings = SamplerSettings(temp=0.0)
 
     @property
@@ -306,7 +314,7 @@ class Shared:
                          spec_options=options_from_flat(self.type_options),
                          sampling=self.sampling,
                          n_gpu_layers=ngl, n_gpu_layers_draft=ngl if n_gpu_layers_draft is None else n_gpu_layers_draft,
-                         placement=placement, **settings)
+                         placement=placement, mmap=not self.no_mmap, **settings)
         cfg.validate()
         return cfg
 

@@ -142,7 +142,11 @@ BAD_OPTIONS = [
     ("context_below_one_block", ("-c", "1"), "error after output began", "-c: context size 1"),
     ("context_wraps_32_bits", ("-c", "4294967296"), "silently the training context", "-c: context size 4294967296"),
     ("batch_wraps_32_bits", ("-b", "4294967297"), "wrapped to 1", "-b: batch size 4294967297"),
-    ("context_beyond_memory", ("-c", "1000000000"), "a minute of allocation, bad_alloc", "memory is available"),
+    ("context_beyond_memory", ("-c", "100000000"), "a minute of allocation, bad_alloc", "GiB available"),
+    # (so large that even a simulated context's bookkeeping fails: the metadata estimate answers)
+    ("context_far_beyond_memory", ("-c", "1000000000"), "a minute of allocation, bad_alloc", "memory is available"),
+    ("context_beyond_memory_unfitted", ("-c", "1000000000", "--no-fit"), "a minute of allocation, bad_alloc",
+     "memory is available"),
     ("threads_beyond_ggml", ("-t", "100000"), "SIGSEGV", "-t: n_threads 100000"),
 ]
 
@@ -154,10 +158,15 @@ def test_bad_options(case, pairs):
 
 
 def test_context_beyond_memory_says_what_fits(pairs):
-    proc = _dense(pairs, "-c", "1000000000", spec=False)
+    proc = _dense(pairs, "-c", "100000000", spec=False)
     _assert_one_line_error(proc, "GiB")
-    fits = int(re.search(r"-c: context size \d+ needs .* at most about (\d+) fits", proc.stderr).group(1))
+    fits = int(re.search(r"-c: context size \d+ does not fit: host needs .* a context of at most (\d+) fits",
+                         proc.stderr).group(1))
     assert fits >= 4096
+    # without the fit, the metadata estimate (runtime.memory) says so too, from above
+    proc = _dense(pairs, "-c", "100000000", "--no-fit", spec=False)
+    about = int(re.search(r"-c: context size \d+ needs .* at most about (\d+) fits", proc.stderr).group(1))
+    assert 4096 <= about <= fits
 
 
 def test_memory_estimate(pairs):

@@ -8,9 +8,11 @@ from ggspec.console import err
 
 def pair_config(shared: opts.Shared, *, plain: bool, n_gpu_layers_draft: int | None, n_max: str | None,
                 parallel: int, n_ctx: int | None, n_batch: int, n_ubatch: int, type_k: str | None,
-                type_v: str | None, flash_attn: str, inject: str | None, rs_planes: str | None, rs_lead: str | None):
+                type_v: str | None, flash_attn: str, inject: str | None, rs_planes: str | None, rs_lead: str | None,
+                fit: bool = True):
     """The models and the PairConfig of the flags, a flag winning over the pair's recommendation;
-    a target-only pair runs plain, with a note."""
+    a target-only pair runs plain, with a note. `fit`: measured against free memory first
+    (speculative.fit), a context size not given by -c shrunk to what fits, with a note."""
     from ggspec.runtime import ContextParams
     from ggspec.speculative.models import parse_n_max
     from ggspec.speculative.planes import PlaneOptions
@@ -21,7 +23,7 @@ def pair_config(shared: opts.Shared, *, plain: bool, n_gpu_layers_draft: int | N
     if draft is None and shared.needs_draft and not plain and shared.pair is not None \
             and not opts.target_drafts_alone(target):  # a target-only pair (its draft is not made yet)
         err.print(f"[yellow]note:[/] pair '{shared.pair}' has no draft model yet: plain decoding", soft_wrap=True)
-    return shared.pair_config(
+    cfg = shared.pair_config(
         target, draft, plain=plain, n_gpu_layers_draft=n_gpu_layers_draft,
         n_max=opts.pick(cap, rec, "n_max"),  # None: the default, fitted to the draft without a warning
         adaptive=adaptive, parallel=parallel,
@@ -32,3 +34,15 @@ def pair_config(shared: opts.Shared, *, plain: bool, n_gpu_layers_draft: int | N
         planes=PlaneOptions.parse(opts.pick(rs_planes, rec, "planes"), opts.pick(rs_lead, rec, "lead")),
         inject=inject if inject is not None else opts.DEFAULTS["inject"],
     )
+    return fitted(cfg, n_ctx_given=n_ctx is not None) if fit else cfg
+
+
+def fitted(cfg, *, n_ctx_given: bool):
+    """cfg as the memory fit leaves it, what it changed printed as notes."""
+    from ggspec.speculative.fit import fit
+
+    result = fit(cfg, n_ctx_given=n_ctx_given)
+    for line in result.notes:
+        err.print(f"[yellow]note:[/] {line} (-c sets the size; --no-fit keeps it)", soft_wrap=True,
+                  highlight=False)
+    return result.cfg

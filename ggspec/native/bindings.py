@@ -21,7 +21,7 @@ from pathlib import Path
 from ggspec.native import build, paths
 
 SHIM_ABI_VERSION = 9
-CHAT_ABI_VERSION = 1  # libggspec-chat (patch 0017)
+CHAT_ABI_VERSION = 1  # libggspec-common (patch 0017)
 GGML_LOG_LEVEL_ERROR = 4
 
 # llama.cpp logs a great deal to stderr. We keep its recent lines (errors explain NULL returns)
@@ -195,16 +195,17 @@ def load() -> types.ModuleType:
 
 
 @cache
-def chat_library() -> ctypes.CDLL:
-    """libggspec-chat (patch 0017): llama.cpp's own chat code (templates, tool-call grammars and
-    parsers, the JSON-schema converter) behind a C ABI of JSON texts; loaded after libllama."""
+def common_library() -> ctypes.CDLL:
+    """libggspec-common (patch 0017): llama.cpp's own chat code (templates, tool-call grammars and
+    parsers, the JSON-schema converter) behind a C ABI of JSON texts, and its memory breakdown by
+    device (what its fit measures with); loaded after libllama."""
     load()
-    path = library_path() / "libggspec-chat.so"
+    path = library_path() / "libggspec-common.so"
     try:
         lib = ctypes.CDLL(str(path))
         _declare(lib, "ggspec_chat_abi_version", [], c_int32)
     except (OSError, AttributeError) as exc:
-        raise NotBuiltError(f"the llama.cpp build has no ggspec chat library ({path.name}): run `ggspec build`") from exc
+        raise NotBuiltError(f"the llama.cpp build has no ggspec common library ({path.name}): run `ggspec build`") from exc
     if lib.ggspec_chat_abi_version() != CHAT_ABI_VERSION:
         raise NotBuiltError(f"chat ABI {lib.ggspec_chat_abi_version()} != expected {CHAT_ABI_VERSION}: run `ggspec build`")
     text, errp = c_void_p, POINTER(c_void_p)  # texts the library allocates come back as addresses
@@ -218,6 +219,10 @@ def chat_library() -> ctypes.CDLL:
     _declare(lib, "ggspec_chat_stream_free", [c_void_p], None)
     _declare(lib, "ggspec_chat_stream_update", [c_void_p, ctypes.c_char_p, c_bool], text)
     _declare(lib, "ggspec_sampler_accept", [c_void_p, c_int32], c_bool)
+    i64p = POINTER(ctypes.c_int64)
+    _declare(lib, "ggspec_model_n_devices", [c_void_p], c_int32)
+    _declare(lib, "ggspec_model_device_memory", [c_void_p, c_int32, i64p, i64p], ctypes.c_char_p)
+    _declare(lib, "ggspec_memory_breakdown", [c_void_p, i64p], c_int32)
     return lib
 
 

@@ -93,7 +93,7 @@ class BuildOptions:
         return targets
 
 
-LIBRARY_TARGETS = ("llama", "ggml-rpc-server", "ggspec-chat")  # ggspec-chat: patch 0017
+LIBRARY_TARGETS = ("llama", "ggml-rpc-server", "ggspec-common")  # ggspec-common: patch 0017
 TOOL_TARGETS = ("llama-server", "llama-cli", "llama-speculative-simple", "llama-completion", "llama-quantize")
 
 

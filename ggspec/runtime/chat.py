@@ -7,7 +7,7 @@ keeps tool calls and structured output well formed. `ChatParser` reads an answer
 into OpenAI's message (content, reasoning_content, tool_calls), again and again as text
 arrives, with the deltas a stream sends. `json_schema_to_grammar` is llama.cpp's converter.
 
-All of it goes through libggspec-chat (patch 0017), so ggspec and llama-server of the same build
+All of it goes through libggspec-common (patch 0017), so ggspec and llama-server of the same build
 render, constrain and parse alike. The library speaks JSON text; a failure comes back as one
 line and is raised here as a ChatError.
 """
@@ -33,7 +33,7 @@ class ChatError(InputError):
 
 def _result(address: int | None) -> dict:
     """The JSON object a library call returned (its text freed), or its error raised."""
-    lib = bindings.chat_library()
+    lib = bindings.common_library()
     if not address:
         raise ChatError("the chat library returned nothing (out of memory?)")
     try:
@@ -51,7 +51,7 @@ def _taken_error(err: ctypes.c_void_p) -> str:
     try:
         return ctypes.string_at(err.value).decode("utf-8", "replace")
     finally:
-        bindings.chat_library().ggspec_chat_string_free(err.value)
+        bindings.common_library().ggspec_chat_string_free(err.value)
 
 
 def _one_line(message: str) -> str:
@@ -92,7 +92,7 @@ class ChatTemplates:
     """A model's chat templates in llama.cpp's Jinja engine (`source`: a template's text instead)."""
 
     def __init__(self, model, source: str | None = None) -> None:
-        lib = bindings.chat_library()
+        lib = bindings.common_library()
         err = ctypes.c_void_p()
         ptr = lib.ggspec_chat_templates_init(model.ptr, (source or "").encode("utf-8"), ctypes.byref(err))
         if not ptr:
@@ -135,7 +135,7 @@ class ChatParser:
     """One answer's text read back as OpenAI's message, as llama-server's task_result_state."""
 
     def __init__(self, params: dict) -> None:
-        lib = bindings.chat_library()
+        lib = bindings.common_library()
         err = ctypes.c_void_p()
         ptr = lib.ggspec_chat_stream_init(json.dumps(params).encode("utf-8"), ctypes.byref(err))
         if not ptr:
@@ -165,7 +165,7 @@ class ChatParser:
 
 def json_schema_to_grammar(schema: dict) -> str:
     """llama.cpp's converter of a JSON schema to GBNF (common/json-schema-to-grammar.cpp)."""
-    lib = bindings.chat_library()
+    lib = bindings.common_library()
     try:
         return _result(lib.ggspec_json_schema_to_grammar(json.dumps(schema).encode("utf-8")))["grammar"]
     except ChatError as exc:

@@ -57,6 +57,9 @@ class ContextParams:
     kv_unified: bool = False  # one cache shared by all sequences (else n_ctx / n_seq_max each)
     batched: bool = True  # it decodes batches of drafts (verifies them): see resolve_flash_attn
     picks_per_seq: int = 1  # output rows of one sequence a decode may pick on the device (pick_on_device)
+    # the memory fit (speculative/fit.py) measured this configuration as llama.cpp allocates it:
+    # the metadata estimate (runtime.memory.check_memory) has nothing to add
+    measured: bool = False
 
     def validate(self) -> None:
         for field, name in (("type_k", self.type_k), ("type_v", self.type_v)):
@@ -94,7 +97,8 @@ class Context(OwnedHandle):
         only those blocks' layers, and a decode runs the MTP head (token + hidden-state rows)."""
         params.validate()
         # (an MTP context's cache holds one layer: the target's check covers it)
-        if model.n_gpu_layers == 0 and not model.placement.multi_device and not mtp:
+        if (model.n_gpu_layers == 0 and not model.placement.multi_device and not mtp and not model.dry
+                and not params.measured):
             check_memory([(model.meta, (1 + params.n_rs_seq) * params.n_seq_max)], params.n_ctx, params.type_k, params.type_v,
                          min(params.n_ubatch, params.n_batch))
         self.model = model  # held so the model outlives this context
@@ -154,6 +158,7 @@ class Context(OwnedHandle):
         self._layer_inputs_enabled: frozenset[int] = frozenset()  # ... when not paused
         self._extracted: frozenset[int] = frozenset()  # ... and which the last decode did extract
         self._pickers: dict[int, tuple[int, int]] = {}  # seq_id -> (top_k, sampler chain): pick_on_device
+        self.plan_pool = (0, 0)  # (prepared plans kept, largest ubatch they hold): set_plan_pool
 
     # --- decoding --------------------------------------------------------------------------------
 
@@ -403,6 +408,7 @@ class Context(OwnedHandle):
         `max_tokens` tokens (0: off, llama.cpp's one plan), so alternating shapes (draft, verify,
         inject) stop re-planning each other away."""
         self.lc._lib.ggspec_set_plan_pool(self.ptr, int(plans), int(max_tokens))
+        self.plan_pool = (int(plans), int(max_tokens))
 
     def plan_stats(self) -> tuple[int, int, int]:
         """(graphs reused, of which from a parked plan, graphs built) since the context was made."""

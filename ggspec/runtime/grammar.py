@@ -151,4 +151,4 @@ def _safe_accept():
     """llama_sampler_accept that refuses instead of throwing (patch 0017)."""
     from ggspec.native import bindings  # (loaded by then: a Grammar needs a loaded model)
 
-    return bindings.chat_library().ggspec_sampler_accept
+    return bindings.common_library().ggspec_sampler_accept

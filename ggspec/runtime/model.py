@@ -35,10 +35,14 @@ class Model(OwnedHandle):
     """A loaded GGUF model. Use as a context manager or call `close()`."""
 
     def __init__(self, path: str | Path, n_gpu_layers: int = 0, what: str = "model",
-                 placement: Placement | None = None, load_mtp: bool = False) -> None:
+                 placement: Placement | None = None, load_mtp: bool = False, dry: bool = False,
+                 mmap: bool = True) -> None:
         """n_gpu_layers: layers offloaded to the devices (-1: all); placement: split mode, RPC
         workers, proportions, mirrored head (see ggspec.runtime.devices); load_mtp: load the
-        multi-token-prediction (nextn) blocks too, which llama.cpp skips by default."""
+        multi-token-prediction (nextn) blocks too, which llama.cpp skips by default; dry: read
+        the metadata only and simulate every allocation (llama.cpp's no_alloc, what its fit
+        measures with): its contexts can be measured (runtime.footprint), never decoded; mmap:
+        map the file (llama.cpp's default) rather than read it into buffers of its own."""
         self.lc = load_bindings()
         self.meta: GGUFMeta = read_meta(path, what)  # validates the file before llama.cpp reads it
         check_model(self.meta, what)  # ... and every value llama.cpp would abort on
@@ -50,6 +54,11 @@ class Model(OwnedHandle):
         params.n_gpu_layers = n_gpu_layers
         params.load_mtp = load_mtp
         self.load_mtp = load_mtp
+        self.dry = dry
+        if dry:
+            params.no_alloc = True
+        if dry or not mmap:
+            params.load_mode = self.lc.LLAMA_LOAD_MODE_NONE
         self._device_params = DeviceParams(self.lc, self.placement)  # lives as long as the model
         self._device_params.apply(params)
         ptr = self.lc.llama_model_load_from_file(os.fsencode(self.path), params)  # any file name the OS takes

@@ -109,7 +109,7 @@ def assemble(models: Models, cfg: PairConfig, plan: DraftPlan, *, keep_state: bo
     if cfg.auto and speculative:
         parts.draft_length = make_draft_length(cfg, plan, n_max, recurrent)
     try:
-        if speculative and recurrent and cfg.planes.capped(n_max):
+        if speculative and recurrent and cfg.planes.capped(n_max) and not models.target.dry:
             parts.auto_lead = _set_planes(parts.target, cfg, n_max)
         _check_type_options(cfg, plan, warnings)
         if plan.parts:

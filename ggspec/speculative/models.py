@@ -60,6 +60,7 @@ class PairConfig:
     n_gpu_layers_draft: int = 0
     planes: PlaneOptions = field(default_factory=PlaneOptions)  # hybrid targets only
     placement: Placement = field(default_factory=Placement)  # devices (target and draft alike)
+    mmap: bool = True  # map the files (llama.cpp's default; --no-mmap reads them into buffers)
     inject: str = "pruned"  # how target features reach a DFlash draft: pruned | deferred | immediate
     # how tokens are chosen: greedy by default; temperature > 0 samples (speculative sampling)
     sampling: SamplerSettings = field(default_factory=lambda: SamplerSettings(temp=0.0))
@@ -157,7 +158,9 @@ def resolve_n_max(requested: int | None, max_draft: int | None, warnings: list[s
 class Models:
     """The target (and draft) weights of a pair. Closed last, after every engine built on it."""
 
-    def __init__(self, cfg: PairConfig) -> None:
+    def __init__(self, cfg: PairConfig, *, dry: bool = False) -> None:
+        """`dry`: the files' metadata only, every allocation simulated (Model's dry), for the
+        memory fit to measure what the pair's engines would take."""
         cfg.validate()
         self.warnings: list[str] = []
         self.target_meta = read_meta(cfg.target, "target")
@@ -170,13 +173,16 @@ class Models:
         self.plan = plan_drafting(cfg, self.target_meta, self.draft_meta, self.warnings)
         if not self.plan.uses_draft_model:
             self.draft_meta = None
-        self._check_memory(cfg)
+        if not dry and not cfg.ctx.measured:
+            self.check_memory(cfg)
         self.target = Model(cfg.target, cfg.n_gpu_layers, what="target", placement=cfg.placement,
-                            load_mtp=any(p.target_mtp for p in self.plan.parts or (self.plan,)))
+                            load_mtp=any(p.target_mtp for p in self.plan.parts or (self.plan,)), dry=dry,
+                            mmap=cfg.mmap)
         self.draft: Model | None = None
         try:
             if self.draft_meta is not None:
-                self.draft = Model(cfg.draft, cfg.n_gpu_layers_draft, what="draft", placement=cfg.placement)
+                self.draft = Model(cfg.draft, cfg.n_gpu_layers_draft, what="draft", placement=cfg.placement, dry=dry,
+                                   mmap=cfg.mmap)
             for t in self.plan.types:
                 if t.check_loaded is not None:
                     t.check_loaded(self.target, self.draft)
@@ -190,7 +196,7 @@ class Models:
     def speculative(self) -> bool:
         return self.plan.spec_type is not None
 
-    def _check_memory(self, cfg: PairConfig) -> None:
+    def check_memory(self, cfg: PairConfig) -> None:
         """Weights, caches and recurrent planes against free memory, before anything loads."""
         if cfg.n_gpu_layers or cfg.n_gpu_layers_draft or cfg.placement.multi_device:
             return

@@ -1,0 +1,129 @@
+"""The memory fit (speculative/fit.py): what it measures before loading is what llama.cpp reports
+once the engine's contexts exist, for every kind of drafter and for recurrent planes; what the
+prepared-plan pools add while running stays under its bound; a context left to it shrinks to
+what fits and a given one is refused in one line."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from ggspec.errors import InputError
+from ggspec.runtime import ContextParams, footprint
+from ggspec.runtime.footprint import HOST
+from ggspec.speculative import fit
+from ggspec.speculative.driver import Request, drive
+from ggspec.speculative.engine import Engine
+from ggspec.speculative.models import PairConfig
+from ggspec.speculative.planes import PlaneOptions
+
+TINY = Path(__file__).resolve().parents[1] / "models" / "tiny"
+
+
+def _configs(name: str, pairs: dict) -> PairConfig:
+    """One configuration per kind of drafter (mmap off: llama.cpp's mapped-file figure spans the
+    whole file, repacked tensors included, while the pages a run needs are the fit's)."""
+    ctx = ContextParams(n_ctx=1024, n_threads=1)
+    base = dict(ctx=ctx, mmap=False, calibrate=False)
+    if name == "dflash":
+        return PairConfig(TINY / "tiny-coder.gguf", TINY / "tiny-coder-dflash-b8.gguf", **base)
+    if name == "eagle3-np2":
+        return PairConfig(TINY / "tiny-coder.gguf", TINY / "tiny-coder-eagle3.gguf", parallel=2, **base)
+    if name == "draft-simple":
+        return PairConfig(TINY / "tiny-coder.gguf", TINY / "tiny-coder-draft.gguf", n_max=6, **base)
+    if name == "hybrid-capped-planes":
+        pair = pairs["hybrid"]
+        return PairConfig(pair.target, pair.draft, n_max=7, planes=PlaneOptions.parse(3, None), **base)
+    if name == "ngram-no-pool":
+        return PairConfig(TINY / "tiny-coder.gguf", spec_type="ngram-simple", plan_pool=0, **base)
+    raise KeyError(name)
+
+
+@pytest.fixture(scope="module")
+def pairs(fixture_dir):
+    from ggspec.catalogue.tiny import ensure_tiny_pair
+
+    return {"hybrid": ensure_tiny_pair(fixture_dir, "hybrid")}
+
+
+def _run_and_measure(cfg: PairConfig, n: int = 48):
+    """llama.cpp's report right after the engine is built, and after it generated n tokens."""
+    with Engine.open(cfg) as engine:
+        assert not engine.plain_by_cost
+        loaded = footprint.measure([engine.target, engine.draft_ctx])
+        prompt = engine.target_model.tokenize("class Stack:\n    def __init__(self):\n")
+        for _ in drive(engine, [Request(prompt, n, ignore_eos=True)]):
+            pass
+        ran = footprint.measure([engine.target, engine.draft_ctx])
+    return loaded, ran
+
+
+def _check(cfg: PairConfig) -> None:
+    before = fit.measure(cfg, pools=False)
+    bound = fit.measure(cfg)
+    loaded, ran = _run_and_measure(cfg)
+    assert set(before.devices) == set(loaded.devices) == {HOST}
+    for name, use in loaded.devices.items():
+        est = before.devices[name]
+        # the weights, caches and recurrent planes are llama.cpp's own sizes: equal
+        assert (est.model, est.context) == (use.model, use.context), name
+        # the compute buffers: the reserved graphs, within 5 %
+        assert abs(est.total - use.total) <= 0.05 * use.total, (name, est, use)
+        # running adds the parked plans' buffers (patch 0018 counts them): under the pool bound
+        assert use.total <= ran.total(name) <= bound.total(name), (name, ran.devices[name], bound.devices[name])
+
+
+@pytest.mark.parametrize("name", ["dflash", "eagle3-np2", "draft-simple", "hybrid-capped-planes", "ngram-no-pool"])
+def test_the_measure_before_loading_is_what_llama_cpp_reports(name, pairs, build_info):
+    _check(_configs(name, pairs))
+
+
+def test_gemma_and_the_real_qwen_pair(real_target, build_info):
+    from ggspec.catalogue.pairs import check_files, get_entry, resolve
+
+    _check(PairConfig(real_target, spec_type="ngram-simple", mmap=False, calibrate=False,
+                      ctx=ContextParams(n_ctx=2048, n_threads=2)))
+    entry = get_entry("qwen2.5-coder-1.5b")
+    if check_files(entry, None) != "ok":
+        pytest.skip("qwen2.5-coder-1.5b is not pulled")
+    coder = resolve(entry)
+    _check(PairConfig(coder.target, coder.draft, n_max=4, mmap=False, calibrate=False,
+                      ctx=ContextParams(n_ctx=2048, n_threads=2)))
+
+
+def test_mapped_weights_are_llama_cpps_file_range(build_info):
+    """With mmap (the default) llama.cpp reports the mapped range of the file as the weights;
+    the fit counts the buffers the weights need: equal for a file nothing is repacked from."""
+    cfg = _configs("dflash", {})
+    loaded, _ = _run_and_measure(replace(cfg, mmap=True), n=4)
+    assert loaded.devices[HOST].model == fit.measure(cfg).devices[HOST].model
+
+
+def test_a_context_left_to_the_fit_shrinks_and_a_given_one_is_refused(build_info):
+    cfg = replace(_configs("draft-simple", {}), ctx=ContextParams(n_ctx=65536, n_threads=1))
+    full = fit.measure(cfg).total(HOST)
+    small = fit.measure(replace(cfg, ctx=replace(cfg.ctx, n_ctx=8192))).total(HOST)
+    room = {HOST: (full + small) // 2}
+    result = fit.fit(cfg, n_ctx_given=False, room=room)
+    n_ctx = result.cfg.ctx.n_ctx
+    assert 8192 < n_ctx < 65536 and n_ctx % 256 == 0 and result.cfg.ctx.measured
+    assert result.footprint.total(HOST) <= room[HOST]
+    # the largest that fits: one step of 256 cells more does not
+    assert fit.measure(replace(cfg, ctx=replace(cfg.ctx, n_ctx=n_ctx + 256))).total(HOST) > room[HOST]
+    assert f"context size 65536 does not fit" in result.notes[0] and f"using {n_ctx}" in result.notes[0]
+    with pytest.raises(InputError, match=rf"context size 65536 does not fit: host needs .* a context of at most {n_ctx} fits"):
+        fit.fit(cfg, n_ctx_given=True, room=room)
+    with pytest.raises(InputError, match="no context fits beside the weights"):
+        fit.fit(cfg, n_ctx_given=False, room={HOST: 1 << 20})
+    assert fit.fit(cfg, n_ctx_given=True).notes == []  # this machine holds it
+
+
+def test_the_cli_fits_by_default_and_says_what_it_needs(tiny_coder_pair):
+    from conftest import run_cli
+
+    proc = run_cli("run", "-m", str(tiny_coder_pair.target), "-md", str(tiny_coder_pair.draft), "-t", "1",
+                   "-n", "4", "-p", "def f", "-c", "100000000")
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("error: -c: context size 100000000 does not fit: host needs "), proc.stderr
