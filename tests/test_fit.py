@@ -112,7 +112,7 @@ def test_a_context_left_to_the_fit_shrinks_and_a_given_one_is_refused(build_info
     assert result.footprint.total(HOST) <= room[HOST]
     # the largest that fits: one step of 256 cells more does not
     assert fit.measure(replace(cfg, ctx=replace(cfg.ctx, n_ctx=n_ctx + 256))).total(HOST) > room[HOST]
-    assert f"context size 65536 does not fit" in result.notes[0] and f"using {n_ctx}" in result.notes[0]
+    assert "context size 65536 does not fit" in result.notes[0] and f"using {n_ctx}" in result.notes[0]
     with pytest.raises(InputError, match=rf"context size 65536 does not fit: host needs .* a context of at most {n_ctx} fits"):
         fit.fit(cfg, n_ctx_given=True, room=room)
     with pytest.raises(InputError, match="no context fits beside the weights"):

@@ -30,7 +30,7 @@ class Use:
     def total(self) -> int:
         return self.model + self.context + self.compute
 
-    def __iadd__(self, other: "Use") -> "Use":
+    def __iadd__(self, other: Use) -> Use:
         self.model += other.model
         self.context += other.context
         self.compute += other.compute
