@@ -108,7 +108,10 @@ class DraftVocabOptions(Options):
 def give_draft_vocab(head, n: int, counted=None) -> None:
     """Give `head` (a Model) the reduced vocabulary of the n most common tokens of `counted`'s
     vocabulary (draft_vocab_ids; default the head's own): its compacted rows, built only when the
-    model holds another set."""
+    model holds another set. A dry model (the memory fit's) has no weights to compact: its
+    contexts are measured with the whole head, from above."""
+    if head.dry:
+        return
     ids = draft_vocab_ids(counted or head, n)
     ids = ids[ids < head.n_vocab]
     if head.draft_vocab is None or not np.array_equal(head.draft_vocab, ids):
@@ -118,6 +121,6 @@ def give_draft_vocab(head, n: int, counted=None) -> None:
 def set_draft_head(ctx, head, n: int, counted=None) -> None:
     """Make `ctx` score `head`'s output matrix reduced to n tokens (give_draft_vocab); n = 0
     leaves the full head."""
-    if n:
+    if n and not head.dry:
         give_draft_vocab(head, n, counted)
         ctx.set_head_rows(head)
