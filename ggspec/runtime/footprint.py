@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 from dataclasses import dataclass, field
 
+from ggspec.errors import LlamaError
 from ggspec.native import bindings
 
 HOST = "host"  # the name of host memory (the CPU device and host buffers of GPU backends)
@@ -65,7 +66,7 @@ def context_use(ctx) -> dict[str, Use]:
     names = _device_names(lib, ctx.model.ptr)
     out = (ctypes.c_int64 * (3 * (len(names) + 1)))()
     if lib.ggspec_memory_breakdown(ctx.ptr, out) != 0:
-        return {}
+        raise LlamaError(f"llama.cpp could not report the memory of the {ctx.model.what} context")
     uses = {}
     for k, name in enumerate([*names, HOST]):
         use = Use(out[3 * k], out[3 * k + 1], out[3 * k + 2])
@@ -74,17 +75,27 @@ def context_use(ctx) -> dict[str, Use]:
     return uses
 
 
-def measure(contexts) -> Footprint:
-    """The contexts' bytes by device; a model's weights count once."""
-    fp = Footprint()
+def context_uses(contexts) -> list[dict[str, Use]]:
+    """Each context's bytes by device (None skipped), a model's weights with its first context only."""
     seen: set[int] = set()
+    out = []
     for ctx in contexts:
         if ctx is None:
             continue
-        first = id(ctx.model) not in seen
+        uses = context_use(ctx)
+        if id(ctx.model) in seen:
+            uses = {name: Use(0, u.context, u.compute) for name, u in uses.items()}
         seen.add(id(ctx.model))
-        for name, use in context_use(ctx).items():
-            fp.add(name, use if first else Use(0, use.context, use.compute))
+        out.append(uses)
+    return out
+
+
+def measure(contexts) -> Footprint:
+    """The contexts' bytes by device; a model's weights count once."""
+    fp = Footprint()
+    for uses in context_uses(contexts):
+        for name, use in uses.items():
+            fp.add(name, use)
     return fp
 
 

@@ -83,14 +83,7 @@ def _assembled(cfg: PairConfig):
         parts = assemble(models, cfg, models.plan, keep_state=False, warnings=[])
         try:
             contexts = [c for c in (parts.target, parts.draft_ctx) if c is not None]
-            seen: set[int] = set()
-            uses = []
-            for ctx in contexts:  # a model's weights count once, however many contexts use it
-                use = footprint.context_use(ctx)
-                if id(ctx.model) in seen:
-                    use = {name: Use(0, u.context, u.compute) for name, u in use.items()}
-                seen.add(id(ctx.model))
-                uses.append(use)
+            uses = footprint.context_uses(contexts)
             plan_pools = [ctx.plan_pool for ctx in contexts]
             n_max = parts.n_max
         finally:
