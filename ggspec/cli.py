@@ -156,7 +156,7 @@ def serve(
     type_options: dict | None = None,  # each draft type's own flags (opts.with_type_options)
     spec_select: opts.SpecSelect = "first",
     plan_pool: opts.PlanPool = opts.PLAN_POOL,
-    parallel: own.ServeParallel = 4,
+    parallel: own.ServeParallel = None,
     n_ctx: opts.N_CTX.one = None,
     n_batch: own.NBatch = 512,
     n_ubatch: own.NUbatch = 512,
@@ -186,9 +186,9 @@ def serve(
     address = listen_address(host, port, max_queue=max_queue, drain_timeout=drain_timeout, cache_ram=cache_ram)
     shared = _shared(locals(), opts.SamplerSettings(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p))
     cfg = pair_config(shared, plain=no_spec, n_gpu_layers_draft=n_gpu_layers_draft, n_max=n_max,
-                      parallel=parallel, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, type_k=type_k,
-                      type_v=type_v, flash_attn=flash_attn, inject=inject, rs_planes=rs_planes, rs_lead=rs_lead,
-                      fit=fit)
+                      parallel=own.SERVE_SLOTS if parallel is None else parallel, n_ctx=n_ctx, n_batch=n_batch,
+                      n_ubatch=n_ubatch, type_k=type_k, type_v=type_v, flash_attn=flash_attn, inject=inject,
+                      rs_planes=rs_planes, rs_lead=rs_lead, fit=fit, parallel_given=parallel is not None)
     from ggspec.server.run import ServeOptions  # only now: it needs the packages listen_address looked for
     from ggspec.server.run import serve as run_server
 

@@ -82,8 +82,11 @@ ServeCacheRam = Annotated[int, typer.Option(
 ServeDrainTimeout = Annotated[float, typer.Option(
     "--drain-timeout", help="On SIGINT/SIGTERM, seconds the requests in progress may take to finish.")]
 ServeTemp = Annotated[float, typer.Option("--temp", help="Temperature of requests that give none (0: greedy).")]
-ServeParallel = Annotated[int, typer.Option(
-    "-np", "--parallel", help="Slots: requests decoded together (continuous batching); -c is split among them.")]
+SERVE_SLOTS = 4  # llama-server's default slots
+ServeParallel = Annotated[int | None, typer.Option(
+    "-np", "--parallel", show_default=str(SERVE_SLOTS),
+    help="Slots: requests decoded together (continuous batching); -c is split among them. Not given, the "
+         "memory fit may lower it.")]
 ServeFlashAttn = Annotated[str, typer.Option("-fa", "--flash-attn", help="Flash attention: on, off or auto.")]
 
 # --- rpc-server -----------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import pytest
 from ggspec.errors import InputError
 from ggspec.speculative.driver import Request, drive
 from ggspec.speculative.engine import Engine
-from ggspec.speculative.models import PairConfig
+from ggspec.speculative.models import Models, PairConfig
 from ggspec.speculative.sequence import DraftLimits
 from helpers.drafts import greedy
 from helpers.pairs import CPP_CTX, DRAFT, STACK, TARGET
@@ -44,3 +44,44 @@ def test_limits_beyond_the_engines_are_refused(limits, field):
         with pytest.raises(InputError) as exc:
             e.add(e.target_model.tokenize("x = 1"), 4, limits=limits)
         assert exc.value.field == field and not e.active
+
+
+# --- the types and the confidence cut-off of one sequence --------------------------------------------
+
+TYPED = [None, DraftLimits(6, types=("ngram-cache",)), DraftLimits(6, types=("ngram-mod", "draft-simple")),
+         DraftLimits(6, p_min=0.95), DraftLimits(6, types=("draft-simple",), p_min=0.0)]
+
+
+def test_sequences_draft_with_their_own_types_and_cut_off_in_one_step():
+    """An engine holding the n-gram types on standby (a server's): a sequence naming ngram-simple
+    drafts only what the text repeats, one naming draft-simple with its own cut-off drafts as the
+    engine does without it; a high cut-off drafts less. Every one decodes the plain greedy text,
+    all in the same verify."""
+    cfg = PairConfig(TARGET, DRAFT, n_max=6, parallel=len(TYPED), ctx=CPP_CTX, p_min=0.5, calibrate=False)
+    with Engine(Models(cfg), cfg, standby_types=True) as e:
+        e._owns_models = True
+        assert e.request_types[0] == "ngram-simple" and e.request_types[-1] == "draft-simple"
+        assert e.proposer.name == "draft-simple"  # the standby types are not the engine's own
+        prompt = e.target_model.tokenize(STACK)
+        want = greedy(e, prompt, N)
+        got: dict[int, list[int]] = {i: [] for i in range(len(TYPED))}
+        drafted = {i: 0 for i in range(len(TYPED))}
+        together = 0
+        for ev in drive(e, [Request(prompt, N, tag=i, ignore_eos=True, limits=lim) for i, lim in enumerate(TYPED)]):
+            got[ev.tag] += ev.tokens
+            drafted[ev.tag] += ev.step.drafted if ev.step.kind != "prefill" else 0
+            together = max(together, ev.verified)
+    assert all(tokens == want for tokens in got.values())
+    assert together == len(TYPED)
+    assert drafted[1] > 0 and drafted[0] > 0
+    assert drafted[3] < drafted[0] < drafted[4]  # cut-offs 0.95 < the engine's 0.5 < none
+
+
+def test_a_sequence_naming_a_type_the_engine_lacks_is_refused():
+    with Engine.open(PairConfig(TARGET, DRAFT, n_max=6, ctx=CPP_CTX, calibrate=False)) as e:
+        for limits, field in [(DraftLimits(3, types=("ngram-simple",)), "spec_type"),
+                              (DraftLimits(3, types=()), "spec_type"), (DraftLimits(3, p_min=1.5), "p_min")]:
+            with pytest.raises(InputError) as exc:
+                e.add(e.target_model.tokenize("x = 1"), 4, limits=limits)
+            assert exc.value.field == field and not e.active
+        assert e.request_types == ("draft-simple",)

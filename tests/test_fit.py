@@ -93,6 +93,25 @@ def test_gemma_and_the_real_qwen_pair(real_target, build_info):
                       ctx=ContextParams(n_ctx=2048, n_threads=2)))
 
 
+@pytest.fixture(scope="module")
+def dummies(build_info):
+    """The real-shape dummy pairs (test_scale's: made once, ~2.5 GB, then cached)."""
+    from ggspec.catalogue.pairs import get_entry, make
+
+    return {name: make(get_entry(name)) for name in ("dummy-qwen3-0.6b", "dummy-qwen3.5-0.8b")}
+
+
+@pytest.mark.scale
+@pytest.mark.parametrize("name, planes", [("dummy-qwen3-0.6b", None), ("dummy-qwen3.5-0.8b", None),
+                                          ("dummy-qwen3.5-0.8b", 3)])
+def test_the_real_shape_dummy_pairs(dummies, name, planes):
+    """Qwen3-0.6B and the hybrid Qwen3.5-0.8B at Q4_K_M with their DFlash drafts, -np 2: real
+    shapes (151,936-token heads, 16-row verify blocks, the hybrid's delta-net states per plane)."""
+    files = dummies[name]
+    _check(PairConfig(files.target, files.draft, n_max=7, parallel=2, planes=PlaneOptions.parse(planes, None),
+                      mmap=False, calibrate=False, ctx=ContextParams(n_ctx=2048, n_threads=2)))
+
+
 def test_mapped_weights_are_llama_cpps_file_range(build_info):
     """With mmap (the default) llama.cpp reports the mapped range of the file as the weights;
     the fit counts the buffers the weights need: equal for a file nothing is repacked from."""
@@ -127,3 +146,30 @@ def test_the_cli_fits_by_default_and_says_what_it_needs(tiny_coder_pair):
                    "-n", "4", "-p", "def f", "-c", "100000000")
     assert proc.returncode == 1
     assert proc.stderr.startswith("error: -c: context size 100000000 does not fit: host needs "), proc.stderr
+
+
+def test_planes_then_sequences_give_way_where_no_context_fits(pairs, build_info):
+    """A hybrid target at -np 4 with its 8 rollback planes, in a room where not even the smallest
+    context fits: the planes left to the fit are halved first (capped planes replay: slower, never
+    wrong), then the sequences; what is given stays, and the refusal says what was tried."""
+    base = replace(_configs("hybrid-capped-planes", pairs), planes=PlaneOptions(), parallel=4)
+
+    def floor(**kw) -> int:
+        return fit.measure(replace(base, ctx=replace(base.ctx, n_ctx=256), **kw)).total(HOST)
+
+    full, capped, one = floor(), floor(planes=PlaneOptions(4)), floor(parallel=2, planes=PlaneOptions(2))
+    assert full > capped > one  # each plane and each sequence holds recurrent states and verify rows
+    result = fit.fit(base, n_ctx_given=False, parallel_given=False, room={HOST: (full + capped) // 2})
+    assert result.cfg.planes.planes == 4 and result.cfg.parallel == 4 and result.changed[0] == "planes"
+    assert result.notes[0].startswith("4 parallel sequences with 8 rollback planes do not fit (host needs ")
+    assert "using 4 parallel sequences with 4 rollback planes" in result.notes[0]
+    assert result.footprint.total(HOST) <= (full + capped) // 2
+    # planes given: the sequences give way
+    given = replace(base, planes=PlaneOptions(8))
+    result = fit.fit(given, n_ctx_given=False, parallel_given=False, room={HOST: (full + capped) // 2})
+    assert result.cfg.parallel < 4 and result.cfg.planes.planes == 8 and "parallel" in result.changed
+    # neither left to it: refused, saying so
+    with pytest.raises(InputError, match="no context fits beside the weights"):
+        fit.fit(given, n_ctx_given=False, room={HOST: (full + capped) // 2})
+    with pytest.raises(InputError, match="; nor with 1 parallel sequence with 2 rollback planes"):
+        fit.fit(base, n_ctx_given=False, parallel_given=False, room={HOST: one // 2})

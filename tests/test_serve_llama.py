@@ -17,6 +17,7 @@ from ggspec.speculative.driver import Request, drive
 from ggspec.speculative.engine import Engine
 from ggspec.speculative.models import PairConfig
 from ggspec.speculative.oracle import compare
+from helpers.pairs import STACK
 from helpers.serving import LiveServer, NativeServer, run_texts, speculating_server
 
 PAIR = "tiny-coder"
@@ -92,9 +93,11 @@ def test_completion_stops_at_a_stop_word_or_the_budget(server, refs):
 def test_speculation_per_request_in_one_batch(server, refs, endpoint):
     """Requests with their own speculative settings, at once in the same steps: each gets the
     greedy text; `"speculative": false` drafts nothing, `speculative.n_max` bounds each draft,
-    `speculative.n_min` drops shorter ones."""
+    `speculative.n_min` drops shorter ones, `speculative.type` names the server's own type or
+    adds an n-gram type it holds on standby, `speculative.p_min` cuts its drafts at a confidence."""
     settings = [{"speculative": False}, {"speculative.type": "none"}, {"speculative.n_max": 2},
-                {"speculative.n_max": 7, "speculative.n_min": 5}, {}]
+                {"speculative.n_max": 7, "speculative.n_min": 5}, {}, {"speculative.type": "draft-dflash"},
+                {"speculative.type": "ngram-mod,draft-dflash", "speculative.p_min": 0.9}]
     prompt, want = next(iter(refs.items()))
 
     def ask(extra: dict) -> dict:
@@ -114,10 +117,29 @@ def test_speculation_per_request_in_one_batch(server, refs, endpoint):
         if extra.get("speculative") is False or extra.get("speculative.type") == "none":
             assert drafted == 0
         else:
-            assert drafted > 0
+            assert drafted > 0, extra
+        if endpoint == "/completion":  # the request's own settings, as it ran
+            g = r["generation_settings"]
+            assert g["speculative.type"] == extra.get("speculative.type", "draft-dflash"
+                                                      if extra.get("speculative") is not False else "none")
+            assert g["speculative.p_min"] == extra.get("speculative.p_min", 0.0)
         if steps is not None and drafted:
             n_max, n_min = extra.get("speculative.n_max", 7), extra.get("speculative.n_min", 0)
             assert n_min * steps <= drafted <= n_max * steps, (extra, drafted, steps)
+
+
+def test_a_request_drafts_with_a_standby_ngram_type(server):
+    """A DFlash server holds the n-gram types too: a request naming ngram-cache drafts from the
+    text's n-grams (the DFlash draft unused for it), lossless against the same server's plain
+    answer; the settings it ran with say so."""
+    body = _greedy(STACK, n_predict=48)
+    plain = server.post("/completion", {**body, "speculative": False})[1]
+    code, r = server.post("/completion", {**body, "speculative.type": "ngram-cache"})
+    assert code == 200, r
+    assert r["content"] == plain["content"] and r["timings"]["draft_n"] > 0
+    assert r["generation_settings"]["speculative.type"] == "ngram-cache"
+    held = server.get("/props")[1]["speculative"]["request_types"]
+    assert held[-1] == "draft-dflash" and "ngram-cache" in held
 
 
 # --- constrained output ----------------------------------------------------------------------------

@@ -9,10 +9,11 @@ from ggspec.console import err
 def pair_config(shared: opts.Shared, *, plain: bool, n_gpu_layers_draft: int | None, n_max: str | None,
                 parallel: int, n_ctx: int | None, n_batch: int, n_ubatch: int, type_k: str | None,
                 type_v: str | None, flash_attn: str, inject: str | None, rs_planes: str | None, rs_lead: str | None,
-                fit: bool = True):
+                fit: bool = True, parallel_given: bool = True):
     """The models and the PairConfig of the flags, a flag winning over the pair's recommendation;
     a target-only pair runs plain, with a note. `fit`: measured against free memory first
-    (speculative.fit), a context size not given by -c shrunk to what fits, with a note."""
+    (speculative.fit): what was not given (a context size without -c, rollback planes, parallel
+    sequences where not `parallel_given`) shrunk to what fits, with a note."""
     from ggspec.runtime import ContextParams
     from ggspec.speculative.models import parse_n_max
     from ggspec.speculative.planes import PlaneOptions
@@ -34,15 +35,18 @@ def pair_config(shared: opts.Shared, *, plain: bool, n_gpu_layers_draft: int | N
         planes=PlaneOptions.parse(opts.pick(rs_planes, rec, "planes"), opts.pick(rs_lead, rec, "lead")),
         inject=inject if inject is not None else opts.DEFAULTS["inject"],
     )
-    return fitted(cfg, n_ctx_given=n_ctx is not None) if fit else cfg
+    return fitted(cfg, n_ctx_given=n_ctx is not None, parallel_given=parallel_given) if fit else cfg
 
 
-def fitted(cfg, *, n_ctx_given: bool):
+def fitted(cfg, *, n_ctx_given: bool, parallel_given: bool = True):
     """cfg as the memory fit leaves it, what it changed printed as notes."""
     from ggspec.speculative.fit import fit
 
-    result = fit(cfg, n_ctx_given=n_ctx_given)
-    for line in result.notes:
-        err.print(f"[yellow]note:[/] {line} (-c sets the size; --no-fit keeps it)", soft_wrap=True,
-                  highlight=False)
+    result = fit(cfg, n_ctx_given=n_ctx_given, parallel_given=parallel_given)
+    if result.notes:
+        flags = ", ".join(opts.FLAGS[f] for f in result.changed)
+        for line in result.notes:
+            err.print(f"[yellow]note:[/] {line}", soft_wrap=True, highlight=False)
+        err.print(f"[yellow]note:[/] {flags} set {'it' if len(result.changed) == 1 else 'them'}; "
+                  "--no-fit keeps what was asked", soft_wrap=True, highlight=False)
     return result.cfg

@@ -45,9 +45,11 @@ class _Answer:
         spec = job.spec
         sampling = spec.sampling if job.seq is None else replace(spec.sampling, seed=job.seq.seed)
         limits = spec.limits or self.svc.engine.check_limits(None)
-        speculative = {"type": self.svc.engine.plan.spec_type if spec.speculate else "none",
+        eng = self.svc.engine
+        kind = ",".join(limits.types) if limits.types else eng.plan.spec_type
+        speculative = {"type": kind if spec.speculate else "none",
                        "n_max": limits.n_max if spec.speculate else 0, "n_min": limits.n_min,
-                       "p_min": self.svc.engine.cfg.p_min}
+                       "p_min": eng.cfg.p_min if limits.p_min is None else limits.p_min}
         return lp.generation_settings(sampling, self.req.n_predict, self.req.stream, self.req.ignore_eos, speculative,
                                       self.req.n_probs)
 

@@ -15,7 +15,9 @@ Constrained output (`grammar`, `json_schema`, `response_format`) becomes one GBN
 
 Speculation per request (ggspec's, in llama-server's names): `"speculative": false` decodes it
 plainly; `speculative.n_max` / `speculative.n_min` bound its drafts within the server's;
-`speculative.type` may name the server's type or "none"; `speculative.p_min` is the server's.
+`speculative.p_min` is its drafts' confidence cut-off; `speculative.type` names the types that
+draft for it (one, or a comma list): the server's own, or any n-gram type (held on standby), or
+"none".
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ MAX_STOPS = 4  # as OpenAI
 # the command line's flags never see these), by the engine's name where it differs
 REQUEST_PARAMS = {"prompt": "prompt", "messages": "messages", "max_tokens": "max_tokens", "temp": "temperature",
                   "top_p": "top_p", "min_p": "min_p", "seed": "seed", "n_max": "speculative.n_max",
-                  "n_min": "speculative.n_min", "grammar": "grammar", "content": "content", "n_probs": "n_probs",
+                  "n_min": "speculative.n_min", "p_min": "speculative.p_min", "spec_type": "speculative.type",
+                  "grammar": "grammar", "content": "content", "n_probs": "n_probs",
                   "penalty_last_n": "repeat_last_n", "penalty_repeat": "repeat_penalty",
                   "penalty_freq": "frequency_penalty", "penalty_present": "presence_penalty",
                   "json_schema": "json_schema", "tools": "tools", "tool_choice": "tool_choice",

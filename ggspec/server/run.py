@@ -50,7 +50,8 @@ def build_service(engine: Engine, options: ServeOptions):
     scheduler.metrics = metrics
     cfg = engine.cfg
     info = {"target": str(cfg.target), "draft": None if options.plain or cfg.draft is None else str(cfg.draft),
-            "speculative": engine.speculative, "spec_type": engine.plan.spec_type, "n_max": engine.n_max,
+            "speculative": engine.speculative, "spec_type": engine.plan.spec_type,
+            "request_types": list(engine.request_types), "n_max": engine.n_max,
             "adaptive": engine.draft_length is not None, "plain_by_cost": engine.plain_by_cost,
             "parallel": engine.parallel, "n_ctx_slot": engine.capacity, "n_vocab": engine.target_model.n_vocab,
             "prompt_cache": engine.prompt_cache, "cache_ram_mib": options.cache_ram_mib if engine.store is not None else 0,
@@ -75,7 +76,8 @@ def serve(cfg: PairConfig, options: ServeOptions, log: Callable[[str], None] = p
     # wait for a whole draft-and-verify step; and a drafter's table outlives requests, as its
     cache_ram = None if options.cache_ram_mib < 0 else options.cache_ram_mib * 2**20
     with Engine.open(cfg, plain=options.plain, prompt_cache=options.prompt_cache, cache_ram=cache_ram,
-                     first_token_from_prefill=True, keep_draft_state=True) as engine:
+                     first_token_from_prefill=True, keep_draft_state=True,
+                     standby_types=True) as engine:
         for w in engine.warnings:
             log(f"warning: {w}")
         service = build_service(engine, options)  # (its option errors first, alone on their line)

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
+from ggspec.errors import InputError
 from ggspec.runtime.chat import ChatError, json_schema_to_grammar
 from ggspec.runtime.grammar import Grammar, GrammarSpec
 from ggspec.server import protocol as p
@@ -24,6 +25,7 @@ from ggspec.server.chat import ChatJob, ChatTemplate
 from ggspec.server.metrics import Metrics
 from ggspec.server.scheduler import Done, Failed, JobSpec, Scheduler, Tokens
 from ggspec.server.text import TextStream
+from ggspec.speculative import registry
 from ggspec.speculative.sampling import SamplerSettings
 from ggspec.speculative.sequence import DraftLimits
 
@@ -124,23 +126,30 @@ class Service:
         return tuple(out)
 
     def speculation(self, req: p.Speculation) -> tuple[bool, DraftLimits | None]:
-        """Whether a request speculates, and its own draft limits (None: the server's)."""
+        """Whether a request speculates, and its own speculation (None: the server's): its draft
+        lengths, confidence cut-off and the types that draft for it (any the server holds: its
+        own and the n-gram types on standby)."""
         eng = self.engine
         kind = req.spec_type
-        if kind is not None and kind not in ("none", eng.plan.spec_type):
-            have = f"drafts with {eng.plan.spec_type}" if eng.speculative else "does not speculate"
-            raise ApiError(400, f"this server {have}: a request may ask for that or 'none', not '{kind}'",
-                           "speculative.type")
-        if req.p_min is not None and req.p_min != eng.cfg.p_min:
-            raise ApiError(400, f"the confidence cut-off is the server's ({eng.cfg.p_min}), not per request",
-                           "speculative.p_min")
         if req.speculative is False or kind == "none":
             return False, None
-        if req.n_max is None and req.n_min is None:
+        types = None
+        if kind is not None:
+            try:
+                types = registry.spec_types(kind)
+            except InputError as exc:
+                raise ApiError(400, str(exc), "speculative.type") from None
+            held = eng.request_types
+            if not set(types) <= set(held):
+                have = f"drafts with {', '.join(held)}" if held else "does not speculate (it was started plain)"
+                raise ApiError(400, f"this server {have}: a request may name those or 'none', not '{kind}'",
+                               "speculative.type")
+            types = None if types == eng.plan.kinds else types
+        if req.n_max is None and req.n_min is None and req.p_min is None and types is None:
             return True, None
         if not eng.speculative and req.n_max:
             raise ApiError(400, "this server does not speculate (it was started plain)", "speculative.n_max")
-        limits = DraftLimits(eng.n_max if req.n_max is None else req.n_max, req.n_min or 0)
+        limits = DraftLimits(eng.n_max if req.n_max is None else req.n_max, req.n_min or 0, req.p_min, types)
         return True, eng.check_limits(limits)
 
     def tokens(self, prompt) -> np.ndarray:

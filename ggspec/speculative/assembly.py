@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 
 from ggspec.errors import InputError
 from ggspec.runtime import Context, ContextParams
+from ggspec.speculative import registry
 from ggspec.speculative.draft_length import DraftLength
 from ggspec.speculative.draft_type import Build, DraftPlan
 from ggspec.speculative.models import Models, PairConfig, resolve_n_max
@@ -92,11 +93,13 @@ class Assembly:
 
 
 def assemble(models: Models, cfg: PairConfig, plan: DraftPlan, *, keep_state: bool, warnings: list[str],
-             wrap: Callable[[Proposer], Proposer] | None = None) -> Assembly:
+             wrap: Callable[[Proposer], Proposer] | None = None, standby: bool = False) -> Assembly:
     """The draft length and the checks of the options against it, the target's context (with
     rollback planes on a hybrid target), the proposer of the plan's types (and the draft context
     one of them opens; `wrap` makes the one the engine drafts with from it: a benchmark's forced
-    acceptance), prepared-plan pools for each context, and the adaptive rule."""
+    acceptance), prepared-plan pools for each context, and the adaptive rule. `standby`: a
+    speculative engine also holds the n-gram types the plan lacks, for the sequences that name
+    them (a server's requests; they draft within the plan's length)."""
     speculative = plan.types != ()
     recurrent = models.target.is_recurrent
     n_max, caps = draft_lengths(cfg, plan, warnings)
@@ -112,11 +115,17 @@ def assemble(models: Models, cfg: PairConfig, plan: DraftPlan, *, keep_state: bo
         if speculative and recurrent and cfg.planes.capped(n_max) and not models.target.dry:
             parts.auto_lead = _set_planes(parts.target, cfg, n_max)
         _check_type_options(cfg, plan, warnings)
-        if plan.parts:
-            from ggspec.speculative.several import SeveralProposer  # noqa: PLC0415
+        extra = _standby_plans(plan) if standby and speculative else []
+        if plan.parts or extra:
+            from ggspec.speculative.several import SeveralProposer
 
-            parts.proposer = SeveralProposer([_build(parts, models, cfg, part, n_max, keep_state) for part in plan.parts],
-                                             caps, select=cfg.spec_select)
+            own = list(plan.parts or (plan,))
+            caps = caps or [n_max]
+            caps += [min(n_max, _own_n_max(cfg, part, False, [])) for part in extra]
+            order = sorted(range(len(own) + len(extra)), key=lambda i: (own + extra)[i].type.priority)
+            parts.proposer = SeveralProposer([_build(parts, models, cfg, (own + extra)[i], n_max, keep_state)
+                                              for i in order], [caps[i] for i in order], select=cfg.spec_select,
+                                             default=[i < len(own) for i in order])
         else:
             if cfg.spec_select != "first":
                 warnings.append("a rule choosing between speculative types needs several of them (--spec-type a,b)")
@@ -129,6 +138,11 @@ def assemble(models: Models, cfg: PairConfig, plan: DraftPlan, *, keep_state: bo
         parts.close()
         raise
     return parts
+
+
+def _standby_plans(plan: DraftPlan) -> list[DraftPlan]:
+    """The n-gram types a plan lacks (they need no files: each one's plan is its type)."""
+    return [DraftPlan(t) for t in registry.TYPES.values() if t.traits.cheap and t.name not in plan.kinds]
 
 
 def _target_params(models: Models, cfg: PairConfig, plan: DraftPlan, n_max: int, speculative: bool,

@@ -81,7 +81,9 @@ def draft_tokens(seqs: Sequence, n: int, p_min: float, step: Callable[[int], tup
     extra)` adds `token`, chosen from `row`, as that sequence's input of the next call. Returns
     each sequence's tokens and, where they were drawn, their distributions (proposer.model_draft
     makes the Draft). `ids`: the token of each logits column when the head scores a reduced
-    vocabulary (None: column = token)."""
+    vocabulary (None: column = token). `p_min`: the proposer's cut-off, where a sequence has none
+    of its own (Sequence.p_min)."""
+    cuts = [seq.p_min(p_min) for seq in seqs]
     tokens: list[list[int]] = [[] for _ in seqs]
     dists: list[list[Candidates]] = [[] for _ in seqs]
     live = list(range(len(seqs)))
@@ -89,11 +91,11 @@ def draft_tokens(seqs: Sequence, n: int, p_min: float, step: Callable[[int], tup
     for i in range(n):
         rows, extra = step(i)
         rows = HostRows(rows) if isinstance(rows, np.ndarray) else rows
-        conf = rows.confidence() if p_min > 0 else None
+        conf = rows.confidence() if any(cuts[k] > 0 for k in live) else None
         still = []
         for r, k in enumerate(live):
             seq = seqs[k]
-            if conf is not None and conf[r] < p_min:
+            if conf is not None and conf[r] < cuts[k]:
                 continue  # llama.cpp stops on the argmax's confidence, also for sampled drafts
             if seq.sampling.greedy:
                 token = rows.argmax(r)

@@ -206,7 +206,7 @@ class DFlashProposer(Proposer):
         self._held.pop(seq.seq_id, None)
         self.draft.remove(cached, seq.seq_id)  # the previous sequence's positions past the shared prefix
         if self.pick_on_device:
-            self.draft.pick_on_device(seq.seq_id, pick_mode(seq, self.p_min))
+            self.draft.pick_on_device(seq.seq_id, pick_mode(seq, seq.p_min(self.p_min)))
 
     def observe(self, spans: list[Span]) -> None:
         capture_rows(self._rows, spans, "feature rows", "injected")
@@ -299,9 +299,9 @@ class DFlashProposer(Proposer):
         if sampled:
             drafts = self._sample(seqs, rows, n)
         elif all(self.draft.picked_on_device(seq.seq_id) is not None for seq in seqs):
-            drafts = self._picked(len(seqs), rows, n)
+            drafts = self._picked(seqs, rows, n)
         else:
-            drafts = self._read(len(seqs), rows, n)
+            drafts = self._read(seqs, rows, n)
         for seq in seqs:
             self.draft.remove(seq.pos, seq.seq_id)  # the noise block must not stay in the draft cache
         return drafts
@@ -314,27 +314,30 @@ class DFlashProposer(Proposer):
     # variants keep their walks (point masses, exact too)
     samples_drafts = True
 
-    def _read(self, n_seqs: int, rows: int, n: int) -> list[Draft]:
-        """Drafts from the last draft decode: n_seqs blocks of `rows` rows, in batch order."""
+    def _read(self, seqs, rows: int, n: int) -> list[Draft]:
+        """Drafts from the last draft decode: a block of `rows` rows per sequence, in batch order."""
+        n_seqs = len(seqs)
         logits = self.draft.logits_view().reshape(n_seqs, rows, -1)[:, 1:]  # row i predicts position pos + i
         tokens = self._tokens(logits.argmax(axis=2))
-        if self.p_min > 0:
+        cuts = [seq.p_min(self.p_min) for seq in seqs]
+        if max(cuts) > 0:
             conf = top_k_confidence(logits.reshape(n_seqs * n, -1)).reshape(n_seqs, n)
-            return [Draft(_cut(t, c < self.p_min)) for t, c in zip(tokens, conf)]
+            return [Draft(_cut(t, c < cut)) for t, c, cut in zip(tokens, conf, cuts)]
         return [Draft(t) for t in tokens]
 
-    def _picked(self, n_seqs: int, rows: int, n: int) -> list[Draft]:
+    def _picked(self, seqs, rows: int, n: int) -> list[Draft]:
         """_read's drafts from what the device picked of each block row (pick_on_device)."""
         drafts = []
-        for s in range(n_seqs):
+        for s, seq in enumerate(seqs):
             out = range(s * rows + rows - n, (s + 1) * rows)  # the block's output rows 1..n
-            if self.p_min <= 0:
+            cut = seq.p_min(self.p_min)
+            if cut <= 0:
                 drafts.append(Draft(self._tokens(np.array([self.draft.picked_argmax(r) for r in out]))))
                 continue
             tops = [self.draft.picked_top(r) for r in out]
             best = np.array([best_picked(cols, logits) for cols, logits in tops])
             conf = top_k_confidence(np.stack([logits for _, logits in tops]))
-            drafts.append(Draft(_cut(self._tokens(best), conf < self.p_min)))
+            drafts.append(Draft(_cut(self._tokens(best), conf < cut)))
         return drafts
 
     def _sample(self, seqs, rows: int, n: int) -> list[Draft]:
@@ -352,8 +355,9 @@ class DFlashProposer(Proposer):
                     q = q.of_tokens(self.draft.logit_ids)
                 draws = seq.rng(DRAFT)
                 tokens = q.sample([draws.random() for _ in range(n)]).astype(np.int32)
-            if self.p_min > 0:  # the greedy path's cut; a draft-only stop rule keeps the distribution
-                tokens = _cut(tokens, top_k_confidence(block) < self.p_min)
+            cut = seq.p_min(self.p_min)
+            if cut > 0:  # the greedy path's cut; a draft-only stop rule keeps the distribution
+                tokens = _cut(tokens, top_k_confidence(block) < cut)
             drafts.append(Draft(tokens, None if q is None else q[:len(tokens)]))
         return drafts
 
@@ -401,11 +405,12 @@ class DFlash2Proposer(DFlashProposer):
     def _setup_draft(self) -> None:
         self.draft.enable_nextn(masked=False)  # every row of the block, not just output rows
 
-    def _read(self, n_seqs: int, rows: int, n: int) -> list[Draft]:
+    def _read(self, seqs, rows: int, n: int) -> list[Draft]:
         k = self.info.selector_top_k
-        lattice = self.draft.nextn_view(n_seqs * rows).reshape(n_seqs, rows, -1)
+        lattice = self.draft.nextn_view(len(seqs) * rows).reshape(len(seqs), rows, -1)
         drafts = []
-        for blk in lattice:
+        for seq, blk in zip(seqs, lattice):
+            cut = seq.p_min(self.p_min)
             cand = blk[1:, :k]  # (n, k) candidate ids as floats
             scores = blk[1:, k:k + k * k].reshape(n, k, k)  # [position, predecessor, candidate]
             out: list[int] = []
@@ -413,7 +418,7 @@ class DFlash2Proposer(DFlashProposer):
             for i in range(n):
                 row = scores[i, pred]
                 best = int(row.argmax())
-                if self.p_min > 0 and 1.0 / np.exp(row - row[best]).sum() < self.p_min:
+                if cut > 0 and 1.0 / np.exp(row - row[best]).sum() < cut:
                     break
                 out.append(int(cand[i, best]))
                 pred = best
@@ -431,17 +436,19 @@ class DSparkProposer(DFlashProposer):
     picks = False
 
     def _setup_draft(self) -> None:
-        if self.p_min > 0:
+        if self.info.has_confidence:  # (read where a sequence has a cut-off: its own or the engine's)
             self.draft.enable_nextn(masked=False)
 
-    def _read(self, n_seqs: int, rows: int, n: int) -> list[Draft]:
+    def _read(self, seqs, rows: int, n: int) -> list[Draft]:
+        n_seqs = len(seqs)
         first = 0 if self.info.anchor_first else 1
         logits = self.draft.logits_view().reshape(n_seqs, rows, -1)[:, first:first + n]
         tokens = logits.argmax(axis=2).astype(np.int32)
-        if self.p_min <= 0:
+        cuts = [seq.p_min(self.p_min) if self.info.has_confidence else 0.0 for seq in seqs]
+        if max(cuts) <= 0:
             return [Draft(t) for t in tokens]
         conf = self.draft.nextn_view(n_seqs * rows).reshape(n_seqs, rows, -1)[:, first:first + n, 0]
-        return [Draft(_cut(t, c < self.p_min)) for t, c in zip(tokens, conf)]
+        return [Draft(_cut(t, c < cut)) for t, c, cut in zip(tokens, conf, cuts)]
 
 
 def _cut(tokens: np.ndarray, low: np.ndarray) -> np.ndarray:

@@ -96,7 +96,7 @@ class DraftModelProposer(Proposer):
         draft's cells with the target's); the rest goes."""
         self.draft.remove(cached, seq.seq_id)
         if self.pick_on_device:
-            self.draft.pick_on_device(seq.seq_id, pick_mode(seq, self.p_min))
+            self.draft.pick_on_device(seq.seq_id, pick_mode(seq, seq.p_min(self.p_min)))
         self._held[seq.seq_id] = cached
         self._wrote.pop(seq.seq_id, None)
 

@@ -49,7 +49,7 @@ class Engine:
     def __init__(self, models: Models, cfg: PairConfig, *, verifier: Verifier | None = None,
                  plain: bool = False, prompt_cache: bool = False, cache_ram: int | None = 0,
                  first_token_from_prefill: bool = False, keep_draft_state: bool = False,
-                 wrap_proposer: Callable[[Proposer], Proposer] | None = None) -> None:
+                 wrap_proposer: Callable[[Proposer], Proposer] | None = None, standby_types: bool = False) -> None:
         """`plain`: no drafting at all (a baseline over the same weights, with no draft context
         and no rollback planes). `prompt_cache`: a slot keeps the cells of its last sequence, and
         a new prompt goes to the free slot whose cells hold the longest prefix of it: only the
@@ -62,7 +62,9 @@ class Engine:
         whose draft positions `ggspec run` and the benchmarks mirror (see _prefill).
         `keep_draft_state`: what a drafter learns from one request serves the next (ngram-mod's
         table lives as long as the engine, as llama-server's; else each run starts afresh).
-        `wrap_proposer`: makes the proposer it drafts with from its own (forced acceptance)."""
+        `wrap_proposer`: makes the proposer it drafts with from its own (forced acceptance).
+        `standby_types`: a speculative engine also holds the n-gram types it was not given, for
+        the sequences that name them (DraftLimits.types; a server's `speculative.type`)."""
         cfg.validate()
         self.models = models
         self.target_model, self.draft_model = models.target, models.draft  # the weights (Models owns them)
@@ -77,7 +79,7 @@ class Engine:
         self._closed = False
         self._state_bytes: int | None = None  # one recurrent state's bytes, measured at the first prefill
         parts = assemble(models, cfg, self.plan, keep_state=keep_draft_state, warnings=self.warnings,
-                         wrap=wrap_proposer)
+                         wrap=wrap_proposer, standby=standby_types)
         self.n_max, self.target, self.draft_ctx = parts.n_max, parts.target, parts.draft_ctx
         self.proposer: Proposer | None = parts.proposer
         self.auto_lead, self.draft_length = parts.auto_lead, parts.draft_length
@@ -227,10 +229,29 @@ class Engine:
             self.proposer.release(seq)  # its draft cells would go stale
         return seq
 
+    @property
+    def request_types(self) -> tuple[str, ...]:
+        """The speculative types a sequence may name (DraftLimits.types): the engine's own and
+        those on standby, in llama.cpp's order; none where it does not speculate (decoding plainly
+        by cost, its own: its sequences decode plainly whatever they name)."""
+        if not self.speculative:
+            return ()
+        held = getattr(self.proposer, "proposers", None)
+        return self.plan.kinds if held is None else tuple(p.name for p in held)
+
     def check_limits(self, limits: DraftLimits | None) -> DraftLimits:
         """A sequence's own draft limits, validated against the engine's (None: the engine's)."""
         if limits is None:
             return DraftLimits(self.n_max)
+        if limits.p_min is not None and not 0.0 <= limits.p_min <= 1.0:
+            raise InputError(f"a sequence's confidence cut-off must be within 0..1 (got {limits.p_min})", field="p_min")
+        if limits.types is not None:
+            held = self.request_types
+            unknown = [t for t in limits.types if t not in held]
+            if unknown or not limits.types:
+                have = f"drafts with {', '.join(held)}" if held else "does not speculate"
+                raise InputError(f"this engine {have}: a sequence cannot draft with "
+                                 f"{', '.join(unknown) or 'no type'}", field="spec_type")
         if not 0 <= limits.n_max <= self.n_max:
             raise InputError(f"a sequence's draft length must be within 0..{self.n_max} (this engine's n_max; got "
                              f"{limits.n_max})", field="n_max")

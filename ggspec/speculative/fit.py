@@ -17,7 +17,11 @@ margin (llama.cpp's: 1 GiB); host memory (weights, caches and compute buffers of
 the CPU) against the memory the kernel says is available. When something does not fit and the
 context size was not given, the context shrinks (as llama.cpp's fit, which changes only a
 context size left to it): memory is affine in the context size, so two measures give the
-largest size that fits, which a third confirms. A given size, parallel sequences and planes are
+largest size that fits, which a third confirms. Where no context fits (the weights, the verify
+batch's compute buffers or the recurrent states per sequence fill the memory), what else was
+left to the fit gives way, least costly first: a hybrid target's rollback planes (capped planes
+replay instead: slower, never wrong), then the parallel sequences (a server's slots), each
+halved in turn, the context fitted again at each. A given size, parallel count or plane count is
 never changed behind the user's back: the refusal says what fits instead.
 """
 
@@ -29,8 +33,9 @@ from ggspec.errors import InputError, LlamaError
 from ggspec.runtime import footprint
 from ggspec.runtime.footprint import HOST, Footprint, Use
 from ggspec.runtime.memory import mem_available
-from ggspec.speculative.assembly import assemble
+from ggspec.speculative.assembly import assemble, draft_lengths
 from ggspec.speculative.models import Models, PairConfig
+from ggspec.speculative.planes import PlaneOptions
 
 DEVICE_MARGIN = 1 << 30  # bytes left free on each device (llama.cpp's --fit-target default)
 HOST_MARGIN = 256 << 20  # ... and of the host's available memory (the process's own, Python's)
@@ -45,6 +50,7 @@ class Fit:
     footprint: Footprint  # what it takes, by device
     available: dict[str, int]  # what each device (and HOST) has for it, margins taken off
     notes: list[str] = field(default_factory=list)  # what the fit changed, for the user
+    changed: list[str] = field(default_factory=list)  # the PairConfig fields it changed (n_ctx, planes, parallel)
 
     def over(self, fp: Footprint | None = None) -> dict[str, int]:
         """Bytes over what is available, by device (only those over)."""
@@ -92,6 +98,14 @@ def _assembled(cfg: PairConfig):
     return uses, n_max, plan_pools, free
 
 
+def _shape(cfg: PairConfig) -> tuple[int, bool]:
+    """The step's longest draft (0: no speculation) and whether the target keeps rollback
+    planes (a speculating hybrid), from the files alone."""
+    with Models(cfg, dry=True) as models:
+        n_max, _ = draft_lengths(cfg, models.plan, []) if models.plan.types else (0, [])
+        return n_max, n_max > 0 and models.target.is_recurrent
+
+
 def _pool_bound(cfg: PairConfig, uses, n_max: int, plan_pools) -> dict[str, Use]:
     """What the contexts' prepared-plan pools (patch 0012) may add once they run. Each parked
     plan is a scheduler whose compute buffer holds one step's graph: at most a verify's rows and
@@ -115,10 +129,81 @@ def _pool_bound(cfg: PairConfig, uses, n_max: int, plan_pools) -> dict[str, Use]
     return out
 
 
-def fit(cfg: PairConfig, *, n_ctx_given: bool, room: dict[str, int] | None = None) -> Fit:
-    """Measure cfg against free memory; shrink the context where it was not given; else raise an
-    InputError saying what it needs, what is free and what would fit. `room`: bytes to fit into
-    by device name (HOST: host memory) instead of what is free less the margins."""
+def fit(cfg: PairConfig, *, n_ctx_given: bool, parallel_given: bool = True,
+        room: dict[str, int] | None = None) -> Fit:
+    """Measure cfg against free memory; shrink what was left to the fit (the context size, then
+    a hybrid's rollback planes and the parallel sequences, see the module docstring); else raise
+    an InputError saying what it needs, what is free and what would fit. `room`: bytes to fit
+    into by device name (HOST: host memory) instead of what is free less the margins."""
+    try:
+        return _fit_context(cfg, n_ctx_given, room)
+    except DoesNotFit as refusal:
+        n_max, planes = _shape(cfg)
+        fewer = _fewer(cfg, n_max, planes, parallel_given)
+        if not fewer:
+            raise
+        least = fewer[-1]
+        if not _fits(least, n_ctx_given, room):  # not even the least of them: say so at once
+            raise InputError(f"{refusal}; nor with {_describe(least, n_max, planes)}", field="n_ctx") from None
+        for smaller in fewer:
+            try:
+                inner = _fit_context(smaller, n_ctx_given, room)
+            except DoesNotFit:
+                continue
+            note = (f"{_describe(cfg, n_max, planes)} do not fit ({refusal.where}): "
+                    f"using {_describe(smaller, n_max, planes)}")
+            changed = [f for f in ("planes", "parallel") if getattr(smaller, f) != getattr(cfg, f)]
+            return Fit(inner.cfg, inner.footprint, inner.available, [note, *inner.notes], changed + inner.changed)
+        raise
+
+
+class DoesNotFit(InputError):
+    """cfg does not fit with the context left to it (`where`: what each device needs)."""
+
+    def __init__(self, message: str, where: str) -> None:
+        super().__init__(message, field="n_ctx")
+        self.where = where
+
+
+def _fewer(cfg: PairConfig, n_max: int, planes: bool, parallel_given: bool) -> list[PairConfig]:
+    """The configurations with fewer rollback planes or parallel sequences than cfg (only what
+    was left to the fit: planes where the target keeps them and none were given), least costly
+    first: fewer planes before fewer sequences; the least of all last."""
+    now = cfg.planes.n_planes(n_max)
+    plane_counts = _halvings(now, 2) if planes and not cfg.planes.given else [now]
+    sequences = [cfg.parallel] if parallel_given else _halvings(cfg.parallel, 1)
+    out = []
+    for par in sequences:
+        for k in plane_counts:
+            opts = cfg.planes if k == now else PlaneOptions(planes=k)
+            if (par, k) != (cfg.parallel, now):
+                out.append(replace(cfg, parallel=par, planes=opts))
+    return out
+
+
+def _halvings(n: int, least: int) -> list[int]:
+    """n, n / 2, ..., down to `least` (always last, unless n is below it)."""
+    out = [n]
+    while out[-1] > least:
+        out.append(max(out[-1] // 2, least))
+    return out
+
+
+def _describe(cfg: PairConfig, n_max: int, planes: bool) -> str:
+    seqs = f"{cfg.parallel} parallel sequence{'s' if cfg.parallel != 1 else ''}"
+    return seqs + (f" with {cfg.planes.n_planes(n_max)} rollback planes" if planes else "")
+
+
+def _fits(cfg: PairConfig, n_ctx_given: bool, room: dict[str, int] | None) -> bool:
+    try:
+        _fit_context(cfg, n_ctx_given, room)
+        return True
+    except InputError:
+        return False
+
+
+def _fit_context(cfg: PairConfig, n_ctx_given: bool, room: dict[str, int] | None) -> Fit:
+    """fit() with the context size alone left to it."""
     try:
         fp, free = _dry(cfg)
     except LlamaError:
@@ -134,9 +219,7 @@ def fit(cfg: PairConfig, *, n_ctx_given: bool, room: dict[str, int] | None = Non
     floor, low = _smallest(cfg)
     n_ctx = _fits_at(cfg, result, floor, low)
     if n_ctx_given or n_ctx is None:
-        raise InputError(_refusal(result, over, n_ctx), field="n_ctx")
-    if n_ctx is None:
-        raise InputError(_refusal(result, over, None), field="n_ctx")
+        raise DoesNotFit(_refusal(result, over, n_ctx), _where(result, over))
     shrunk = replace(result.cfg, ctx=replace(result.cfg.ctx, n_ctx=n_ctx))
     fp = measure(shrunk)
     while result.over(fp) and n_ctx - CTX_STEP >= floor:  # (affine in practice: this rarely loops)
@@ -144,10 +227,10 @@ def fit(cfg: PairConfig, *, n_ctx_given: bool, room: dict[str, int] | None = Non
         shrunk = replace(shrunk, ctx=replace(shrunk.ctx, n_ctx=n_ctx))
         fp = measure(shrunk)
     if result.over(fp):
-        raise InputError(_refusal(result, over, None), field="n_ctx")
+        raise DoesNotFit(_refusal(result, over, None), _where(result, over))
     note = (f"context size {cfg.ctx.n_ctx} does not fit ({_where(result, over)}): "
             f"using {n_ctx}, which needs {_summary(fp)}")
-    return Fit(shrunk, fp, result.available, [note])
+    return Fit(shrunk, fp, result.available, [note], ["n_ctx"])
 
 
 def _smallest(cfg: PairConfig) -> tuple[int, Footprint | None]:

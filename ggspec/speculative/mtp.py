@@ -255,7 +255,8 @@ class MTPProposer(Proposer):
                 # chained graph and the catch-up's (no outputs) are both reused from step to step
                 self._batch.add_tokens_h([seq.id_last], h, h, seq.pos + step * i, seq.seq_id, self.n_embd,
                                          outputs=True)
-        self.mtp.set_mtp_chain(n, confidence=self.p_min > 0, draft_vocab=self.draft_vocab)
+        cuts = [seq.p_min(self.p_min) for seq in seqs]
+        self.mtp.set_mtp_chain(n, confidence=max(cuts) > 0, draft_vocab=self.draft_vocab)
         try:
             self.mtp.decode(self._batch)
         finally:
@@ -266,8 +267,8 @@ class MTPProposer(Proposer):
         drafts = []
         for s, seq in enumerate(seqs):
             tokens = ids[:, s]
-            if self.p_min > 0:  # the unchained loop stops at the first low-confidence step
-                low = np.flatnonzero(conf[:, s] < self.p_min)
+            if cuts[s] > 0:  # the unchained loop stops at the first low-confidence step
+                low = np.flatnonzero(conf[:, s] < cuts[s])
                 tokens = tokens[:low[0]] if len(low) else tokens
             drafts.append(model_draft(tokens.tolist(), [], self.n_min))
             if not self.shared_kv:

@@ -16,13 +16,17 @@ GREEDY = SamplerSettings(temp=0.0)
 
 @dataclass(frozen=True)
 class DraftLimits:
-    """How long one sequence's verified drafts may be, within its engine's: at most n_max tokens
-    (0: it decodes plainly), and none shorter than n_min (a shorter draft is not verified, as
-    llama.cpp's --spec-draft-n-min; the engine's own n_min still applies where its drafter has
-    one). A server request's own `speculative.n_max` / `n_min`."""
+    """One sequence's own speculation within its engine's (a server request's `speculative.*`):
+    drafts of at most n_max tokens (0: it decodes plainly) and none shorter than n_min (a shorter
+    draft is not verified, as llama.cpp's --spec-draft-n-min; the engine's own n_min still applies
+    where its drafter has one); `p_min`, the confidence cut-off of its drafts (None: the engine's);
+    `types`, the speculative types that may draft for it (None: the engine's own; a server also
+    holds the n-gram types for the requests that name them: Engine.request_types)."""
 
     n_max: int
     n_min: int = 0
+    p_min: float | None = None
+    types: tuple[str, ...] | None = None
 
     def cut(self, draft: Draft) -> Draft:
         draft = draft.head(self.n_max)
@@ -90,6 +94,10 @@ class Sequence:
         if self.left <= 0 or self.pos >= self.limit:
             self.done = True
         return kept
+
+    def p_min(self, default: float) -> float:
+        """Its drafts' confidence cut-off: its own, else its proposer's (`default`)."""
+        return default if self.limits.p_min is None else self.limits.p_min
 
     def rng(self, purpose: int) -> Draws:
         """The uniform draws of one step of one kind (0: drafting, 1: verifying), keyed by the

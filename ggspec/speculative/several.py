@@ -22,6 +22,11 @@ statistics skip it, SP:1838-1845 and 1996-2000); as llama.cpp's `impl_last`, a s
 drafts leaves the last drafter as it was. Every type follows every target decode, drafting or not
 (begin, observe, flush, commit, release go to all of them): a draft model's cache and a DFlash
 draft's features must stay current, and the n-gram types learn from the whole text.
+
+A sequence may name the types that draft for it (DraftLimits.types: a server request's
+`speculative.type`); the others skip it, and for it they are always `other`. A server also holds
+the n-gram types it was not started with, on standby (`default` False): they follow the text like
+the others and draft only for the sequences that name them.
 """
 
 from __future__ import annotations
@@ -41,16 +46,21 @@ _EMPTY = np.empty(0, dtype=np.int32)
 class SeveralProposer(Proposer):
     """Drafts with several proposers, one draft per sequence chosen by `select` (module docstring)."""
 
-    def __init__(self, proposers: list[Proposer], caps: list[int], select: str = "first") -> None:
+    def __init__(self, proposers: list[Proposer], caps: list[int], select: str = "first",
+                 default: list[bool] | None = None) -> None:
         """`caps`: each proposer's own draft length (llama.cpp's n_max of its type). Under `cost`,
-        the n-gram proposers are all but the last when it drafts with a model (`model_last`)."""
+        the n-gram proposers are all but the last when it drafts with a model (`model_last`).
+        `default`: whether each one drafts for a sequence that names no types (None: all do;
+        the others are on standby)."""
         self.proposers = proposers
         self.caps = caps
         self.select = select
+        self.default = default or [True] * len(proposers)
         self.model_last = not registry.get(proposers[-1].name).traits.cheap  # the last drafts with a model
-        self.name = ",".join(p.name for p in proposers)
-        limits = [p.max_draft for p in proposers if p.max_draft is not None]
-        self.max_draft: int | None = max(limits) if len(limits) == len(proposers) else None
+        own = [p for p, on in zip(proposers, self.default) if on]
+        self.name = ",".join(p.name for p in own)
+        limits = [p.max_draft for p in own if p.max_draft is not None]
+        self.max_draft: int | None = max(limits) if len(limits) == len(own) else None
         self.last: dict[int, int] = {}  # seq_id -> index of the proposer of its last non-empty draft
         self.wins = [0] * len(proposers)  # drafts each proposer made that were verified
         self.acceptance = [Acceptance(cap) for cap in caps]
@@ -89,8 +99,10 @@ class SeveralProposer(Proposer):
         if unused:  # scored once the committed tokens are in the history (the next propose)
             self._scoring[sid] = (n_committed, unused)
         last = self.last.get(sid)
+        allowed = self._allowed(seq)
+        alone = allowed.count(True) == 1  # its one type is never someone else's
         for i, p in enumerate(self.proposers):
-            p.commit(seq, pos0, n_committed, other=other or i != last)
+            p.commit(seq, pos0, n_committed, other=other or not allowed[i] or (i != last and not alone))
 
     def _score_unused(self, seq) -> None:
         """Drafts made but not verified, against the tokens committed after them."""
@@ -114,10 +126,22 @@ class SeveralProposer(Proposer):
         self._t_proposed = time.perf_counter()
         return drafts
 
+    def _allowed(self, seq) -> list[bool]:
+        """Whether each proposer may draft for this sequence (its own types, else the defaults)."""
+        types = seq.limits.types
+        return self.default if types is None else [p.name in types for p in self.proposers]
+
     def _call(self, i: int, seqs, n: int) -> list[Draft]:
+        """Proposer i's drafts for the sequences that allow it (empty for the others)."""
+        mine = [s for s, seq in enumerate(seqs) if self._allowed(seq)[i]]
+        drafts = [Draft(_EMPTY)] * len(seqs)
+        if not mine:
+            return drafts
         t0 = time.perf_counter()
-        drafts = self.proposers[i].propose(seqs, min(n, self.caps[i]))
+        made = self.proposers[i].propose([seqs[s] for s in mine], min(n, self.caps[i]))
         self.t_call[i] = ema(self.t_call[i], time.perf_counter() - t0)
+        for s, d in zip(mine, made):
+            drafts[s] = d
         return drafts
 
     def _first(self, seqs, n: int) -> list[Draft]:
