@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -213,3 +216,35 @@ def test_openais_client_calls_tools_and_gets_structured_output(servers):
         temperature=0, response_format={"type": "json_schema", "json_schema": {"name": "cat", "schema": schema}})
     cat = json.loads(r.choices[0].message.content)
     assert set(cat) == {"name", "legs"} and isinstance(cat["legs"], int)
+
+
+NODE_CLIENT = Path(__file__).resolve().parent / "node"  # package.json pins OpenAI's Node client
+
+
+@pytest.mark.real
+def test_openais_node_client(servers):
+    """OpenAI's Node client (npm's `openai`, tests/node/openai_client.mjs), unchanged: tool calls
+    whole and streamed, their results sent back, a JSON schema's answer, text whole and streamed,
+    a legacy completion and a 400's field, the same as the same requests over plain HTTP."""
+    node = shutil.which("node")
+    if node is None or not (NODE_CLIENT / "node_modules" / "openai").is_dir():
+        pytest.skip("OpenAI's Node client is not installed: `npm ci --prefix tests/node` (.ci/run does)")
+    ours, _ = servers
+    proc = subprocess.run([node, str(NODE_CLIENT / "openai_client.mjs"), ours.url + "/v1", CODER],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    greedy = {"temperature": 0, "model": CODER}
+    code, tools = ours.post("/v1/chat/completions", {**greedy, "messages": CALL, "tools": [WEATHER],
+                                                     "tool_choice": "required", "max_tokens": 48})
+    assert code == 200
+    want = [c["function"] for c in tools["choices"][0]["message"]["tool_calls"]]
+    assert got["tool_calls"] == got["streamed_calls"] == want and len(want) == 2
+    assert got["tool_finish"] == got["streamed_finish"] == "tool_calls" and got["follow_up"]
+    assert set(json.loads(got["cat"])) == {"name", "legs"}
+    haiku = ours.post("/v1/chat/completions", {**greedy, "max_tokens": 24, "messages": [
+        {"role": "user", "content": "Write a haiku about the sea."}]})[1]["choices"][0]["message"]["content"]
+    assert got["text"] == got["text_streamed"] == haiku
+    legacy = ours.post("/v1/completions", {**greedy, "prompt": "def fibonacci(n):", "max_tokens": 16})[1]
+    assert got["completion"] == legacy["choices"][0]["text"]
+    assert got["error"] == {"status": 400, "param": "max_tokens", "type": "BadRequestError"}
