@@ -143,6 +143,9 @@ def serve(
     max_queue: own.ServeMaxQueue = 64,
     chat_template: own.ServeChatTemplate = None,
     chat_template_file: own.ServeChatTemplateFile = None,
+    reasoning_format: own.ServeReasoningFormat = "deepseek",
+    reasoning_budget: own.ServeReasoningBudget = -1,
+    reasoning_budget_message: own.ServeReasoningBudgetMessage = "",
     cache_prompt: own.ServeCachePrompt = True,
     cache_ram: own.ServeCacheRam = 8192,
     drain_timeout: own.ServeDrainTimeout = 30.0,
@@ -182,7 +185,10 @@ def serve(
     says), -np of them batched in each step."""
     from ggspec.console.config import pair_config
     from ggspec.console.serve import listen_address
+    from ggspec.server.chat import Reasoning
 
+    reasoning = Reasoning(reasoning_format, reasoning_budget, reasoning_budget_message)
+    reasoning.validate()
     address = listen_address(host, port, max_queue=max_queue, drain_timeout=drain_timeout, cache_ram=cache_ram)
     shared = _shared(locals(), opts.SamplerSettings(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p))
     cfg = pair_config(shared, plain=no_spec, n_gpu_layers_draft=n_gpu_layers_draft, n_max=n_max,
@@ -193,7 +199,7 @@ def serve(
     from ggspec.server.run import serve as run_server
 
     options = ServeOptions(host=address, port=port, model_id=alias or pair or Path(cfg.target).stem, max_queue=max_queue,
-                           chat_template=chat_template, chat_template_file=chat_template_file,
+                           chat_template=chat_template, chat_template_file=chat_template_file, reasoning=reasoning,
                            drain_timeout=drain_timeout, plain=no_spec, prompt_cache=cache_prompt,
                            cache_ram_mib=cache_ram)
     run_server(cfg, options, log=lambda line: err.print(line, soft_wrap=True, highlight=False))

@@ -73,6 +73,14 @@ ServeChatTemplate = Annotated[Optional[str], typer.Option(
                             "the model's.")]
 ServeChatTemplateFile = Annotated[Optional[Path], typer.Option(
     "--chat-template-file", help="A Jinja chat template file instead of the model's.")]
+ServeReasoningFormat = Annotated[str, typer.Option(
+    "--reasoning-format", help="How a chat answer's thinking is returned: deepseek (in reasoning_content), "
+                               "deepseek-legacy, auto or none (left in content); a request's reasoning_format wins.")]
+ServeReasoningBudget = Annotated[int, typer.Option(
+    "--reasoning-budget", help="Tokens a chat answer's thinking block may hold before its end is forced (-1: no "
+                               "limit, 0: end it at once); a request's reasoning_budget_tokens wins.")]
+ServeReasoningBudgetMessage = Annotated[str, typer.Option(
+    "--reasoning-budget-message", help="Text forced before the end of thinking when the budget runs out.")]
 ServeCachePrompt = Annotated[bool, typer.Option(
     "--cache-prompt/--no-cache-prompt", help="Keep each slot's cells for a later prompt that starts the same way "
                                              "(only the rest is decoded; not for recurrent targets).")]

@@ -309,6 +309,21 @@ def test_answers_equal_llama_servers(build_info, real_target):
         (c1, a), (c2, b) = ours.post("/completion", body), theirs.post("/completion", body)
         assert c1 == c2 == 200 and a["tokens"] == b["tokens"] and a["content"] == b["content"], (a, b)
 
+        # llama.cpp's reasoning budget (its own sampler through patch 0017): once the start tag is
+        # out, so many tokens, then the message and the first end tag forced; without a message
+        # field llama-server forces nothing (its handler does not run), and neither does ggspec
+        for extra, forced in (({"reasoning_budget_tokens": 3, "reasoning_budget_start_tag": "if",
+                                "reasoning_budget_end_tag": ":", "reasoning_budget_message": " BUDGET"}, True),
+                              ({"reasoning_budget_tokens": 1, "reasoning_budget_start_tag": "if",
+                                "reasoning_budget_end_tags": [":", "\n"], "reasoning_budget_message": ""}, False),
+                              ({"reasoning_budget_tokens": 1, "reasoning_budget_start_tag": "if",
+                                "reasoning_budget_end_tag": ":"}, False)):
+            body = {"prompt": "def is_prime(n):\n", "n_predict": 40, "temperature": 0, "return_tokens": True, **extra}
+            (c1, a), (c2, b) = ours.post("/completion", body), theirs.post("/completion", body)
+            assert c1 == c2 == 200 and a["tokens"] == b["tokens"], (extra, a["content"], b["content"])
+            assert (" BUDGET:" in a["content"]) == forced
+            assert ours.post("/completion", {**body, "speculative": False})[1]["tokens"] == a["tokens"]
+
         # penalties and logit bias: the same samplers' arithmetic, over the same history (prompt included)
         body = {"prompt": "def is_prime(n):\n", "n_predict": 32, "temperature": 0, "return_tokens": True,
                 "repeat_penalty": 1.3, "repeat_last_n": 32, "presence_penalty": 0.4, "frequency_penalty": 0.2,

@@ -248,3 +248,64 @@ def test_openais_node_client(servers):
     legacy = ours.post("/v1/completions", {**greedy, "prompt": "def fibonacci(n):", "max_tokens": 16})[1]
     assert got["completion"] == legacy["choices"][0]["text"]
     assert got["error"] == {"status": 400, "param": "max_tokens", "type": "BadRequestError"}
+
+
+# --- thinking: llama.cpp's reasoning budget, against llama-server ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def thinking_servers(build_info, tmp_path_factory):
+    """Both servers on the Qwen2.5-Coder pair with QwQ's template (llama.cpp's test copy), its
+    generation prompt ending at "<think>" so that the prompt opens the thinking block in tokens the
+    start tag matches (Qwen2.5 has no <think> token: "<think>\\n" would end in one ">\\n" token)."""
+    coder = _coder_or_skip()
+    source = Path(build_info.root) / "llama.cpp" / "models" / "templates" / "Qwen-QwQ-32B.jinja"
+    text = source.read_text()
+    assert text.count("'<|im_start|>assistant\\n<think>\\n'") == 1
+    template = tmp_path_factory.mktemp("thinking") / "qwq-think.jinja"
+    template.write_text(text.replace("'<|im_start|>assistant\\n<think>\\n'", "'<|im_start|>assistant\\n<think>'"))
+    args = ("-np", "1", "-c", "4096", "-fa", "off", "--chat-template-file", str(template))
+    ours = LiveServer("--pair", CODER, "--spec-draft-n-max", "3", *args)
+    try:
+        theirs = NativeServer(build_info.lib_dir, coder.target, *args)
+    except BaseException:
+        ours.stop()
+        raise
+    yield ours, theirs
+    theirs.stop()
+    code, err = ours.stop()
+    assert code == 0, err
+
+
+THINK = [{"role": "user", "content": "What is 17 * 23? Think step by step."}]
+PARIS = [{"role": "user", "content": "Weather in Paris?"}]
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("extra", [
+    {}, {"reasoning_budget_tokens": 6}, {"reasoning_budget_tokens": 0},
+    {"thinking_budget_tokens": 4, "reasoning_budget_message": " Enough."},
+    {"messages": PARIS, "tools": [WEATHER]}, {"messages": PARIS, "tools": [WEATHER], "reasoning_budget_tokens": 5},
+    {"reasoning_budget_tokens": 6, "stream": True},
+], ids=["free", "budget-6", "budget-0", "thinking-budget-message", "tools", "tools-budget-5", "budget-6-streamed"])
+def test_a_reasoning_budget_equals_llama_servers(thinking_servers, extra):
+    """Speculating under llama.cpp's reasoning budget (a sampler constraint like a grammar, every
+    verified row judged at its state there), with the lazy tool-call grammar held back inside the
+    thinking block: the same reasoning, content and token count as llama-server; an answer whose
+    parse is empty is its raw text, as there."""
+    ours, theirs = thinking_servers
+    body = {"messages": THINK, "max_tokens": 40, "temperature": 0, **extra}
+    if body.get("stream"):
+        events = _events(ours, body)
+        deltas = [e["choices"][0]["delta"] for e in events if e.get("choices")]
+        got = {k: "".join(d.get(k) or "" for d in deltas) for k in ("content", "reasoning_content")}
+        code, b = theirs.post("/v1/chat/completions", {**body, "stream": False})
+        want = b["choices"][0]["message"]
+        assert got == {k: want.get(k) or "" for k in got}
+        return
+    (c1, a), (c2, b) = ours.post("/v1/chat/completions", body), theirs.post("/v1/chat/completions", body)
+    assert c1 == c2 == 200, (a, b)
+    assert _without_ids(a["choices"][0]["message"]) == _without_ids(b["choices"][0]["message"])
+    assert a["usage"]["completion_tokens"] == b["usage"]["completion_tokens"]
+    if "reasoning_budget_tokens" in extra or "thinking_budget_tokens" in extra:
+        assert len(a["choices"][0]["message"].get("reasoning_content") or "") < 60  # cut where the budget ran out

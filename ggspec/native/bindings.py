@@ -197,8 +197,8 @@ def load() -> types.ModuleType:
 @cache
 def common_library() -> ctypes.CDLL:
     """libggspec-common (patch 0017): llama.cpp's own chat code (templates, tool-call grammars and
-    parsers, the JSON-schema converter) behind a C ABI of JSON texts, and its memory breakdown by
-    device (what its fit measures with); loaded after libllama."""
+    parsers, the JSON-schema converter) behind a C ABI of JSON texts, its reasoning budget sampler,
+    and its memory breakdown by device (what its fit measures with); loaded after libllama."""
     load()
     path = library_path() / "libggspec-common.so"
     try:
@@ -219,6 +219,11 @@ def common_library() -> ctypes.CDLL:
     _declare(lib, "ggspec_chat_stream_free", [c_void_p], None)
     _declare(lib, "ggspec_chat_stream_update", [c_void_p, ctypes.c_char_p, c_bool], text)
     _declare(lib, "ggspec_sampler_accept", [c_void_p, c_int32], c_bool)
+    i32p = POINTER(c_int32)
+    _declare(lib, "ggspec_reasoning_budget_init", [c_void_p, i32p, c_int32, i32p, i32p, c_int32, i32p, c_int32, c_int32],
+             c_void_p)
+    _declare(lib, "ggspec_reasoning_budget_state", [c_void_p], c_int32)
+    _declare(lib, "ggspec_reasoning_budget_end_match", [c_void_p, i32p, c_int32], c_int32)
     i64p = POINTER(ctypes.c_int64)
     _declare(lib, "ggspec_model_n_devices", [c_void_p], c_int32)
     _declare(lib, "ggspec_model_device_memory", [c_void_p, c_int32, i64p, i64p], ctypes.c_char_p)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from ggspec.errors import InputError
 from ggspec.native import bindings
-from ggspec.runtime.grammar import GrammarSpec
+from ggspec.runtime.grammar import GrammarSpec, ReasoningBudget
 
 # common_grammar_trigger_type (common/common.h)
 TRIGGER_TOKEN, TRIGGER_WORD, TRIGGER_PATTERN, TRIGGER_PATTERN_FULL = range(4)
@@ -215,12 +215,36 @@ def grammar_spec(model, prompt: ChatPrompt) -> GrammarSpec | None:
             tokens.append(int(t["token"]))
     if prompt.grammar_lazy and not patterns and not tokens:
         raise ChatError("no triggers set for lazy grammar")
-    prefill: tuple[int, ...] = ()
-    if prompt.generation_prompt and not prompt.grammar_lazy:
-        ids = model.tokenize(prompt.generation_prompt, add_special=False, parse_special=True).tolist()
-        # some tokenizers put a space before the first special token: not part of the prompt
-        if ids and model.special_piece(ids[0])[:1].isspace() and not prompt.generation_prompt[0].isspace():
-            ids = ids[1:]
-        prefill = tuple(ids)
+    prefill = generation_prompt_ids(model, prompt) if not prompt.grammar_lazy else ()
     return GrammarSpec(prompt.grammar, lazy=prompt.grammar_lazy, trigger_patterns=tuple(patterns),
                        trigger_tokens=tuple(tokens), prefill=prefill)
+
+
+def generation_prompt_ids(model, prompt: ChatPrompt) -> tuple[int, ...]:
+    """The template's generation prompt as the tokens common_sampler_init feeds its samplers."""
+    if not prompt.generation_prompt:
+        return ()
+    ids = model.tokenize(prompt.generation_prompt, add_special=False, parse_special=True).tolist()
+    # some tokenizers put a space before the first special token: not part of the prompt
+    if ids and model.special_piece(ids[0])[:1].isspace() and not prompt.generation_prompt[0].isspace():
+        ids = ids[1:]
+    return tuple(ids)
+
+
+def reasoning_budget(model, start: str | None, ends: list[str] | None, message: str | None, tokens: int,
+                     lazy: bool, prefill: tuple[int, ...] = ()) -> ReasoningBudget | None:
+    """llama.cpp's reasoning budget for a request, as llama-server makes it (server-schema.cpp's
+    reasoning_budget_* handlers, common_sampler_init): the tags tokenized with special tokens
+    parsed; forced, the message then the first end tag, only where a message field was given
+    (None: nothing is forced, llama-server's handler does not run); made only where both tags
+    exist and a budget is set (`tokens` >= 0) or a lazy grammar needs the thinking block held
+    back. None: no budget."""
+    def tok(text: str) -> tuple[int, ...]:
+        return tuple(model.tokenize(text, add_special=False, parse_special=True).tolist())
+
+    start_ids = tok(start) if start else ()
+    end_ids = tuple(tok(e) for e in ends or () if e)
+    if not start_ids or not end_ids or not (lazy or tokens >= 0):
+        return None
+    forced = () if message is None else tok(message) + end_ids[0] if message else end_ids[0]
+    return ReasoningBudget(start_ids, end_ids, forced, tokens, prefill)

@@ -106,7 +106,10 @@ def _read_back(chat: ChatJob | None, text: str) -> dict | None:
         return {"role": "assistant", "content": text}
     try:
         parser.update(text, partial=False)
-        return parser.message
+        message = parser.message
+        if not any(message.get(k) for k in ("content", "reasoning_content", "tool_calls")):
+            return {"role": "assistant", "content": text}  # llama-server's: an empty parse is the text as it is
+        return message
     except ChatError as exc:  # (llama-server fails such a request; ggspec gives the text as it is)
         log.warning("cannot parse a chat answer (%s); sending it as plain content", exc)
         return {"role": "assistant", "content": text}

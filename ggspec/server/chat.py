@@ -12,14 +12,35 @@ from __future__ import annotations
 
 import ctypes
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ggspec.errors import InputError
-from ggspec.runtime.chat import ChatParser, ChatPrompt, ChatTemplates, grammar_spec, preserved_ids
+from ggspec.runtime.chat import (ChatParser, ChatPrompt, ChatTemplates, generation_prompt_ids, grammar_spec,
+                                 preserved_ids, reasoning_budget)
 from ggspec.runtime.grammar import GrammarSpec
 
 REASONING_FORMAT = "deepseek"  # llama-server's default (common.h): thinking into reasoning_content
+REASONING_FORMATS = ("none", "auto", "deepseek", "deepseek-legacy")
+
+
+@dataclass(frozen=True)
+class Reasoning:
+    """The server's reasoning settings, which a request's own fields override (llama-server's
+    --reasoning-format, --reasoning-budget, --reasoning-budget-message): how thinking is parsed
+    out of an answer, and how many tokens a thinking block may hold (-1: no limit) before the
+    message and the end tag are forced."""
+
+    format: str = REASONING_FORMAT
+    budget: int = -1
+    message: str = ""
+
+    def validate(self) -> None:
+        if self.format not in REASONING_FORMATS:
+            raise InputError(f"{self.format}: expected one of {', '.join(REASONING_FORMATS)}", field="reasoning_format")
+        if self.budget < -1:
+            raise InputError(f"the reasoning budget must be -1 (no limit) or at least 0 (got {self.budget})",
+                             field="reasoning_budget")
 
 
 def builtin_names(lc) -> list[str]:
@@ -50,9 +71,11 @@ class ChatTemplate:
     """`render(request)` gives a ChatJob; `source` says where the template came from (for
     /v1/models and the start-up line), `text` is the template itself (a built-in one's name)."""
 
-    def __init__(self, model, name: str | None = None, path: Path | None = None) -> None:
+    def __init__(self, model, name: str | None = None, path: Path | None = None,
+                 reasoning: Reasoning = Reasoning()) -> None:
         """`model`: the target (runtime.Model); `name`: a llama.cpp built-in template;
         `path`: a Jinja template file. Neither: the model's own, else chatml."""
+        self.reasoning = reasoning
         if name is not None and path is not None:
             raise InputError("give a built-in template name or a template file, not both", field="chat_template")
         self._lc, self._model = model.lc, model
@@ -93,15 +116,34 @@ class ChatTemplate:
         """A chat request (protocol.ChatRequest or ApplyTemplateRequest) as a ChatJob."""
         if self._jinja is None:
             return self._render_builtin(req)
-        inputs, parse_tools = chat_inputs(req, self.caps, self.supports_thinking)
+        inputs, parse_tools = chat_inputs(req, self.caps, self.supports_thinking, self.reasoning.format)
         prompt = self._jinja.apply(inputs)
-        grammar = grammar_spec(self._model, prompt) or getattr(req, "grammar", None) or None
+        grammar = self._with_budget(grammar_spec(self._model, prompt) or getattr(req, "grammar", None) or None,
+                                    prompt, req)
         params = prompt.parser_params(inputs["reasoning_format"], parse_tools,
                                       is_continuation="continue_final_message" in inputs,
                                       reasoning_in_content=getattr(req, "stream", False)
                                       and inputs["reasoning_format"] == "deepseek-legacy")
         return ChatJob(prompt.prompt, grammar, list(prompt.additional_stops), preserved_ids(self._model, prompt),
                        params)
+
+    def _with_budget(self, grammar: GrammarSpec | str | None, prompt: ChatPrompt, req) -> GrammarSpec | str | None:
+        """The grammar with llama.cpp's reasoning budget over the template's thinking block, where
+        llama-server makes one: the request's reasoning_budget_tokens (or thinking_budget_tokens),
+        else the server's; the message likewise."""
+        tokens = getattr(req, "reasoning_budget_tokens", None)
+        tokens = getattr(req, "thinking_budget_tokens", None) if tokens is None else tokens
+        tokens = self.reasoning.budget if tokens is None or tokens == -1 else tokens
+        message = getattr(req, "reasoning_budget_message", None)
+        lazy = isinstance(grammar, GrammarSpec) and grammar.lazy
+        budget = reasoning_budget(self._model, prompt.thinking_start_tag, prompt.thinking_end_tags,
+                                  self.reasoning.message if message is None else message, tokens, lazy,
+                                  generation_prompt_ids(self._model, prompt))
+        if budget is None:
+            return grammar
+        if isinstance(grammar, GrammarSpec):
+            return replace(grammar, budget=budget)
+        return GrammarSpec(grammar or "", budget=budget)
 
     def starts_with_bos(self, text: str) -> bool:
         """Whether the rendered text already holds the BOS token (then tokenizing adds none)."""
@@ -127,7 +169,8 @@ class ChatTemplate:
         raise InputError("the chat template's output did not fit its buffer", field="messages")
 
 
-def chat_inputs(req, caps: dict[str, bool], supports_thinking: bool) -> tuple[dict, bool]:
+def chat_inputs(req, caps: dict[str, bool], supports_thinking: bool,
+                default_format: str = REASONING_FORMAT) -> tuple[dict, bool]:
     """The inputs of common_chat_templates_apply for a request, decided as llama-server's
     oaicompat_chat_params_parse decides them, and whether tool calls are parsed out of the answer."""
     messages = [m.as_json() for m in req.messages]
@@ -145,7 +188,7 @@ def chat_inputs(req, caps: dict[str, bool], supports_thinking: bool) -> tuple[di
         raise InputError("Cannot use custom grammar constraints with tools.", field="grammar")
     inputs: dict = {"messages": messages, "tools": tools, "tool_choice": choice,
                     "add_generation_prompt": getattr(req, "add_generation_prompt", True),
-                    "reasoning_format": getattr(req, "reasoning_format", None) or REASONING_FORMAT,
+                    "reasoning_format": getattr(req, "reasoning_format", None) or default_format,
                     "enable_thinking": supports_thinking}
     schema = req.wanted_schema() if hasattr(req, "wanted_schema") else None
     if schema is not None:

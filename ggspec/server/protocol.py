@@ -40,7 +40,9 @@ REQUEST_PARAMS = {"prompt": "prompt", "messages": "messages", "max_tokens": "max
                   "penalty_freq": "frequency_penalty", "penalty_present": "presence_penalty",
                   "json_schema": "json_schema", "tools": "tools", "tool_choice": "tool_choice",
                   "chat_template_kwargs": "chat_template_kwargs",
-                  "continue_final_message": "continue_final_message"}
+                  "continue_final_message": "continue_final_message", "reasoning_budget": "reasoning_budget_tokens",
+                  "reasoning_format": "reasoning_format"}
+INT32_MAX = 2**31 - 1
 SEED_MAX = 0xFFFFFFFE  # llama.cpp's seeds are uint32; 0xFFFFFFFF means "random" there
 # fields accepted only at their no-op value: a 400 says so for any other
 NOT_YET = frozenset({"best_of", "echo", "suffix", "repeat_penalty", "typical_p", "mirostat", "n_probs",
@@ -86,6 +88,19 @@ class Constrained(Body):
     grammar: str | None = None  # llama.cpp's extension
     json_schema: dict[str, Any] | None = None  # llama.cpp's extension
     response_format: ResponseFormat | None = None
+    # llama-server's reasoning budget (a chat request takes its tags from the template)
+    reasoning_budget_tokens: Annotated[int, Field(ge=-1, le=INT32_MAX)] | None = None  # -1: the server's
+    reasoning_budget_start_tag: str | None = None
+    reasoning_budget_end_tags: list[str] | None = None
+    reasoning_budget_end_tag: str | None = None
+    reasoning_budget_message: str | None = None
+
+    @property
+    def end_tags(self) -> list[str] | None:
+        """The budget's end tags (llama-server: the list wins over the single tag)."""
+        if self.reasoning_budget_end_tags is not None:
+            return self.reasoning_budget_end_tags
+        return None if self.reasoning_budget_end_tag is None else [self.reasoning_budget_end_tag]
 
     @field_validator("json_schema")
     @classmethod
@@ -206,6 +221,7 @@ class ChatFields(Body):
     chat_template_kwargs: dict[str, Any] | None = None
     reasoning_format: Literal["none", "auto", "deepseek", "deepseek-legacy"] | None = None
     reasoning_effort: str | None = None
+    thinking_budget_tokens: Annotated[int, Field(ge=-1, le=INT32_MAX)] | None = None  # (reasoning_budget_tokens')
     add_generation_prompt: bool = True
     continue_final_message: bool | str | None = None
 

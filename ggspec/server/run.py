@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ggspec.server.chat import Reasoning
 from ggspec.speculative.engine import Engine
 from ggspec.speculative.models import PairConfig
 
@@ -26,6 +27,7 @@ class ServeOptions:
     max_queue: int = 64
     chat_template: str | None = None  # a llama.cpp built-in template name
     chat_template_file: Path | None = None
+    reasoning: Reasoning = Reasoning()  # the thinking format and budget a request does not give
     drain_timeout: float = 30.0
     plain: bool = False  # no drafting (the A/B baseline)
     prompt_cache: bool = True  # a slot keeps its cells for a later prompt with the same beginning
@@ -44,7 +46,7 @@ def build_service(engine: Engine, options: ServeOptions):
     from ggspec.server.metrics import Metrics
     from ggspec.server.scheduler import Scheduler
 
-    template = ChatTemplate(engine.target_model, options.chat_template, options.chat_template_file)
+    template = ChatTemplate(engine.target_model, options.chat_template, options.chat_template_file, options.reasoning)
     scheduler = Scheduler(engine, options.max_queue)
     metrics = Metrics(options.model_id, lambda: scheduler.waiting, lambda: scheduler.running, engine.parallel)
     scheduler.metrics = metrics

@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from ggspec.errors import InputError
-from ggspec.runtime.chat import ChatError, json_schema_to_grammar
+from ggspec.runtime.chat import ChatError, json_schema_to_grammar, reasoning_budget
 from ggspec.runtime.grammar import Grammar, GrammarSpec
 from ggspec.server import protocol as p
 from ggspec.server.chat import ChatJob, ChatTemplate
@@ -182,20 +182,25 @@ class Service:
         return self.scheduler.submit(JobSpec(prompt, budget, sampling, req.seed if seed is None else seed,
                                              req.ignore_eos, speculate, limits, grammar, n_probs))
 
-    @staticmethod
-    def grammar(req: p.Constrained) -> str | GrammarSpec | None:
+    def grammar(self, req: p.Constrained) -> str | GrammarSpec | None:
         """The GBNF grammar a (non-chat) request's output must follow: its own `grammar`, or its
         JSON schema (`json_schema`, `response_format`) through llama.cpp's converter, as
-        llama-server."""
+        llama-server; with llama.cpp's reasoning budget where the request gives its tags
+        (`reasoning_budget_*`)."""
         if req.grammar:
-            return req.grammar
-        schema = req.wanted_schema()
-        if schema is None:
-            return None
-        try:
-            return json_schema_to_grammar(schema)
-        except ChatError as exc:
-            raise ApiError(400, str(exc), "json_schema" if req.json_schema is not None else "response_format") from None
+            gbnf = req.grammar
+        elif (schema := req.wanted_schema()) is None:
+            gbnf = None
+        else:
+            try:
+                gbnf = json_schema_to_grammar(schema)
+            except ChatError as exc:
+                raise ApiError(400, str(exc), "json_schema" if req.json_schema is not None else "response_format") from None
+        tokens = req.reasoning_budget_tokens
+        budget = reasoning_budget(self.engine.target_model, req.reasoning_budget_start_tag, req.end_tags,
+                                  req.reasoning_budget_message,
+                                  self.template.reasoning.budget if tokens is None or tokens == -1 else tokens, False)
+        return gbnf if budget is None else GrammarSpec(gbnf or "", budget=budget)
 
 
 async def collect(request: Request, svc: Service, job, text: TextStream, tokens: list[int] | None = None,
