@@ -110,18 +110,24 @@ def run(
     rs_lead: opts.LEAD.one = None,
     check: own.RunCheck = False,
     compare: own.RunCompare = None,
+    grammar: own.RunGrammar = None,
+    grammar_file: own.RunGrammarFile = None,
+    json_schema: own.RunJsonSchema = None,
+    json_schema_file: own.RunJsonSchemaFile = None,
 ) -> None:
     """Generate from a prompt (or a file of prompts, -np at a time), speculatively or plain greedy with --no-spec."""
     from ggspec.console.config import pair_config
-    from ggspec.console.run import bench_args, decode_prompts, prompts_to_run
+    from ggspec.console.run import bench_args, decode_prompts, output_grammar, prompts_to_run
 
     prompts = prompts_to_run(prompt, prompt_file, n_predict=n_predict, check=check, plain=no_spec, temp=temp)
+    gbnf = output_grammar(grammar, grammar_file, json_schema, json_schema_file)
     shared = _shared(locals(), opts.SamplerSettings(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed))
     cfg = pair_config(shared, plain=no_spec, n_gpu_layers_draft=n_gpu_layers_draft, n_max=n_max,
                       parallel=parallel if parallel is not None else opts.DEFAULTS["parallel"], n_ctx=n_ctx,
                       n_batch=n_batch, n_ubatch=n_ubatch, type_k=type_k, type_v=type_v, flash_attn=flash_attn,
                       inject=inject, rs_planes=rs_planes, rs_lead=rs_lead, fit=fit)
-    code = decode_prompts(cfg, prompts, n_predict, ignore_eos, prompt_file, check, compare, bench_args(pair, model, draft))
+    code = decode_prompts(cfg, prompts, n_predict, ignore_eos, prompt_file, check, compare, bench_args(pair, model, draft),
+                          gbnf)
     if code:
         raise typer.Exit(code)
 

@@ -40,7 +40,7 @@ FLAGS = {
     "lead": "--spec-draft-rs-planes-lead",
     "mirror_output": "--mirror-output", "split_mode": "-sm", "tensor_split": "-ts", "rpc": "--rpc",
     "rpc_timeout": "--rpc-timeout", "prompt": "-p", "n_predict": "-n",
-    "reasoning_format": "--reasoning-format", "reasoning_budget": "--reasoning-budget",
+    "reasoning_format": "--reasoning-format", "reasoning_budget": "--reasoning-budget", "grammar": "--grammar",
     "temp": "--temp", "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p", "seed": "--seed",
     **registry.flags(),  # each draft type's own options (their llama.cpp flags)
     # ggspec serve

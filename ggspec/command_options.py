@@ -49,6 +49,14 @@ RunIgnoreEos = Annotated[bool, typer.Option("--ignore-eos", help="Keep generatin
 RunCheck = Annotated[bool, typer.Option(
     "--check", help="Then decode each prompt plain greedy and say whether the outputs are identical; a "
                     "difference is a benign near-tie (target top-2 margin below 0.2 nat) or a REAL divergence.")]
+RunGrammar = Annotated[Optional[str], typer.Option(
+    "--grammar", help="A GBNF grammar every output follows (llama.cpp's grammar sampler, judged at every verified "
+                      "row: speculative output equals plain output under it).")]
+RunGrammarFile = Annotated[Optional[Path], typer.Option("--grammar-file", help="The GBNF grammar, from a file.")]
+RunJsonSchema = Annotated[Optional[str], typer.Option(
+    "-j", "--json-schema", help="A JSON schema every output follows (llama.cpp's converter makes its grammar).")]
+RunJsonSchemaFile = Annotated[Optional[Path], typer.Option(
+    "-jf", "--json-schema-file", help="The JSON schema, from a file.")]
 RunCompare = Annotated[Optional[bool], typer.Option(
     "--compare/--no-compare", help="Then decode the prompt plainly and end with the speedup against plain "
                                    f"decoding \\[default: when the speculative decode took at most {COMPARE_MAX_S:.0f} s].")]

@@ -100,3 +100,44 @@ def test_a_grammar_llama_cpp_cannot_parse_is_an_input_error():
         with pytest.raises(InputError) as exc:
             e.add(e.target_model.tokenize("x"), 4, grammar="root ::= undefined-rule")
         assert exc.value.field == "grammar" and not e.active
+
+
+# --- `ggspec run` under a grammar or a JSON schema ------------------------------------------------
+
+
+def test_run_follows_a_grammar_or_a_schema_and_checks_against_plain(tiny_coder_pair):
+    """llama-cli's --grammar / -j on `ggspec run`: the output follows them, speculating at a fixed
+    length, and --check finds it identical to plain greedy under the same constraint."""
+    import json
+
+    from conftest import run_cli
+
+    base = ("run", "-m", str(tiny_coder_pair.target), "-md", str(tiny_coder_pair.draft), "-t", "1",
+            "--spec-draft-n-max", "7", "--check", "--no-compare")
+    proc = run_cli(*base, "-n", "40", "-p", STACK, "--grammar", GBNF)
+    assert proc.returncode == 0, proc.stderr
+    assert LINE.fullmatch(proc.stdout[len(STACK):].rstrip("\n") + "\n"), proc.stdout
+    assert "check: identical to plain greedy" in proc.stderr and "τ" in proc.stderr
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}, "age": {"type": "integer"}},
+              "required": ["name", "age"]}
+    proc = run_cli(*base, "-n", "60", "-p", "A person as JSON:", "-j", json.dumps(schema))
+    assert proc.returncode == 0, proc.stderr
+    person = json.loads(proc.stdout[len("A person as JSON:"):])
+    assert set(person) == {"name", "age"} and isinstance(person["age"], int)
+    assert "check: identical to plain greedy" in proc.stderr
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("--grammar", "root ::= nope"), "--grammar: llama.cpp cannot parse this grammar"),
+    (("--grammar", "  "), "--grammar: the grammar is empty"),
+    (("-j", "{bad"), "-j: not JSON"),
+    (("-j", "{}", "--grammar", 'root ::= "a"'), "--grammar and -j are exclusive"),
+    (("--grammar-file", "/nonexistent.gbnf"), "--grammar-file /nonexistent.gbnf: no such file"),
+])
+def test_run_refuses_a_bad_grammar_in_one_line(tiny_coder_pair, args, needle):
+    from conftest import run_cli
+    from test_errors import _assert_one_line_error
+
+    _assert_one_line_error(run_cli("run", "-m", str(tiny_coder_pair.target), "--no-spec", "-t", "1", "-n", "4", "-p", "x",
+                                   *args),
+                           needle)

@@ -45,14 +45,47 @@ def prompts_to_run(prompt: str | None, prompt_file: Path | None, *, n_predict: i
     return prompts
 
 
+def output_grammar(grammar: str | None, grammar_file: Path | None, json_schema: str | None,
+                   json_schema_file: Path | None) -> str | None:
+    """The GBNF grammar of --grammar / --grammar-file / -j / -jf (at most one of them), a JSON
+    schema through llama.cpp's converter (llama-cli's flags); None: free output."""
+    import json
+
+    from ggspec.files import read_text
+    from ggspec.runtime.chat import ChatError, json_schema_to_grammar
+
+    given = [(flag, v) for flag, v in (("--grammar", grammar), ("--grammar-file", grammar_file),
+                                       ("-j", json_schema), ("-jf", json_schema_file)) if v is not None]
+    if len(given) > 1:
+        raise InputError(f"{given[0][0]} and {given[1][0]} are exclusive: give one grammar or schema")
+    if not given:
+        return None
+    flag, value = given[0]
+    text = read_text(value, f"{flag} {value}") if isinstance(value, Path) else value
+    if flag in ("--grammar", "--grammar-file"):
+        if not text.strip():
+            raise InputError(f"{flag}: the grammar is empty")
+        return text
+    try:
+        schema = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{flag}: not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+    try:
+        return json_schema_to_grammar(schema)
+    except ChatError as exc:
+        raise InputError(f"{flag}: {exc}") from None
+
+
 def bench_args(pair: str | None, model: Path | None, draft: Path | None) -> str:
     """The models as `ggspec bench` takes them, for the verdict's suggestion."""
     return f"--pair {pair}" if pair else " ".join(f"{flag} {path}" for flag, path in (("-m", model), ("-md", draft)) if path)
 
 
 def decode_prompts(cfg, prompts: list[str], n_predict: int, ignore_eos: bool, prompt_file: Path | None = None,
-                   check: bool = False, compare: bool | None = False, bench_args: str = "") -> int:
-    """Decode and print every prompt (see the module); the exit status: 0, or REAL_DIVERGENCE."""
+                   check: bool = False, compare: bool | None = False, bench_args: str = "",
+                   grammar: str | None = None) -> int:
+    """Decode and print every prompt (see the module) under `grammar` (GBNF, None: free); the exit
+    status: 0, or REAL_DIVERGENCE."""
     from contextlib import closing
 
     from ggspec.speculative.driver import Request, drive, request_seed
@@ -74,8 +107,8 @@ def decode_prompts(cfg, prompts: list[str], n_predict: int, ignore_eos: bool, pr
                 raise InputError(f"-f {prompt_file}: prompt {k + 1}: {exc}") from None
         _warn_context(sp.capacity, max(len(t) for t in tokens), n_predict, len(prompts))
         printer = OrderedPrinter(prompts, sp)
-        requests = [Request(t, n_predict, tag=i, seed=request_seed(cfg.sampling.seed, i), ignore_eos=ignore_eos)
-                    for i, t in enumerate(tokens)]
+        requests = [Request(t, n_predict, tag=i, seed=request_seed(cfg.sampling.seed, i), ignore_eos=ignore_eos,
+                            grammar=grammar) for i, t in enumerate(tokens)]
         by_prompt = {}
         with closing(drive(sp, requests)) as events:
             for ev in events:
@@ -94,9 +127,10 @@ def decode_prompts(cfg, prompts: list[str], n_predict: int, ignore_eos: bool, pr
             err.print(line, soft_wrap=True)
         if cfg.placement.multi_device:
             _device_line(sp, cfg.placement)
-        last = verdict(sp, tokens, seqs, n_predict, ignore_eos, compare, bench_args, check) \
+        last = verdict(sp, tokens, seqs, n_predict, ignore_eos, compare, bench_args, check, grammar) \
             if sp.speculative and compare is not False else None
-        real = check and check_lossless(sp, tokens, {seq.tag: seq.tokens for seq in seqs}, n_predict, ignore_eos)
+        real = check and check_lossless(sp, tokens, {seq.tag: seq.tokens for seq in seqs}, n_predict, ignore_eos,
+                                        grammar)
         if last:
             err.print(last, soft_wrap=True)
         return REAL_DIVERGENCE if real else 0

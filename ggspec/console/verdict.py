@@ -24,11 +24,12 @@ PAIRS_BUDGET, PAIRS_MIN_S = 2.0, 1.0
 
 
 def verdict(sp, tokens: list[list[int]], seqs: list, n_predict: int, ignore_eos: bool, compare: bool | None,
-            bench_args: str, checked: bool) -> str:
+            bench_args: str, checked: bool, grammar: str | None = None) -> str:
     """The run's last line: the speedup against plain decoding of the same prompt on the same
     engine, timed right after in alternating warm runs (module docstring), with what to try when
     speculation lost; or, for a long decode or several prompts, how to measure it. At temperature 0
-    it also says whether the two outputs are identical (--check, when given, says it in its own lines)."""
+    it also says whether the two outputs are identical (--check, when given, says it in its own lines).
+    Every decode runs under the output's `grammar` (GBNF; None: free)."""
     bench = bench_command(bench_args)
     if len(seqs) != 1:
         batched = bench_command(bench_args, f"-np {sp.parallel}" if sp.parallel > 1 else "")
@@ -44,7 +45,7 @@ def verdict(sp, tokens: list[list[int]], seqs: list, n_predict: int, ignore_eos:
     # sampled: plain decoding draws other tokens, so each run decodes as many as speculation committed
     n, all_tokens = (n_predict, ignore_eos) if greedy else (s.n_generated, True)
     budget = max(PAIRS_MIN_S, PAIRS_BUDGET * s.t_decode)
-    spec_tps, plain_tps, plain_tokens = timed_pairs(sp, tokens[0], n, all_tokens, budget)
+    spec_tps, plain_tps, plain_tokens = timed_pairs(sp, tokens[0], n, all_tokens, budget, grammar)
     if not plain_tps or min(spec_tps + plain_tps) <= 0:
         return "speedup vs plain decoding: not measured (too few tokens decoded after the prompt)"
     if not s.spec_steps:  # (say, n-gram drafts that never found a match)
@@ -56,7 +57,7 @@ def verdict(sp, tokens: list[list[int]], seqs: list, n_predict: int, ignore_eos:
     if len(ratios) > 1:
         speeds += f", paired ratios {ratios[0]:.2f}-{ratios[-1]:.2f}×"
     if greedy and not checked:
-        speeds += "; output " + same_as_plain(sp, tokens[0], seq.tokens, plain_tokens, n_predict, ignore_eos)
+        speeds += "; output " + same_as_plain(sp, tokens[0], seq.tokens, plain_tokens, n_predict, ignore_eos, grammar)
     speeds += ")"
     if ratio >= 1 + BREAK_EVEN:
         return f"speculation paid: {speeds}"
@@ -65,7 +66,8 @@ def verdict(sp, tokens: list[list[int]], seqs: list, n_predict: int, ignore_eos:
     return f"speculation lost on this machine: {speeds}; try {what_to_try(sp)}, or measure with {bench}"
 
 
-def timed_pairs(sp, prompt: list[int], n: int, ignore_eos: bool, budget: float) -> tuple[list, list, list[int]]:
+def timed_pairs(sp, prompt: list[int], n: int, ignore_eos: bool, budget: float,
+                grammar: str | None = None) -> tuple[list, list, list[int]]:
     """Plain then speculative decodes of `prompt`, in turn, PAIRS pairs or as many as `budget`
     seconds allow (one at least): their decode speeds, and the first plain run's tokens."""
     from ggspec.speculative.loop import decode_one
@@ -73,8 +75,8 @@ def timed_pairs(sp, prompt: list[int], n: int, ignore_eos: bool, budget: float) 
     spec_tps, plain_tps, plain_tokens = [], [], None
     t0 = time.perf_counter()
     while len(plain_tps) < PAIRS and (not plain_tps or time.perf_counter() - t0 < budget):
-        plain = decode_one(sp, prompt, n, speculate=False, ignore_eos=ignore_eos)
-        spec = decode_one(sp, prompt, n, ignore_eos=ignore_eos)
+        plain = decode_one(sp, prompt, n, speculate=False, ignore_eos=ignore_eos, grammar=grammar)
+        spec = decode_one(sp, prompt, n, ignore_eos=ignore_eos, grammar=grammar)
         plain_tokens = plain.tokens if plain_tokens is None else plain_tokens
         plain_tps.append(plain.stats.decode_tps)
         spec_tps.append(spec.stats.decode_tps)
@@ -91,20 +93,22 @@ def bench_command(*args: str) -> str:
     return "`" + " ".join(["ggspec bench", *(a for a in args if a)]) + "`"
 
 
-def same_as_plain(sp, prompt: list[int], spec: list[int], plain: list[int], n_predict: int, ignore_eos: bool) -> str:
+def same_as_plain(sp, prompt: list[int], spec: list[int], plain: list[int], n_predict: int, ignore_eos: bool,
+                  grammar: str | None = None) -> str:
     """'identical to plain greedy', or which kind of difference it is (decided by plain_divergence:
     the timed plain decode kept no margins)."""
-    div = None if spec == plain else plain_divergence(sp, prompt, spec, n_predict, ignore_eos)[1]
+    div = None if spec == plain else plain_divergence(sp, prompt, spec, n_predict, ignore_eos, grammar)[1]
     return "identical to plain greedy" if div is None else div.describe()
 
 
-def plain_divergence(sp, prompt: list[int], spec: list[int], n_predict: int, ignore_eos: bool):
+def plain_divergence(sp, prompt: list[int], spec: list[int], n_predict: int, ignore_eos: bool,
+                     grammar: str | None = None):
     """Decode `prompt` plain greedy with the target's top-2 margins recorded and compare it with the
     speculative output: (the plain tokens, the first difference or None; a near-tie is benign)."""
     from ggspec.speculative.loop import generate_greedy
     from ggspec.speculative.oracle import compare
 
-    steps = list(generate_greedy(sp, prompt, n_predict, record_margins=True, ignore_eos=ignore_eos))
+    steps = list(generate_greedy(sp, prompt, n_predict, record_margins=True, ignore_eos=ignore_eos, grammar=grammar))
     plain = [t for st in steps for t in st.tokens]
     return plain, compare(plain, [m for st in steps for m in st.margins], spec)
 
@@ -124,13 +128,13 @@ def what_to_try(sp) -> str:
 
 
 def check_lossless(sp, prompts: list[list[int]], outputs: dict[int, list[int]], n_predict: int,
-                   ignore_eos: bool) -> bool:
+                   ignore_eos: bool, grammar: str | None = None) -> bool:
     """--check: each prompt decoded plain greedy on the same engine, compared token for token with
     the speculative output; one line per prompt saying which kind any difference is. Whether one
     was a REAL divergence."""
     counts = {"identical": 0, "near-tie": 0, "REAL": 0}
     for i, prompt in enumerate(prompts):
-        plain, div = plain_divergence(sp, prompt, outputs[i], n_predict, ignore_eos)
+        plain, div = plain_divergence(sp, prompt, outputs[i], n_predict, ignore_eos, grammar)
         which = f"prompt {i + 1}: " if len(prompts) > 1 else ""
         if div is None:
             counts["identical"] += 1

@@ -50,10 +50,12 @@ def generate_spec(engine: Engine, prompt, n_predict: int, *, ignore_eos: bool = 
 
 
 def generate_greedy(engine: Engine, prompt, n_predict: int, *, record_margins: bool = False,
-                    ignore_eos: bool = False) -> Iterator[Step]:
-    """Plain greedy decoding, one target decode per token. With `record_margins`, each step
-    carries the target's top-2 logit margin of its token (the losslessness gate's tie check)."""
-    seq = engine.add(prompt, n_predict, ignore_eos=ignore_eos, speculate=False, record_margins=record_margins)
+                    ignore_eos: bool = False, grammar: str | None = None) -> Iterator[Step]:
+    """Plain greedy decoding, one target decode per token (under `grammar`, GBNF). With
+    `record_margins`, each step carries the target's top-2 logit margin of its token (the
+    losslessness gate's tie check)."""
+    seq = engine.add(prompt, n_predict, ignore_eos=ignore_eos, speculate=False, record_margins=record_margins,
+                     grammar=grammar)
     yield from _one(engine, seq)
 
 
@@ -64,10 +66,10 @@ def decode_plain(engine: Engine, prompt, n_predict: int, *, ignore_eos: bool = F
 
 
 def decode_one(engine: Engine, prompt, n_predict: int, *, speculate: bool = True, ignore_eos: bool = False,
-               seed: int | None = None):
-    """One prompt decoded to the end (speculatively unless `speculate` is False) on an otherwise
-    idle engine: the finished Sequence."""
-    seq = engine.add(prompt, n_predict, ignore_eos=ignore_eos, speculate=speculate, seed=seed)
+               seed: int | None = None, grammar: str | None = None):
+    """One prompt decoded to the end (speculatively unless `speculate` is False, under `grammar`)
+    on an otherwise idle engine: the finished Sequence."""
+    seq = engine.add(prompt, n_predict, ignore_eos=ignore_eos, speculate=speculate, seed=seed, grammar=grammar)
     for _ in _one(engine, seq):
         pass
     return seq
