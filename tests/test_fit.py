@@ -173,3 +173,23 @@ def test_planes_then_sequences_give_way_where_no_context_fits(pairs, build_info)
         fit.fit(given, n_ctx_given=False, room={HOST: (full + capped) // 2})
     with pytest.raises(InputError, match="; nor with 1 parallel sequence with 2 rollback planes"):
         fit.fit(base, n_ctx_given=False, parallel_given=False, room={HOST: one // 2})
+
+
+def test_the_calibration_context_is_counted_where_one_is_made(build_info):
+    """A model drafter's adaptive rule measures a plain step on a bare context of its own, beside
+    the engine's, when it calibrates: the fit counts it (as llama.cpp reports it once made), and
+    nothing where the length is fixed or the types are n-grams."""
+    from ggspec.runtime import Context
+    from ggspec.speculative.calibration import plain_step_params
+    from ggspec.speculative.models import Models
+
+    fixed = _configs("draft-simple", {})  # n_max given: a fixed length, no calibration
+    auto = replace(fixed, n_max=None, calibrate=True, parallel=2)
+    extra = fit.measure(auto, pools=False).total(HOST) - fit.measure(replace(auto, calibrate=False), pools=False).total(HOST)
+    with Models(auto) as models:
+        ctx = Context(models.target, plain_step_params(replace(auto.ctx, n_seq_max=2), 2), what="calibration")
+        made = footprint.context_use(ctx)[HOST]
+        ctx.close()
+    assert extra == made.context + made.compute > 0
+    ngram = _configs("ngram-no-pool", {})
+    assert fit.measure(replace(ngram, calibrate=True), pools=False).total(HOST) == fit.measure(ngram, pools=False).total(HOST)

@@ -28,12 +28,16 @@ import platform
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ggspec.runtime.devices import cpu_name
 from ggspec.speculative.proposer import Draft
 from ggspec.speculative.stats import EngineStats
+
+if TYPE_CHECKING:
+    from ggspec.runtime import ContextParams
 
 VERSION = 5  # of the file's layout and how it is measured: another version is measured again
 SKIP = 2  # the first steps, not measured: they build and allocate the graphs of the largest shapes
@@ -236,6 +240,21 @@ def _lower_quartile(times: list[float]) -> float:
     return sorted(times)[len(times) // 4]
 
 
+def plain_step_params(target: ContextParams, n_seqs: int, n_prompt: int = PROMPT) -> ContextParams:
+    """The bare target context plain_engine_step measures on: as a plain engine's, with cells for
+    the prompt and the steps of every slot, and batches no larger than a prompt or a step (its
+    compute buffers, transient memory beside the engine's, stay small: the memory fit counts them)."""
+    rows = max(n_prompt, n_seqs)
+    return replace(target, batched=False, n_rs_seq=0, n_seq_max=n_seqs, kv_unified=True,
+                   n_ctx=n_seqs * (n_prompt + PHASE_STEPS + 1), n_batch=rows, n_ubatch=rows)
+
+
+def calibrates_plain_step(cfg, plan) -> bool:
+    """Whether an engine of cfg measures a plain engine's step on a context of its own while
+    calibrating (the adaptive rule of a model drafter; plain_engine_step)."""
+    return cfg.auto and cfg.calibrate and bool(plan.types) and not all(t.traits.cheap for t in plan.types)
+
+
 def plain_engine_step(engine, prompt: np.ndarray) -> float | None:
     """Seconds of a plain engine's step with every slot decoding: one decode of a token per
     sequence on a bare target context made as a plain engine makes it (Engine._reopen_plain), the
@@ -252,9 +271,7 @@ def plain_engine_step(engine, prompt: np.ndarray) -> float | None:
     if n_seqs > target.n_batch:
         return None
     prompt = prompt[:target.n_batch]  # a prefill in one batch
-    params = replace(target.params, batched=False, n_rs_seq=0, n_seq_max=n_seqs, kv_unified=True,
-                     n_ctx=n_seqs * (len(prompt) + PHASE_STEPS + 1))
-    ctx = Context(target.model, params, what="calibration")
+    ctx = Context(target.model, plain_step_params(target.params, n_seqs, len(prompt)), what="calibration")
     try:
         batch = Batch(ctx)
         for s in range(n_seqs):

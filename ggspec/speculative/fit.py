@@ -30,10 +30,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from ggspec.errors import InputError, LlamaError
-from ggspec.runtime import footprint
+from ggspec.runtime import Context, footprint
 from ggspec.runtime.footprint import HOST, Footprint, Use
 from ggspec.runtime.memory import mem_available
 from ggspec.speculative.assembly import assemble, draft_lengths
+from ggspec.speculative.calibration import calibrates_plain_step, plain_step_params
 from ggspec.speculative.models import Models, PairConfig
 from ggspec.speculative.planes import PlaneOptions
 
@@ -92,10 +93,22 @@ def _assembled(cfg: PairConfig):
             uses = footprint.context_uses(contexts)
             plan_pools = [ctx.plan_pool for ctx in contexts]
             n_max = parts.n_max
+            if calibrates_plain_step(cfg, models.plan):
+                uses.append(_calibration_use(parts.target, cfg.parallel))
         finally:
             parts.close()
         free = footprint.free_memory(models.target)
     return uses, n_max, plan_pools, free
+
+
+def _calibration_use(target: Context, n_seqs: int) -> dict[str, Use]:
+    """The bare context calibration measures a plain step on (the last context: it lives beside
+    the engine's for a second, once per pair and machine; the target's weights are counted)."""
+    ctx = Context(target.model, plain_step_params(target.params, n_seqs), what="calibration")
+    try:
+        return {name: Use(0, u.context, u.compute) for name, u in footprint.context_use(ctx).items()}
+    finally:
+        ctx.close()
 
 
 def _shape(cfg: PairConfig) -> tuple[int, bool]:
