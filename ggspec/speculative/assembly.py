@@ -117,15 +117,7 @@ def assemble(models: Models, cfg: PairConfig, plan: DraftPlan, *, keep_state: bo
         _check_type_options(cfg, plan, warnings)
         extra = _standby_plans(plan) if standby and speculative else []
         if plan.parts or extra:
-            from ggspec.speculative.several import SeveralProposer
-
-            own = list(plan.parts or (plan,))
-            caps = caps or [n_max]
-            caps += [min(n_max, _own_n_max(cfg, part, False, [])) for part in extra]
-            order = sorted(range(len(own) + len(extra)), key=lambda i: (own + extra)[i].type.priority)
-            parts.proposer = SeveralProposer([_build(parts, models, cfg, (own + extra)[i], n_max, keep_state)
-                                              for i in order], [caps[i] for i in order], select=cfg.spec_select,
-                                             default=[i < len(own) for i in order])
+            parts.proposer = _several(parts, models, cfg, plan, extra, n_max, caps, keep_state)
         else:
             if cfg.spec_select != "first":
                 warnings.append("a rule choosing between speculative types needs several of them (--spec-type a,b)")
@@ -138,6 +130,20 @@ def assemble(models: Models, cfg: PairConfig, plan: DraftPlan, *, keep_state: bo
         parts.close()
         raise
     return parts
+
+
+def _several(parts: Assembly, models: Models, cfg: PairConfig, plan: DraftPlan, extra: list[DraftPlan], n_max: int,
+             caps: list[int], keep_state: bool) -> Proposer:
+    """The proposer of several types: the plan's own (one, or its list, each up to its own
+    length) and those on standby (`extra`, within the step's length), in llama.cpp's order."""
+    from ggspec.speculative.several import SeveralProposer  # noqa: PLC0415
+
+    plans = [*(plan.parts or (plan,)), *extra]
+    caps = [*(caps or [n_max]), *(min(n_max, _own_n_max(cfg, part, False, [])) for part in extra)]
+    order = sorted(range(len(plans)), key=lambda i: plans[i].type.priority)
+    own = len(plans) - len(extra)
+    return SeveralProposer([_build(parts, models, cfg, plans[i], n_max, keep_state) for i in order],
+                           [caps[i] for i in order], select=cfg.spec_select, default=[i < own for i in order])
 
 
 def _standby_plans(plan: DraftPlan) -> list[DraftPlan]:
