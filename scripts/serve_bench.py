@@ -17,7 +17,9 @@ speculative throughput, the median (and range) of the paired ratios (each repeti
 llama-server's speculative run of the same repetition), TTFT and time per output token (TPOT)
 p50/p99, the draft acceptance rate (ggspec's from /metrics, llama-server's from its log), and
 whether every output equals the same prompt's output from ggspec's plain server alone (the
-lossless check).
+lossless check), each difference classified by the target's own top-2 margin where the texts part:
+a near-tie (below 0.2 nat: the servers batch differently and llama.cpp's arithmetic depends on the
+batch) or a REAL divergence.
 """
 
 from __future__ import annotations
@@ -127,6 +129,48 @@ def _rate(runs: list[tuple[float, float]]) -> float | None:
     return acc / gen if gen else None
 
 
+def divergence_kinds(target: Path, prompts: list[str], refs: list[str], replies, args) -> dict:
+    """(prompt index, text) -> "near-tie" or "REAL" for every output that differs from its solo
+    reference. The oracle is plain greedy decoding in-process, with the target's top-2 margin of
+    every token: of the two texts, the one that leaves that decode first does so at a token whose
+    margin says which it is (below the 0.2-nat gate: a near-tie, where the servers' batching,
+    which llama.cpp's arithmetic depends on, may tip it either way)."""
+    from ggspec.runtime import ContextParams
+    from ggspec.speculative.engine import Engine
+    from ggspec.speculative.loop import generate_greedy
+    from ggspec.speculative.models import PairConfig
+    from ggspec.speculative.oracle import TIE_MARGIN
+
+    differ = {(r.index, r.text) for r in replies if r.text != refs[r.index]}
+    if not differ:
+        return {}
+    kinds = {}
+    cfg = PairConfig(target, ctx=ContextParams(n_ctx=args.ctx, n_threads=args.threads, flash_attn="off"))
+    with Engine.open(cfg, plain=True) as engine:
+        model = engine.target_model
+        oracle = {}
+        for index in sorted({i for i, _ in differ}):
+            steps = list(generate_greedy(engine, model.tokenize(prompts[index]), args.max_tokens, record_margins=True))
+            oracle[index] = ([t for st in steps for t in st.tokens], [m for st in steps for m in st.margins])
+
+        def leaves(text: str, index: int) -> int | None:
+            """The first oracle token the text does not continue with (None: the text is the oracle's)."""
+            tokens, _ = oracle[index]
+            want, have = text.encode(), b""
+            for j, t in enumerate(tokens):
+                have += model.token_bytes(t)
+                if not want.startswith(have):
+                    return j
+            return None if have == want else len(tokens) - 1
+
+        for index, text in differ:
+            tokens, margins = oracle[index]
+            points = [j for j in (leaves(refs[index], index), leaves(text, index)) if j is not None]
+            margin = margins[min(points)] if points and min(points) < len(margins) else None
+            kinds[(index, text)] = "near-tie" if margin is not None and margin < TIE_MARGIN else "REAL"
+    return kinds
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pair", default="tiny-coder")
@@ -203,18 +247,23 @@ def main() -> int:
                     console.print(f"  rep {rep + 1} {name} c={c}: {load.throughput:.0f} t/s, errors {len(load.errors)}")
             finally:
                 stop(proc)
+    kinds = divergence_kinds(files.target, prompts, refs, [r for runs in loads.values() for run in runs
+                                                          for r in run.replies if not r.error], args)
     rows = []
     for (name, c), runs in loads.items():
         best = sorted(runs, key=lambda x: x.throughput)[len(runs) // 2]  # the median run
         replies = [r for run in runs for r in run.replies]
         same = sum(r.text == refs[r.index] for r in replies if not r.error)
+        differ = [kinds[(r.index, r.text)] for r in replies if not r.error and r.text != refs[r.index]]
+        ties, real = differ.count("near-tie"), differ.count("REAL")
         rows.append({"server": name, "concurrency": c, "requests": len(replies),
                      "errors": sum(len(run.errors) for run in runs),
                      "tps": best.throughput, "tps_runs": [round(run.throughput, 1) for run in runs],
                      "ttft_p50_ms": 1e3 * best.percentile("ttft", 50), "ttft_p99_ms": 1e3 * best.percentile("ttft", 99),
                      "tpot_p50_ms": 1e3 * best.percentile("tpot", 50), "tpot_p99_ms": 1e3 * best.percentile("tpot", 99),
                      "accept": _rate(accept[(name, c)]),
-                     "equal_to_solo": f"{same}/{len(replies)}"})
+                     "equal_to_solo": f"{same}/{len(replies)}" + (f" ({ties} near-tie, {real} REAL)" if differ else ""),
+                     "near_ties": ties, "real_divergences": real})
     ref = {r["concurrency"]: r["tps"] for r in rows if r["server"] == "llama-server spec"}
     for r in rows:  # each repetition against llama-server's run of the same repetition
         r["paired"] = paired(r["tps_runs"], loads.get(("llama-server spec", r["concurrency"])))

@@ -1,6 +1,8 @@
 """The engine's prompt cache: a slot keeps its last sequence's cells, a prompt that starts the same
-way goes to that slot and only the rest of it is decoded, and the output is what a fresh engine
-gives (the cells are the same computation)."""
+way goes to that slot and only the rest of it is decoded, and on the tiny pair the output is what
+a fresh engine gives (the cells are the same computation). On a real model the cached prompt's last
+token, decoded alone, can tip a later token (llama.cpp's arithmetic depends on the batch, as in
+llama-server): a sequence added with `cached=False` decodes its whole prompt, the uncached text."""
 
 from __future__ import annotations
 
@@ -107,3 +109,26 @@ def test_store_keeps_to_its_budget_least_recently_used_first(build_info):
         assert _generate(eng, prompts[0]).n_cached <= 1  # the one dropped
     with Engine.open(cfg, prompt_cache=True, cache_ram=0) as off:
         assert off.store is None
+
+
+@pytest.mark.real
+def test_a_sequence_may_decode_its_whole_prompt_whatever_the_cache_holds(build_info):
+    """The real Qwen2.5-Coder 1.5B, plain greedy at -np 4 (a serving engine): the same prompt three
+    times; the third with `cached=False` decodes every prompt token and gives the first, uncached
+    run's text token for token, whatever the cached second run gave."""
+    from ggspec.bench.prompts import BUILTIN
+    from ggspec.catalogue.pairs import check_files
+
+    entry = get_entry("qwen2.5-coder-1.5b")
+    if check_files(entry, None) != "ok":
+        pytest.skip("qwen2.5-coder-1.5b is not pulled")
+    cfg = PairConfig(target=resolve(entry).target, parallel=4, ctx=ContextParams(n_ctx=4096, n_threads=2, flash_attn="off"))
+    with Engine.open(cfg, plain=True, prompt_cache=True, first_token_from_prefill=True) as eng:
+        prompt = eng.target_model.tokenize(BUILTIN[1].text)
+        runs = []
+        for cached in (True, True, False):
+            seq = eng.add(prompt, 64, cached=cached)
+            list(eng.run())
+            runs.append((seq.tokens, seq.n_cached))
+    assert runs[0][1] == 0 and runs[1][1] == len(prompt) - 1 and runs[2][1] == 0
+    assert runs[2][0] == runs[0][0]

@@ -94,6 +94,10 @@ def test_a_repeated_prompt_comes_from_the_prompt_cache(server4, refs):
     assert second[2]["prompt_tokens_details"]["cached_tokens"] == n_prompt - 1
     assert server4.metric("ggspec:prefix_cache_hit_tokens_total", model_name=PAIR) - hits >= n_prompt - 1
     assert server4.get("/v1/models")[1]["data"][0]["meta"]["prompt_cache"] is True
+    # llama-server's "cache_prompt": false decodes the whole prompt (a cached prompt's last token
+    # is decoded alone, which on real models can tip a later token)
+    third = _complete(server4, p, stream=False, extra_body={"ignore_eos": True, "cache_prompt": False})
+    assert third[0] == first[0] and third[2]["prompt_tokens_details"]["cached_tokens"] == 0
 
 
 def test_a_prompt_pushed_out_of_its_slot_comes_back_from_host_memory(build_info, refs):

@@ -35,7 +35,9 @@ class CompletionRequest(Speculation, Constrained, Penalties):
     stop: Annotated[list[str], Field(max_length=16)] | None = None
     stream: bool = False
     ignore_eos: bool = False
-    cache_prompt: bool = True  # the prompt cache is lossless: a request answers alike either way
+    # False: the whole prompt is decoded (a cached prompt's last token is decoded alone, and
+    # llama.cpp's arithmetic depends on the batch: the text can differ, as in llama-server)
+    cache_prompt: bool = True
     return_tokens: bool = False
     timings_per_token: bool = False
     n_probs: Annotated[int, Field(ge=0, le=100)] = 0

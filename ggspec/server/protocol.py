@@ -150,6 +150,7 @@ class Sampling(Speculation, Constrained, Penalties):
     top_k: int | None = None  # llama.cpp's extension (<= 0: the whole vocabulary)
     min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None  # llama.cpp's extension
     ignore_eos: bool = False  # llama.cpp's extension: generate max_tokens whatever the tokens are
+    cache_prompt: bool = True  # llama.cpp's extension: False decodes the whole prompt (see llama_protocol)
     seed: Annotated[int, Field(ge=0, le=SEED_MAX)] | None = None
     stop: str | Annotated[list[str], Field(max_length=MAX_STOPS)] | None = None
     n: Annotated[int, Field(ge=1, le=16)] = 1  # completions of the prompt, each its own sequence

@@ -73,12 +73,13 @@ class JobSpec:
     limits: DraftLimits | None = None  # its own draft lengths (None: the server's)
     grammar: str | GrammarSpec | None = None  # GBNF its output must follow (a chat template's: lazy, prefilled)
     n_probs: int = 0  # each token's probability and the n likeliest
+    cached: bool = True  # its prompt may start from cached cells (llama-server's cache_prompt)
 
     def request(self, tag: object) -> Request:
         """The driver's request of this job (`tag`: the Job, handed back on its sequence)."""
         return Request(self.prompt, self.max_tokens, tag=tag, seed=self.seed, sampling=self.sampling,
                        ignore_eos=self.ignore_eos, speculate=self.speculate, limits=self.limits,
-                       grammar=self.grammar, n_probs=self.n_probs)
+                       grammar=self.grammar, n_probs=self.n_probs, cached=self.cached)
 
 
 class Job:

@@ -180,7 +180,8 @@ class Service:
         if grammar is not None:  # parsed now: a grammar llama.cpp cannot read is a 400 before the queue
             Grammar(self.engine.target_model, grammar).close()
         return self.scheduler.submit(JobSpec(prompt, budget, sampling, req.seed if seed is None else seed,
-                                             req.ignore_eos, speculate, limits, grammar, n_probs))
+                                             req.ignore_eos, speculate, limits, grammar, n_probs,
+                                             getattr(req, "cache_prompt", True)))
 
     def grammar(self, req: p.Constrained) -> str | GrammarSpec | None:
         """The GBNF grammar a (non-chat) request's output must follow: its own `grammar`, or its

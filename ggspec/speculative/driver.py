@@ -40,6 +40,7 @@ class Request:
     limits: DraftLimits | None = None  # its own draft lengths (None: the engine's)
     grammar: str | GrammarSpec | None = None  # GBNF its output must follow (llama.cpp's grammar sampler)
     n_probs: int = 0  # each token's probability and the n likeliest, in its events' Step.probs
+    cached: bool = True  # its prompt may start from a slot's cached cells (with the engine's prompt cache)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +70,7 @@ def start(engine, request: Request) -> Sequence:
     r = request
     return engine.add(r.prompt, r.n_predict, ignore_eos=r.ignore_eos, tag=r.tag, speculate=r.speculate,
                       record_margins=r.record_margins, seed=r.seed, sampling=r.sampling, limits=r.limits,
-                      grammar=r.grammar, n_probs=r.n_probs)
+                      grammar=r.grammar, n_probs=r.n_probs, cached=r.cached)
 
 
 def admit(engine, pending: deque[Request]) -> list[Sequence]:

@@ -182,7 +182,7 @@ class Engine:
     def add(self, prompt, n_predict: int, *, ignore_eos: bool = False, tag: object = None,
             speculate: bool = True, record_margins: bool = False, seed: int | None = None,
             sampling: SamplerSettings | None = None, limits: DraftLimits | None = None,
-            grammar: str | GrammarSpec | None = None, n_probs: int = 0) -> Sequence:
+            grammar: str | GrammarSpec | None = None, n_probs: int = 0, cached: bool = True) -> Sequence:
         """A new sequence; its prompt is decoded at the next step. `speculate=False` decodes it
         plainly (the baseline), `record_margins` keeps the target's top-2 margin of its plain steps,
         `sampling` chooses its tokens (default: the engine's settings; each sequence of a batch may
@@ -192,7 +192,10 @@ class Engine:
         tokens: each one is the best the grammar allows, drafts are cut where it stops allowing
         them, and sampled tokens follow the distribution the grammar leaves (llama.cpp's
         grammar sampler); with `n_probs`, each step says every committed token's probability
-        and the n likeliest tokens of its row (Step.probs)."""
+        and the n likeliest tokens of its row (Step.probs). `cached` False: its whole prompt is
+        decoded even where a slot's cells hold its beginning (llama-server's cache_prompt: a
+        cached prompt's last token is decoded alone, and llama.cpp's arithmetic depends on the
+        batch, so the text can differ from an uncached run's)."""
         if self._closed:
             raise ClosedError("this Engine is closed (close() was called): it cannot be used any more")
         prompt = np.ascontiguousarray(prompt, dtype=np.int32)
@@ -209,7 +212,7 @@ class Engine:
         if not self.can_add(prompt, n_predict):
             raise CapacityError(f"no room for another sequence now: all {self.parallel} slots are busy", field="parallel")
         explicit_seed = (sampling.seed if seed is None else seed) != DEFAULT_SEED
-        slot, cached = self.slots.take(prompt)
+        slot, cached = self.slots.take(prompt, reuse=cached)
         rule = self.draft_length
         fixed = not sampling.greedy and explicit_seed  # a seeded sampled text must not depend on timings
         by_cost = speculate and (self.plain_by_cost or (

@@ -59,11 +59,11 @@ class Slots:
         """Positions a sequence may use: its prompt, its budget and one verify block past it."""
         return min(n_prompt + n_predict + self.block_cells, self.capacity)
 
-    def take(self, prompt: np.ndarray) -> tuple[int, int]:
+    def take(self, prompt: np.ndarray, reuse: bool = True) -> tuple[int, int]:
         """A free slot for a prompt, and how many of the prompt's first tokens its cells hold (the
-        rest of its cells is dropped)."""
-        slot, cached = self._pick(prompt)
-        if self.store is not None:
+        rest of its cells is dropped); `reuse` False: none (the whole prompt is decoded)."""
+        slot, cached = self._pick(prompt) if reuse else (self.free[0], 0)
+        if self.store is not None and reuse:
             cached = self._swap_in(slot, prompt, cached)
         self.free.remove(slot)
         self.cached.pop(slot, None)
