@@ -32,7 +32,7 @@ ROWS = (1, 2, 4, 8, 16)
 CONTEXT = 64
 
 
-def measure(path: Path, threads: int, reps: int) -> dict[int, float]:
+def measure(path: Path, threads: int, reps: int, sizes: tuple[int, ...] = ROWS) -> dict[int, float]:
     """Median seconds of an n-row decode (all rows' logits) after a CONTEXT-token prefix."""
     model = Model(path)
     ctx = Context(model, ContextParams(n_ctx=1024, n_threads=threads))
@@ -42,9 +42,9 @@ def measure(path: Path, threads: int, reps: int) -> dict[int, float]:
     ctx.decode(batch.clear().add_tokens(prefix, 0))
     # restored after every timed call (untimed): a recurrent state cannot simply be cut back
     saved = ctx.save_sequence(0) if model.is_recurrent else None
-    times: dict[int, list[float]] = {n: [] for n in ROWS}
+    times: dict[int, list[float]] = {n: [] for n in sizes}
     for rep in range(reps + 1):
-        for n in (ROWS if rep % 2 == 0 else reversed(ROWS)):
+        for n in (sizes if rep % 2 == 0 else reversed(sizes)):
             rows = [int(t) for t in rng.integers(0, 256, n)]
             batch.clear().add_tokens(rows, CONTEXT, outputs="all")
             t0 = time.perf_counter()
@@ -70,23 +70,26 @@ def main() -> None:
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-r", "--reps", type=int, default=9)
     ap.add_argument("-o", "--output", type=Path, help="save the JSON here (markdown goes to stdout)")
+    ap.add_argument("--rows", default=",".join(map(str, ROWS)),
+                    help="row counts to time, 1 first (a token tree's verify: its budget + 1)")
     args = ap.parse_args()
+    sizes = tuple(int(n) for n in args.rows.split(","))
     results = []
     for name in args.pair:
         target = resolve(get_entry(name)).target
-        med = measure(target, args.threads, args.reps)
+        med = measure(target, args.threads, args.reps, sizes)
         results.append({"pair": name, "target": target.name, "ms": {n: round(1e3 * s, 3) for n, s in med.items()},
-                        "ratio": {n: round(med[n] / med[1], 3) for n in ROWS}})
+                        "ratio": {n: round(med[n] / med[1], 3) for n in sizes}})
     doc = {"what": "n-row decode (logits on every row) vs a one-token decode, median of interleaved repetitions",
            "command": "python scripts/verify_cost.py " + " ".join(f"--pair {p}" for p in args.pair)
                       + f" -t {args.threads} -r {args.reps}",
            "machine": f"{platform.machine()} {platform.processor() or ''} {len(__import__('os').sched_getaffinity(0))} "
                       "cores".strip(),
            "context_tokens": CONTEXT, "threads": args.threads, "results": results}
-    print("| pair | 1 row ms | " + " | ".join(f"{n} rows ×" for n in ROWS[1:]) + " |")
-    print("|---|---|" + "---|" * (len(ROWS) - 1))
+    print("| pair | 1 row ms | " + " | ".join(f"{n} rows ×" for n in sizes[1:]) + " |")
+    print("|---|---|" + "---|" * (len(sizes) - 1))
     for r in results:
-        print(f"| {r['pair']} | {r['ms'][1]:.1f} | " + " | ".join(f"{r['ratio'][n]:.2f}" for n in ROWS[1:]) + " |")
+        print(f"| {r['pair']} | {r['ms'][1]:.1f} | " + " | ".join(f"{r['ratio'][n]:.2f}" for n in sizes[1:]) + " |")
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(json.dumps(doc, indent=1) + "\n")
