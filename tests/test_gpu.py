@@ -247,3 +247,28 @@ def test_plan_pool_and_adaptive_length_on_gpu(gpu_build, tiny_coder_pair):
             if name == "pool":
                 assert sp.draft_ctx.plan_stats()[1] > 0
     assert texts["pool"] == texts["no pool"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("draft_layers", [0, -1])
+def test_the_memory_fit_measures_the_gpu_as_llama_cpp_reports_it(gpu_build, tiny_coder_pair, hybrid_pair,
+                                                                   draft_layers):
+    """speculative.fit on a GPU: the target (and the draft, or not) on the device, the dense pair
+    and the hybrid one with capped planes; what it measures before loading is what llama.cpp's
+    breakdown reports once the contexts exist, per device and for the host (weights and caches
+    equal, totals within 5 %)."""
+    from dataclasses import replace
+
+    from ggspec.runtime import footprint
+    from ggspec.speculative import fit
+
+    for pair, planes in ((tiny_coder_pair, None), (hybrid_pair, PlaneOptions.parse(3, None))):
+        cfg = replace(_gpu_config(pair, planes), n_gpu_layers_draft=draft_layers, mmap=False, calibrate=False)
+        before = fit.measure(cfg, pools=False)
+        with Engine.open(cfg) as engine:
+            loaded = footprint.measure([engine.target, engine.draft_ctx])
+        assert set(before.devices) == set(loaded.devices) and len(loaded.devices) >= 2  # a GPU and the host
+        for name, use in loaded.devices.items():
+            est = before.devices[name]
+            assert (est.model, est.context) == (use.model, use.context), name
+            assert abs(est.total - use.total) <= 0.05 * max(use.total, 1), (name, est, use)
