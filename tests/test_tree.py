@@ -84,3 +84,65 @@ def test_trees_accept_more_per_target_call_than_the_chain(build_info):
                 per_budget[budget] = (c.accepted / c.steps, c.chain_accepted / c.steps, c.nodes / c.steps)
     assert per_budget[7][0] == per_budget[7][1]  # a budget of the chain's length is the chain
     assert per_budget[32][0] > per_budget[32][1] and per_budget[32][2] > 7
+
+
+def test_branch_sequences_tag_each_row_with_the_branches_through_it():
+    from ggspec.speculative.tree import branch_sequences
+
+    tokens, lp = _candidates([[0.6, 0.4], [0.7, 0.3]])
+    tree = ddtree(tokens, lp, budget=4)  # the chain 0 -> 10, then 1 (0.4) and its child 10 (0.28)
+    assert [tree.path(i) for i in range(4)] == [[0], [0, 10], [1], [1, 10]]
+    rows, n = branch_sequences(tree, first=1)
+    leaves = [i for i in range(len(tree)) if i not in tree.parents.tolist()]
+    assert n == len(leaves) == 2
+    assert sorted(rows[0]) == [1, 2]  # the root is on every branch
+    for i in range(len(tree)):
+        below = {k for k, leaf in enumerate(leaves) if i in _ancestors(tree, leaf)}
+        assert {s - 1 for s in rows[i + 1]} == below
+
+
+def _ancestors(tree: Tree, node: int) -> set[int]:
+    out = set()
+    while node >= 0:
+        out.add(node)
+        node = int(tree.parents[node])
+    return out
+
+
+def test_one_decode_verifies_a_whole_tree_with_llama_cpps_sequences(build_info):
+    """The mechanism the tree verify is to use, unpatched: each leaf's branch a sequence of its own,
+    the prefix's cells shared into each (seq_cp on a unified cache), every node's row tagged with
+    the branches through it. Every node's logits are those of a chain decode of its own path."""
+    from ggspec.runtime import Batch, Context, ContextParams, Model
+    from ggspec.speculative.tree import branch_sequences
+    from helpers.pairs import STACK, TARGET
+
+    with Model(TARGET) as model:
+        ids = model.tokenize(STACK).tolist()
+        ref = Context(model, ContextParams(n_ctx=1024, n_threads=1))
+        batch = Batch(ref)
+        ref.decode(batch.add_tokens(ids, 0, outputs="all"))
+        cols, lp = top_k(ref.logits()[-6:], 3)
+        tree = ddtree(cols, lp, budget=24)
+        rows, n_branches = branch_sequences(tree, first=1)
+        pos = len(ids) - 1
+        ctx = Context(model, ContextParams(n_ctx=1024, n_threads=1, n_seq_max=1 + n_branches, kv_unified=True))
+        verify = Batch(ctx)
+        ctx.decode(verify.add_tokens(ids[:-1], 0, outputs="none"))
+        mem = model.lc.llama_get_memory(ctx.ptr)
+        for s in range(1, 1 + n_branches):
+            model.lc.llama_memory_seq_cp(mem, 0, s, 0, pos)
+        verify.clear().add_shared(ids[-1], pos, rows[0])
+        for i in range(len(tree)):
+            verify.add_shared(int(tree.tokens[i]), pos + int(tree.depths[i]), rows[i + 1])
+        ctx.decode(verify)
+        got = ctx.logits()
+        assert got[0].argmax() == ref.logits()[-1].argmax()
+        for i in range(len(tree)):
+            ref.remove(len(ids))
+            ref.decode(batch.clear().add_tokens(tree.path(i), len(ids), outputs="last"))
+            want = ref.logits()[-1]
+            assert want.argmax() == got[i + 1].argmax(), i
+            np.testing.assert_allclose(got[i + 1], want, atol=2e-2)
+        for obj in (verify, ctx, batch, ref):
+            obj.close()

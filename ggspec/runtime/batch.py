@@ -70,6 +70,21 @@ class Batch(OwnedHandle):
         self._added(rc, n, n_out)
         return self
 
+    def add_shared(self, token: int, pos: int, seq_ids, output: bool = True) -> "Batch":
+        """Append one token that belongs to several sequences at once (a token tree's node, on
+        every branch through it: llama.cpp lets a row see the cells of its first sequence id)."""
+        lc = self.lc
+        self._check_room(1)
+        idx = lc.llama_batch_ext_add_token(self.ptr, int(seq_ids[0]), int(token))
+        if idx < 0:
+            raise LlamaError(f"could not fill the batch: {_ADD_ERRORS.get(idx, f'error {idx}')}")
+        ok = all(lc.llama_batch_ext_add_seq(self.ptr, idx, int(s)) for s in seq_ids[1:])
+        ok = ok and lc.llama_batch_ext_set_pos(self.ptr, idx, ctypes.byref(ctypes.c_int32(pos)))
+        if not (ok and lc.llama_batch_ext_set_output_logits(self.ptr, idx, output)):
+            raise LlamaError(f"could not fill the batch: row {idx} at position {pos} of sequences {list(seq_ids)}")
+        self._added(1, 1, int(output))
+        return self
+
     def add_embd_rows(self, rows: np.ndarray, pos0: int, seq_id: int = 0, outputs: bool = False) -> "Batch":
         """Append embedding rows (n_rows, width) at positions pos0, pos0+1, ...; `outputs`: every
         row an output (an encoder's: EAGLE3), else none."""

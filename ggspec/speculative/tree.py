@@ -62,6 +62,24 @@ class Tree:
         return depth
 
 
+def branch_sequences(tree: Tree, first: int) -> tuple[list[list[int]], int]:
+    """The sequence ids of each verify row (row 0: the root, row i + 1: node i) when every leaf's
+    branch is a sequence of its own, numbered from `first`: a row belongs to every branch through
+    it, so in llama.cpp's mask (a row sees the cells of its first sequence id at earlier positions)
+    it sees exactly its ancestors. Also the number of branches."""
+    has_child = np.zeros(len(tree), dtype=bool)
+    has_child[tree.parents[tree.parents >= 0]] = True
+    rows: list[list[int]] = [[] for _ in range(len(tree) + 1)]  # row 0: the root
+    leaves = np.flatnonzero(~has_child)
+    for k, leaf in enumerate(leaves.tolist()):
+        node = leaf
+        while node >= 0:
+            rows[node + 1].append(first + k)
+            node = int(tree.parents[node])
+        rows[0].append(first + k)
+    return rows, len(leaves)
+
+
 def top_k(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Each row's k likeliest columns, best first, and their log-probabilities (log-softmax)."""
     k = min(k, logits.shape[1])
