@@ -5,14 +5,14 @@ the plain greedy text, and each verifies only drafts within its own limits."""
 from __future__ import annotations
 
 import pytest
+from helpers.drafts import greedy
+from helpers.pairs import CPP_CTX, DRAFT, STACK, TARGET
 
 from ggspec.errors import InputError
 from ggspec.speculative.driver import Request, drive
 from ggspec.speculative.engine import Engine
 from ggspec.speculative.models import Models, PairConfig
 from ggspec.speculative.sequence import DraftLimits
-from helpers.drafts import greedy
-from helpers.pairs import CPP_CTX, DRAFT, STACK, TARGET
 
 N = 40
 LIMITS = [None, DraftLimits(2), DraftLimits(6, 4), DraftLimits(0)]

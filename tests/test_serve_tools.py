@@ -17,6 +17,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from helpers.pairs import CPP_CTX, DRAFT, STACK, TARGET
+from helpers.serving import LiveServer, NativeServer
 
 from ggspec.catalogue.pairs import check_files, get_entry, resolve
 from ggspec.runtime.chat import ChatError, ChatParser, ChatTemplates, grammar_spec, json_schema_to_grammar
@@ -24,8 +26,6 @@ from ggspec.runtime.grammar import Grammar, GrammarSpec
 from ggspec.speculative.driver import Request, drive
 from ggspec.speculative.engine import Engine
 from ggspec.speculative.models import PairConfig
-from helpers.pairs import CPP_CTX, DRAFT, STACK, TARGET
-from helpers.serving import LiveServer, NativeServer
 
 CODER = "qwen2.5-coder-1.5b"
 WEATHER = {"type": "function", "function": {
@@ -230,7 +230,7 @@ def test_openais_node_client(servers):
     if node is None or not (NODE_CLIENT / "node_modules" / "openai").is_dir():
         pytest.skip("OpenAI's Node client is not installed: `npm ci --prefix tests/node` (.ci/run does)")
     ours, _ = servers
-    proc = subprocess.run([node, str(NODE_CLIENT / "openai_client.mjs"), ours.url + "/v1", CODER],
+    proc = subprocess.run([node, str(NODE_CLIENT / "openai_client.mjs"), ours.url + "/v1", CODER], check=False,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout)
@@ -299,7 +299,7 @@ def test_a_reasoning_budget_equals_llama_servers(thinking_servers, extra):
         events = _events(ours, body)
         deltas = [e["choices"][0]["delta"] for e in events if e.get("choices")]
         got = {k: "".join(d.get(k) or "" for d in deltas) for k in ("content", "reasoning_content")}
-        code, b = theirs.post("/v1/chat/completions", {**body, "stream": False})
+        _, b = theirs.post("/v1/chat/completions", {**body, "stream": False})
         want = b["choices"][0]["message"]
         assert got == {k: want.get(k) or "" for k in got}
         return
@@ -309,3 +309,42 @@ def test_a_reasoning_budget_equals_llama_servers(thinking_servers, extra):
     assert a["usage"]["completion_tokens"] == b["usage"]["completion_tokens"]
     if "reasoning_budget_tokens" in extra or "thinking_budget_tokens" in extra:
         assert len(a["choices"][0]["message"].get("reasoning_content") or "") < 60  # cut where the budget ran out
+
+
+@pytest.mark.real
+def test_a_thinking_block_ended_from_outside(thinking_servers):
+    """llama-server's POST /v1/chat/completions/control {"id", "action": "reasoning_end"}: a
+    streamed answer asked with reasoning_control has its thinking ended mid-stream (the end tag
+    forced at the next step, speculating as before); the same refusals as llama-server otherwise."""
+    import http.client
+    import urllib.request
+
+    ours, theirs = thinking_servers
+    for body in ({"action": "reasoning_end"}, {"id": "chatcmpl-x", "action": "nope"}, {"id": "chatcmpl-x", "action": "reasoning_end"}):
+        (c1, a), (c2, b) = ours.post("/v1/chat/completions/control", body), theirs.post("/v1/chat/completions/control", body)
+        assert c1 == c2, (body, a, b)
+        assert (a.get("success"), a.get("message")) == (b.get("success"), b.get("message")) if c1 == 200 else \
+            a["error"]["message"] == b["error"]["message"], (body, a, b)
+
+    body = {"messages": THINK, "max_tokens": 48, "temperature": 0, "reasoning_control": True, "stream": True}
+    free = ours.post("/v1/chat/completions", {**body, "stream": False})[1]["choices"][0]["message"]
+    conn = http.client.HTTPConnection("127.0.0.1", ours.port, timeout=300)
+    conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    reasoning, content, answered = "", "", None
+    for raw in resp:
+        line = raw.decode().strip()
+        if not line.startswith("data: {"):
+            continue
+        event = json.loads(line[6:])
+        delta = (event.get("choices") or [{}])[0].get("delta", {})
+        reasoning += delta.get("reasoning_content") or ""
+        content += delta.get("content") or ""
+        if answered is None and reasoning:
+            req = urllib.request.Request(ours.url + "/v1/chat/completions/control", json.dumps(
+                {"id": event["id"], "action": "reasoning_end"}).encode(), {"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=60) as r:
+                answered = json.loads(r.read())
+    conn.close()
+    assert answered == {"success": True}
+    assert len(reasoning) < len(free["reasoning_content"]) and content  # cut short, then answered

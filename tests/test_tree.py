@@ -60,12 +60,13 @@ def test_trees_accept_more_per_target_call_than_the_chain(build_info):
     """The trained tiny pair's DFlash draft, greedy: an engine made to commit a DDTree's accepted
     path decodes the plain greedy text, and its trees hold at least what the chain would have
     accepted at every step (the chain is in every tree), more once the budget passes the chain."""
+    from helpers.pairs import DFLASH, STACK, TARGET
+
     from ggspec.bench.trees import TreeCommit
     from ggspec.runtime import ContextParams
     from ggspec.speculative.engine import Engine
     from ggspec.speculative.loop import decode_one
     from ggspec.speculative.models import Models, PairConfig
-    from helpers.pairs import DFLASH, STACK, TARGET
 
     cfg = PairConfig(TARGET, DFLASH, n_max=7, calibrate=False, ctx=ContextParams(n_ctx=2048, n_threads=1))
     n = 64
@@ -113,9 +114,10 @@ def test_one_decode_verifies_a_whole_tree_with_llama_cpps_sequences(build_info):
     """The mechanism the tree verify is to use, unpatched: each leaf's branch a sequence of its own,
     the prefix's cells shared into each (seq_cp on a unified cache), every node's row tagged with
     the branches through it. Every node's logits are those of a chain decode of its own path."""
+    from helpers.pairs import STACK, TARGET
+
     from ggspec.runtime import Batch, Context, ContextParams, Model
     from ggspec.speculative.tree import branch_sequences
-    from helpers.pairs import STACK, TARGET
 
     with Model(TARGET) as model:
         ids = model.tokenize(STACK).tolist()

@@ -223,6 +223,7 @@ def common_library() -> ctypes.CDLL:
     _declare(lib, "ggspec_reasoning_budget_init", [c_void_p, i32p, c_int32, i32p, i32p, c_int32, i32p, c_int32, c_int32],
              c_void_p)
     _declare(lib, "ggspec_reasoning_budget_state", [c_void_p], c_int32)
+    _declare(lib, "ggspec_reasoning_budget_force", [c_void_p], c_bool)
     _declare(lib, "ggspec_reasoning_budget_end_match", [c_void_p, i32p, c_int32], c_int32)
     i64p = POINTER(ctypes.c_int64)
     _declare(lib, "ggspec_model_n_devices", [c_void_p], c_int32)

@@ -332,7 +332,8 @@ def compile_tree(tree: Path, build_dir: Path, options: BuildOptions, targets: It
     # new key (say, a changed patch) reuses every object whose sources did not change
     env = dict(os.environ, CCACHE_BASEDIR=str(paths.builds_dir()))
     with open(log_path, "w") as log, subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, env=env
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, env=env,
+        errors="replace",  # a compiler's message may quote bytes that are not UTF-8
     ) as proc:
         assert proc.stdout is not None
         for line in proc.stdout:
@@ -341,7 +342,7 @@ def compile_tree(tree: Path, build_dir: Path, options: BuildOptions, targets: It
             on_line(int(m.group(1)) if m else None, m.group(2) if m else line.strip())
         proc.wait()
     if proc.returncode != 0:
-        errors = [ln for ln in log_path.read_text().splitlines() if "error" in ln.lower()]
+        errors = [ln for ln in log_path.read_text(errors="replace").splitlines() if "error" in ln.lower()]
         first = errors[0].strip() if errors else f"exit code {proc.returncode}"
         raise BuildError(f"compile failed ({first}); full log: {log_path}")
 

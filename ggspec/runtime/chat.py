@@ -232,19 +232,19 @@ def generation_prompt_ids(model, prompt: ChatPrompt) -> tuple[int, ...]:
 
 
 def reasoning_budget(model, start: str | None, ends: list[str] | None, message: str | None, tokens: int,
-                     lazy: bool, prefill: tuple[int, ...] = ()) -> ReasoningBudget | None:
+                     lazy: bool, prefill: tuple[int, ...] = (), control: bool = False) -> ReasoningBudget | None:
     """llama.cpp's reasoning budget for a request, as llama-server makes it (server-schema.cpp's
     reasoning_budget_* handlers, common_sampler_init): the tags tokenized with special tokens
     parsed; forced, the message then the first end tag, only where a message field was given
     (None: nothing is forced, llama-server's handler does not run); made only where both tags
-    exist and a budget is set (`tokens` >= 0) or a lazy grammar needs the thinking block held
-    back. None: no budget."""
+    exist and a budget is set (`tokens` >= 0), a lazy grammar needs the thinking block held back
+    or the request may end its thinking from outside (`control`: reasoning_control). None: no budget."""
     def tok(text: str) -> tuple[int, ...]:
         return tuple(model.tokenize(text, add_special=False, parse_special=True).tolist())
 
     start_ids = tok(start) if start else ()
     end_ids = tuple(tok(e) for e in ends or () if e)
-    if not start_ids or not end_ids or not (lazy or tokens >= 0):
+    if not start_ids or not end_ids or not (lazy or tokens >= 0 or control):
         return None
     forced = () if message is None else tok(message) + end_ids[0] if message else end_ids[0]
     return ReasoningBudget(start_ids, end_ids, forced, tokens, prefill)

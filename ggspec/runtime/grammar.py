@@ -135,7 +135,7 @@ class Grammar:
             raise ClosedError("this Grammar is closed")
         return self._ptr
 
-    def clone(self) -> "Grammar":
+    def clone(self) -> Grammar:
         clone = self._lc.llama_sampler_clone
         return Grammar(self._model, "", _ptrs=(None if self.ptr is None else clone(self._ptr),
                                                None if self._budget is None else clone(self._budget), self._lazy))
@@ -205,6 +205,15 @@ class Grammar:
                     if not self._common.ggspec_sampler_accept(self._ptr, t):
                         return False
         return not applies or self._common.ggspec_sampler_accept(self._ptr, token)
+
+    @property
+    def has_budget(self) -> bool:
+        return self._budget is not None
+
+    def end_reasoning(self) -> bool:
+        """End the thinking block now (llama-server's reasoning_end control): a budget counting
+        down starts forcing its message and end tag. Whether it did (False in any other state)."""
+        return self._budget is not None and bool(self._common.ggspec_reasoning_budget_force(self._budget))
 
     def _end_match(self) -> list[int]:
         out = (self._lc.llama_token * 64)()

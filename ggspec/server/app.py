@@ -9,6 +9,7 @@ events (SSE).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from contextlib import asynccontextmanager
 
@@ -20,13 +21,13 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ggspec.errors import ContextOverflow, GGSpecError, InputError
+from ggspec.runtime.chat import ChatError
 from ggspec.server import llama_protocol as lp
 from ggspec.server import llama_routes
 from ggspec.server import protocol as p
+from ggspec.server.chat import ChatJob
 from ggspec.server.metrics import CONTENT_TYPE_LATEST
 from ggspec.server.scheduler import Done, Draining, Failed, Overloaded, Tokens
-from ggspec.runtime.chat import ChatError
-from ggspec.server.chat import ChatJob
 from ggspec.server.service import CONTEXT_ERROR, ApiError, Service, collect, parse
 from ggspec.server.text import TextStream
 from ggspec.speculative.driver import request_seed
@@ -60,12 +61,23 @@ async def _answer(request: Request, svc: Service, req, prompt: np.ndarray, limit
     """`chat`: a chat request's rendering (its answers are read back by its parser)."""
     jobs = _admit_all(svc, req, prompt, limit, chat)
     shape = p.Shape(chat is not None, svc.model_id)
+    if chat is not None:  # (POST /v1/chat/completions/control finds it by its id)
+        svc.live[shape.id] = (jobs, bool(getattr(req, "reasoning_control", False)))
     texts = [_text_stream(svc, req, chat) for _ in jobs]
     logprobs = _logprobs(svc, req)
     if req.stream:
         parsers = [chat.parser() if chat is not None else None for _ in jobs]
         return StreamingResponse(_sse(svc, jobs, shape, texts, len(prompt), req.include_usage, logprobs, parsers),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    try:
+        return await _whole(request, svc, jobs, shape, texts, logprobs, len(prompt), chat)
+    finally:
+        svc.live.pop(shape.id, None)
+
+
+async def _whole(request: Request, svc: Service, jobs: list, shape: p.Shape, texts: list[TextStream], logprobs,
+                 n_prompt: int, chat: ChatJob | None) -> Response:
+    """A whole (not streamed) answer of every choice."""
     probs = [[] if logprobs else None for _ in jobs]
     try:
         ends = await asyncio.gather(*(collect(request, svc, job, text, probs=pr)
@@ -82,7 +94,7 @@ async def _answer(request: Request, svc: Service, req, prompt: np.ndarray, limit
         choices.append(shape.choice(i, text.text, _finish(finish, message), logprobs(pr) if logprobs else None,
                                     message))
     stats = [st for _, st in ends]
-    return JSONResponse(shape.whole(choices, _usage(len(prompt), stats), p.timings(stats[0])))
+    return JSONResponse(shape.whole(choices, _usage(n_prompt, stats), p.timings(stats[0])))
 
 
 def _text_stream(svc: Service, req, chat: ChatJob | None) -> TextStream:
@@ -228,12 +240,39 @@ async def _sse(svc: Service, jobs: list, shape: p.Shape, texts: list[TextStream]
             yield p.sse(shape.usage_chunk(_usage(n_prompt, [done[i] for i in range(len(jobs))])))
         yield DONE
     finally:
+        svc.live.pop(shape.id, None)
         for task in tasks:
             task.cancel()
         _cancel(svc, jobs)  # a no-op for the finished ones
         for parser in parsers:
             if parser is not None:
                 parser.close()
+
+
+async def chat_control(request: Request) -> Response:
+    """POST /v1/chat/completions/control, llama-server's: {"id": a chat completion's id, "action":
+    "reasoning_end"} ends its thinking block now (the request asked for `reasoning_control`); the
+    answer is {"success": bool} with a message where it did nothing."""
+    svc: Service = request.app.state.service
+    try:
+        body = json.loads(await request.body())
+    except ValueError:
+        raise ApiError(400, "the request body is not JSON") from None
+    body = body if isinstance(body, dict) else {}
+    cmpl_id, action = body.get("id"), body.get("action")
+    if not isinstance(cmpl_id, str) or not cmpl_id:
+        raise ApiError(400, "missing completion id", "id")
+    if action != "reasoning_end":
+        raise ApiError(400, "unknown control action", "action")
+    jobs, control = svc.live.get(cmpl_id, ([], False))
+    running = [job for job in jobs if job.seq is not None and not job.seq.done]
+    if not running:
+        return JSONResponse({"success": False, "message": "no active completion for this id"})
+    if not control:
+        return JSONResponse({"success": False, "message": "reasoning control not enabled for this completion"})
+    for job in running:
+        svc.scheduler.end_reasoning(job)
+    return JSONResponse({"success": True})
 
 
 async def models(request: Request) -> Response:
@@ -305,6 +344,7 @@ def create_app(service: Service) -> Starlette:
     routes = [
         Route("/v1/completions", completions, methods=["POST"]),
         *(Route(path, chat_completions, methods=["POST"]) for path in ("/v1/chat/completions", "/chat/completions")),
+        Route("/v1/chat/completions/control", chat_control, methods=["POST"]),
         *(Route(path, models, methods=["GET"]) for path in ("/v1/models", "/models")),
         *(Route(path, health, methods=["GET"]) for path in ("/health", "/v1/health")),
         Route("/metrics", metrics, methods=["GET"]),

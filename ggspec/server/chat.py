@@ -138,7 +138,8 @@ class ChatTemplate:
         lazy = isinstance(grammar, GrammarSpec) and grammar.lazy
         budget = reasoning_budget(self._model, prompt.thinking_start_tag, prompt.thinking_end_tags,
                                   self.reasoning.message if message is None else message, tokens, lazy,
-                                  generation_prompt_ids(self._model, prompt))
+                                  generation_prompt_ids(self._model, prompt),
+                                  bool(getattr(req, "reasoning_control", False)))
         if budget is None:
             return grammar
         if isinstance(grammar, GrammarSpec):

@@ -223,6 +223,7 @@ class ChatFields(Body):
     reasoning_format: Literal["none", "auto", "deepseek", "deepseek-legacy"] | None = None
     reasoning_effort: str | None = None
     thinking_budget_tokens: Annotated[int, Field(ge=-1, le=INT32_MAX)] | None = None  # (reasoning_budget_tokens')
+    reasoning_control: bool = False  # its thinking may be ended by POST /v1/chat/completions/control
     add_generation_prompt: bool = True
     continue_final_message: bool | str | None = None
 

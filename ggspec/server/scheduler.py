@@ -90,6 +90,7 @@ class Job:
         self.events: asyncio.Queue = asyncio.Queue()
         self.loop = loop
         self.cancelled = False
+        self.end_reasoning = False  # a reasoning_end control waits for the engine thread
         self.seq = None
         self.t_arrival = time.perf_counter()
         self.t_last: float | None = None  # when its latest tokens arrived
@@ -172,6 +173,12 @@ class Scheduler:
             job.cancelled = True
             self._cv.notify()
 
+    def end_reasoning(self, job: Job) -> None:
+        """End the job's thinking block before the next step (the engine thread owns its state)."""
+        with self._cv:
+            job.end_reasoning = True
+            self._cv.notify()
+
     # --- lifetime --------------------------------------------------------------------------------
 
     def start(self) -> None:
@@ -194,9 +201,14 @@ class Scheduler:
                 if self._stopping:
                     break
                 cancelled = [job for job in self._running.values() if job.cancelled]
+                ending = [job for job in self._running.values() if job.end_reasoning]
                 admitted = self._admit()
             for job in cancelled:
                 self._end(job, "abort")
+            for job in ending:
+                job.end_reasoning = False
+                if job.seq is not None and job.seq.grammar is not None:
+                    job.seq.grammar.end_reasoning()
             for job in admitted:
                 try:
                     job.seq = start(self.engine, job.spec.request(job))

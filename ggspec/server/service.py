@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from pydantic import BaseModel, ValidationError
@@ -86,6 +86,9 @@ class Service:
     sampling: SamplerSettings  # for fields a request leaves out (the server's --temp, --top-k, ...)
     metrics: Metrics
     info: dict  # /v1/models "meta" and /props "speculative": the pair and its settings
+    # chat completions in progress by id, and whether each may have its thinking ended from outside
+    # (reasoning_control): what POST /v1/chat/completions/control looks up
+    live: dict[str, tuple[list, bool]] = field(default_factory=dict)
 
     @property
     def engine(self):
