@@ -148,3 +148,67 @@ def test_one_decode_verifies_a_whole_tree_with_llama_cpps_sequences(build_info):
             np.testing.assert_allclose(got[i + 1], want, atol=2e-2)
         for obj in (verify, ctx, batch, ref):
             obj.close()
+
+
+def test_a_tree_verified_then_its_accepted_path_committed(build_info):
+    """A whole greedy tree step with llama.cpp's sequences: the tree (grown so that the target's
+    continuation leaves the top-1 chain at depth 2) is verified in one decode, walked greedily, its
+    accepted path's cells given to the sequence (Context.share_cells) and every branch dropped.
+    The sequence then holds exactly prompt + path, and its next decode is the chain's."""
+    from helpers.pairs import STACK, TARGET
+
+    from ggspec.runtime import Batch, Context, ContextParams, Model
+    from ggspec.speculative.tree import branch_sequences
+
+    with Model(TARGET) as model:
+        ids = model.tokenize(STACK).tolist()
+        ref = Context(model, ContextParams(n_ctx=1024, n_threads=1))
+        batch = Batch(ref)
+        ref.decode(batch.add_tokens(ids, 0, outputs="last"))
+        greedy = []
+        for _ in range(7):  # the plain greedy continuation, a chain decode per token
+            greedy.append(int(ref.logits()[-1].argmax()))
+            ref.decode(batch.clear().add_tokens(greedy[-1:], len(ids) + len(greedy) - 1, outputs="last"))
+        others = [t for t in range(10, 40) if t not in greedy]
+        cand = np.array([[others[2 * d], greedy[d], others[2 * d + 1]] if d == 1 else
+                         [greedy[d], others[2 * d], others[2 * d + 1]] for d in range(6)], dtype=np.int32)
+        tree = ddtree(cand, np.log(np.tile([0.5, 0.3, 0.2], (6, 1))), budget=40)
+        assert tree.accepted(greedy) >= 2 and tree.accepted(greedy) > chain(cand[:, 0]).accepted(greedy)
+
+        rows, n_branches = branch_sequences(tree, first=1)
+        pos = len(ids) - 1
+        ctx = Context(model, ContextParams(n_ctx=1024, n_threads=1, n_seq_max=1 + n_branches, kv_unified=True))
+        verify = Batch(ctx)
+        ctx.decode(verify.add_tokens(ids[:-1], 0, outputs="none"))
+        for s in range(1, 1 + n_branches):
+            ctx.share_cells(0, s, 0, pos)
+        verify.clear().add_shared(ids[-1], pos, [*rows[0], 0])  # the root is the sequence's own
+        for i in range(len(tree)):
+            verify.add_shared(int(tree.tokens[i]), pos + int(tree.depths[i]), rows[i + 1])
+        ctx.decode(verify)
+        logits = ctx.logits()
+        # the greedy walk over the verified rows
+        node, path = -1, []
+        best = int(logits[0].argmax())
+        while True:
+            child = next((i for i in range(len(tree)) if tree.parents[i] == node and tree.tokens[i] == best), None)
+            if child is None:
+                break
+            node, path = child, [*path, child]
+            best = int(logits[child + 1].argmax())
+        assert [int(tree.tokens[i]) for i in path] == greedy[:len(path)] and best == greedy[len(path)]
+        depth = len(path)
+        if depth:
+            ctx.share_cells(rows[path[-1] + 1][0], 0, pos + 1, pos + 1 + depth)
+        for s in range(1, 1 + n_branches):
+            ctx.drop_sequence(s)
+        assert ctx.pos_max(0) == pos + depth
+        # the next decode on the committed sequence is the chain's
+        ctx.decode(verify.clear().add_tokens([best], pos + depth + 1, outputs="last"))
+        got = ctx.logits()[-1]
+        assert int(got.argmax()) == greedy[depth + 1]
+        ref.remove(len(ids) + depth)  # (the reference holds the continuation: the same token again)
+        ref.decode(batch.clear().add_tokens([best], len(ids) + depth, outputs="last"))
+        np.testing.assert_allclose(got, ref.logits()[-1], atol=2e-2)
+        for obj in (verify, ctx, batch, ref):
+            obj.close()

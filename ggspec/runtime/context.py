@@ -135,6 +135,7 @@ class Context(OwnedHandle):
         self.n_rs_seq: int = self.lc.llama_n_rs_seq(ptr)
         self.n_ctx_seq: int = self.lc.llama_n_ctx_seq(ptr)  # positions one sequence may hold
         self.n_seq_max: int = params.n_seq_max
+        self.kv_unified: bool = params.kv_unified  # one cache for every sequence (cells can be shared)
         self.n_decodes = 0  # llama_process calls so far (the engine counts calls per step)
         self.n_vocab = model.n_vocab
         # a logits row's columns: every token, or a reduced head's (set_head_rows): column j is
@@ -458,6 +459,14 @@ class Context(OwnedHandle):
                                                    len(data), seq_id, 0)
         if got == 0:
             raise LlamaError(f"llama.cpp could not load saved cells into sequence {seq_id}: {last_log_error()}")
+
+    def share_cells(self, src: int, dst: int, p0: int = 0, p1: int = -1) -> None:
+        """Make sequence `dst` hold the cells of `src` at positions [p0, p1) too (p1 -1: to the
+        end). On a unified cache the cells gain a sequence id and nothing is copied: a token tree's
+        branches share the prefix so, and the accepted branch gives its path to the sequence."""
+        if not self.kv_unified:
+            raise LlamaError("sharing cells between sequences needs a unified cache (kv_unified)")
+        self.lc.llama_memory_seq_cp(self.memory, src, dst, p0, p1)
 
     def drop_sequence(self, seq_id: int) -> None:
         """Free every cell of a sequence (it finished or was cancelled)."""
