@@ -127,10 +127,16 @@ def _coder_or_skip():
 def servers(build_info):
     """ggspec serve speculating with the pair (draft-simple, a fixed length: speculation is what
     is tested) and llama-server on the target, flash attention off in both."""
-    coder = _coder_or_skip()
-    ours = LiveServer("--pair", CODER, "--spec-draft-n-max", "3", "-np", "1", "-c", "4096", "-fa", "off")
+    yield from _both_servers(build_info, _coder_or_skip())
+
+
+def _both_servers(build_info, coder, *extra: str):
+    """A fixture's body: ggspec serve on the pair (fixed length 3) and llama-server on its target,
+    one slot, -c 4096, flash attention off in both, with `extra` flags for both; stopped after."""
+    args = ("-np", "1", "-c", "4096", "-fa", "off", *extra)
+    ours = LiveServer("--pair", CODER, "--spec-draft-n-max", "3", *args)
     try:
-        theirs = NativeServer(build_info.lib_dir, coder.target, "-np", "1", "-c", "4096", "-fa", "off")
+        theirs = NativeServer(build_info.lib_dir, coder.target, *args)
     except BaseException:
         ours.stop()
         raise
@@ -264,17 +270,7 @@ def thinking_servers(build_info, tmp_path_factory):
     assert text.count("'<|im_start|>assistant\\n<think>\\n'") == 1
     template = tmp_path_factory.mktemp("thinking") / "qwq-think.jinja"
     template.write_text(text.replace("'<|im_start|>assistant\\n<think>\\n'", "'<|im_start|>assistant\\n<think>'"))
-    args = ("-np", "1", "-c", "4096", "-fa", "off", "--chat-template-file", str(template))
-    ours = LiveServer("--pair", CODER, "--spec-draft-n-max", "3", *args)
-    try:
-        theirs = NativeServer(build_info.lib_dir, coder.target, *args)
-    except BaseException:
-        ours.stop()
-        raise
-    yield ours, theirs
-    theirs.stop()
-    code, err = ours.stop()
-    assert code == 0, err
+    yield from _both_servers(build_info, coder, "--chat-template-file", str(template))
 
 
 THINK = [{"role": "user", "content": "What is 17 * 23? Think step by step."}]

@@ -36,7 +36,7 @@ class TreeCommit:
     plain greedy continuation (None: the proposer's own draft, as for calibration)."""
 
     def __init__(self, inner, budget: int, k: int = 8, n_vocab: int = 0) -> None:
-        if inner.name != "draft-dflash" or not getattr(inner, "samples_drafts", False):
+        if not getattr(inner, "samples_drafts", False):  # (plain DFlash: its block rows are distributions)
             raise ValueError(f"trees are grown from a DFlash block's distributions, not {inner.name}'s")
         self.inner, self.budget, self.k, self.n_vocab = inner, budget, k, n_vocab
         self.name, self.max_draft = inner.name, inner.max_draft
