@@ -86,6 +86,7 @@ def run(
     n_min: opts.NMin = opts.N_MIN,
     type_options: dict | None = None,  # each draft type's own flags (opts.with_type_options)
     spec_select: opts.SpecSelect = "first",
+    tree_budget: opts.TreeBudgetOption = None,
     plan_pool: opts.PlanPool = opts.PLAN_POOL,
     parallel: opts.PARALLEL.one = None,
     n_ctx: opts.N_CTX.one = None,
@@ -164,6 +165,7 @@ def serve(
     n_min: opts.NMin = opts.N_MIN,
     type_options: dict | None = None,  # each draft type's own flags (opts.with_type_options)
     spec_select: opts.SpecSelect = "first",
+    tree_budget: opts.TreeBudgetOption = None,
     plan_pool: opts.PlanPool = opts.PLAN_POOL,
     parallel: own.ServeParallel = None,
     n_ctx: opts.N_CTX.one = None,
@@ -253,6 +255,7 @@ def bench(
     p_min: opts.PMin = opts.P_MIN,
     type_options: dict | None = None,  # each draft type's own flags (opts.with_type_options)
     spec_select: opts.SpecSelect = "first",
+    tree_budget: opts.TreeBudgetOption = None,
     plan_pool: opts.PlanPool = opts.PLAN_POOL,
     parallel: opts.PARALLEL.axis = None,
     type_k: opts.TYPE_K.axis = None,

@@ -33,7 +33,7 @@ DEFAULTS = {"ctk": "f16", "ctv": "f16", "ctx": 4096, "n_max": DEFAULT_N_MAX, "pl
 FLAGS = {
     "target": "-m", "draft": "-md", "spec_type": "--spec-type", "n_max": "--spec-draft-n-max",
     "spec_select": "--spec-select", "plan_pool": "--plan-pool", "p_min": "--spec-draft-p-min", "n_min": "--spec-draft-n-min", 
-    "parallel": "-np", "inject": "--spec-dflash-inject",
+    "parallel": "-np", "inject": "--spec-dflash-inject", "tree_budget": "--spec-tree-budget",
     "n_ctx": "-c", "n_batch": "-b", "n_ubatch": "-ub", "type_k": "-ctk", "type_v": "-ctv",
     "flash_attn": "-fa", "n_threads": "-t", "n_gpu_layers": "-ngl", "n_gpu_layers_draft": "-ngld",
     "planes": "--spec-draft-rs-planes", "n_rs_seq": "--spec-draft-rs-planes", "n_seq_max": "-np",
@@ -137,6 +137,11 @@ SpecSelect = Annotated[str, typer.Option(
     "--spec-select", help="Several --spec-type types: whose draft a step verifies. first: llama.cpp's rule (the first "
                           "type in its order of preference that drafts anything); cost: per sequence, the draft with "
                           "the most expected committed tokens per second (measured acceptance and call costs).")]
+TreeBudgetOption = Annotated[Optional[str], typer.Option(
+    "--spec-tree-budget", help="Token trees: draft nodes a step verifies as a tree grown from the draft's candidates "
+                               "at each position (plain DFlash drafts, dense targets, greedy). A number is a fixed "
+                               "budget (0: chains); auto (the default): chosen every few steps from measured costs "
+                               "and acceptance, 0 included, where one sequence decodes; auto:N: chosen, up to N.")]
 PMin = Annotated[float, typer.Option(
     "--spec-draft-p-min", "--draft-p-min",
     help="Stop a draft where the draft's confidence falls below this, 0..1 (0: never; drafts with a "
@@ -251,6 +256,7 @@ class Shared:
     dflash: bool | None = None
     spec_type: str | None = None
     spec_select: str = "first"
+    tree_budget: str | None = None  # --spec-tree-budget as given (None: auto)
     plan_pool: int = PLAN_POOL
     p_min: float = P_MIN
     n_min: int = N_MIN
@@ -306,8 +312,12 @@ class Shared:
         names its field) before any model is read."""
         from ggspec.runtime import ContextParams
 
+        from ggspec.speculative.tree_budget import parse_tree_budget
+
         placement, ngl = self.placement()
         settings.setdefault("ctx", ContextParams(n_threads=self.threads))
+        if self.tree_budget is not None:
+            settings["tree_budget"], settings["tree_auto"] = parse_tree_budget(self.tree_budget)
         cfg = PairConfig(target=target, draft=None if plain else draft, dflash=False if plain else self.dflash,
                          spec_type=None if plain else self.spec_type, spec_select=self.spec_select,
                          plan_pool=self.plan_pool,

@@ -212,3 +212,149 @@ def test_a_tree_verified_then_its_accepted_path_committed(build_info):
         np.testing.assert_allclose(got, ref.logits()[-1], atol=2e-2)
         for obj in (verify, ctx, batch, ref):
             obj.close()
+
+
+# --- the engine's tree verify ------------------------------------------------------------------------
+
+def _tiny_cfg(budget: int, auto: bool = False, **kw):
+    from helpers.pairs import DFLASH, TARGET
+
+    from ggspec.runtime import ContextParams
+    from ggspec.speculative.models import PairConfig
+
+    return PairConfig(TARGET, DFLASH, n_max=7, calibrate=False, tree_budget=budget, tree_auto=auto,
+                      ctx=ContextParams(n_ctx=2048, n_threads=1), **kw)
+
+
+def test_the_engine_verifies_trees_as_the_simulation_says(build_info):
+    """The engine verifying real trees (one decode, branches, the accepted path's cells kept, the
+    DFlash draft fed the path's feature rows) decodes the plain greedy text, and accepts at every
+    step exactly what TreeCommit's simulation of the same budget accepts: the draft's features
+    after a tree step are the chain's would be, or its next trees would differ."""
+    from helpers.pairs import STACK
+
+    from ggspec.bench.trees import TreeCommit
+    from ggspec.speculative.engine import Engine
+    from ggspec.speculative.loop import decode_one
+    from ggspec.speculative.models import Models
+
+    n = 96
+    with Models(_tiny_cfg(0)) as models:
+        with Engine(models, _tiny_cfg(0), plain=True) as plain:
+            ids = plain.target_model.tokenize(STACK)
+            reference = [*ids.tolist(), *decode_one(plain, ids, n + 8, speculate=False, ignore_eos=True).tokens]
+        with Engine(models, _tiny_cfg(0)) as chain_engine:
+            chain_seq = decode_one(chain_engine, ids, n, ignore_eos=True)
+        for budget in (16, 32):
+            with Engine(models, _tiny_cfg(0), wrap_proposer=lambda p, b=budget: TreeCommit(p, b, 8, models.target.n_vocab)) as e:
+                e.proposer.reference = lambda _seq: reference
+                decode_one(e, ids, n, ignore_eos=True)
+                simulated = e.proposer.counts.depths
+            with Engine(models, _tiny_cfg(budget)) as e:
+                assert e.target.kv_unified and e.tree_rule is not None and e.tree_rule.budget == budget
+                seq = decode_one(e, ids, n, ignore_eos=True)
+                assert seq.tokens == reference[len(ids):len(ids) + n]
+            st = seq.stats
+            assert st.tree_steps > 0 and st.nodes > st.drafted
+            assert st.tau > chain_seq.stats.tau  # more per target call than the chain
+            got = _accepted_per_step(models, budget, ids, n)
+            # (the last step is cut by the token budget in the engine, not in the simulation)
+            assert len(got) == len(simulated) and got[:-1] == simulated[:-1]
+
+
+def _accepted_per_step(models, budget: int, ids, n: int) -> list[int]:
+    from ggspec.speculative.engine import Engine
+
+    with Engine(models, _tiny_cfg(budget)) as e:
+        e.add(ids, n, ignore_eos=True)
+        return [step.accepted for _, step in e.run() if step.kind == "spec"]
+
+
+def test_trees_of_several_sequences_in_one_verify(build_info):
+    """Two sequences with trees in one verify decode (a unified cache, each slot's branch ids of its
+    own), a third joining later: each decodes its own plain greedy text."""
+    from helpers.pairs import STACK
+
+    from conftest import PROMPTS
+    from ggspec.speculative.engine import Engine
+    from ggspec.speculative.loop import decode_one
+    from ggspec.speculative.models import Models
+
+    cfg = _tiny_cfg(24, parallel=2)
+    n = 48
+    with Models(cfg) as models:
+        prompts = [models.target.tokenize(p) for p in (STACK, *PROMPTS[:2])]
+        with Engine(models, cfg, plain=True) as plain:
+            want = [decode_one(plain, ids, n, speculate=False, ignore_eos=True).tokens for ids in prompts]
+        with Engine(models, cfg) as e:
+            assert e.capacity == e.target.n_ctx // 2
+            seqs = [e.add(ids, n, ignore_eos=True) for ids in prompts[:2]]
+            trees = 0
+            while e.active:
+                for _, step in e.step():
+                    trees += step.nodes > step.drafted
+                if e.can_add(prompts[2], n) and len(seqs) == 2:
+                    seqs.append(e.add(prompts[2], n, ignore_eos=True))
+            assert [s.tokens for s in seqs] == want
+            assert trees > 0
+            assert all(e.target.pos_max(b) == -1 for b in range(2, 2 + 2 * 24))  # every branch dropped
+
+
+def test_trees_are_refused_where_they_cannot_run(build_info, hybrid_pair, dense_pair):
+    """A fixed budget that cannot run is refused in one line, naming what stops it; `auto` then
+    verifies chains."""
+    from ggspec.errors import InputError
+    from ggspec.runtime import ContextParams
+    from ggspec.speculative.engine import Engine
+    from ggspec.speculative.models import PairConfig
+    from ggspec.speculative.sampling import SamplerSettings
+
+    ctx = ContextParams(n_ctx=1024, n_threads=1)
+    hybrid = PairConfig(hybrid_pair.target, hybrid_pair.draft, dflash=True, n_max=7, calibrate=False, ctx=ctx)
+    cases = [
+        (PairConfig(**{**hybrid.__dict__, "tree_budget": 16, "tree_auto": False}), "recurrent"),
+        (_tiny_cfg(16, sampling=SamplerSettings(temp=0.8)), "greedily"),
+        (_tiny_cfg(16, spec_type="ngram-simple"), "plain DFlash"),
+        (_tiny_cfg(64, parallel=4), "256"),
+        (_tiny_cfg(16, inject="immediate"), "pruned"),
+    ]
+    for cfg, why in cases:
+        with pytest.raises(InputError, match=why):
+            Engine.open(cfg).close()
+    with Engine.open(PairConfig(**{**hybrid.__dict__, "tree_budget": None, "tree_auto": True})) as e:
+        assert e.tree_rule is None and not e.target.kv_unified
+    with Engine.open(_tiny_cfg(None, auto=True, parallel=2)) as e:
+        assert e.tree_rule is None  # auto: several sequences keep their own caches
+    with Engine.open(PairConfig(dense_pair.target, dense_pair.draft, dflash=True, n_max=7, calibrate=False,
+                                ctx=ctx)) as e:
+        assert e.tree_rule is not None and e.tree_rule.auto and e.tree_rule.budget == 0
+
+
+def test_auto_chooses_trees_where_rows_are_cheap_and_chains_where_they_are_dear():
+    """The budget rule on given costs and the tiny pair's measured tree acceptance (tokens per call:
+    chain 3.74, budgets 8 / 16 / 32 / 64: 4.02 / 4.47 / 4.68 / 4.92): verify rows nearly free (a
+    GPU) -> a large tree; the row costs measured on this CPU (8 rows 1.69x a decode, 9 rows 2.07x,
+    33 rows 5.72x, 65 rows 10.81x) -> the chain, and no tree is grown even to score it: none
+    could pay even at GAIN_MAX."""
+    from ggspec.speculative.costs import ShapeCosts
+    from ggspec.speculative.tree_budget import REPLAN, TreeBudget
+
+    accepted = {0: 2.74, 8: 3.02, 16: 3.47, 32: 3.68, 64: 3.92}
+    decode = 0.004
+
+    def rule(times: dict[int, float]) -> TreeBudget:
+        costs = ShapeCosts()
+        for rows, x in times.items():
+            costs.add(rows, decode * x)
+        r = TreeBudget(7, 64, True, costs)
+        r.other = 0.002  # the draft call and the rest of a step
+        r.stats.accepted.update(accepted)
+        r._since = REPLAN
+        return r
+
+    gpu = rule({1: 1.0, 8: 1.02, 9: 1.02, 17: 1.04, 33: 1.08, 65: 1.3})
+    assert gpu.choose(1, 1) == 32  # 64 adds too little for its rows
+    assert gpu.budgets == [16, 32, 64] and not gpu.hopeless(1)
+    cpu = rule({1: 1.0, 8: 1.69, 9: 2.07, 17: 3.3, 33: 5.72, 65: 10.81})
+    assert cpu.choose(1, 1) == 0 and cpu.hopeless(1)
+    assert rule({1: 1.0, 8: 8.0, 33: 33.0}).hopeless(1)  # rows in proportion

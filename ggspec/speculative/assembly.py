@@ -17,6 +17,8 @@ from ggspec.speculative.draft_type import Build, DraftPlan
 from ggspec.speculative.models import Models, PairConfig, resolve_n_max
 from ggspec.speculative.planes import AutoLead, default_lead
 from ggspec.speculative.proposer import Proposer
+from ggspec.speculative.tree_budget import TreeBudget, plan_trees
+from ggspec.speculative.tree_verify import tree_seq_ids
 
 
 def draft_lengths(cfg: PairConfig, plan: DraftPlan, warnings: list[str]) -> tuple[int, list[int]]:
@@ -80,6 +82,13 @@ class Assembly:
     auto_lead: AutoLead | None = None  # capped planes whose lead layout follows the acceptance
     draft_length: DraftLength | None = None  # the adaptive rule (--spec-draft-n-max auto)
     shares_cells: bool = False  # the draft context's layers read the target's cells
+    tree_rule: TreeBudget | None = None  # token trees' budget (--spec-tree-budget), None: chains only
+    tree_leaves: int = 0  # branch ids per slot (tree_verify.py)
+
+    @property
+    def tree_cells(self) -> int:
+        """Cells a sequence's tree needs beyond a chain's verify block (its nodes off the chain)."""
+        return max(0, self.tree_leaves - self.n_max)
 
     @property
     def cell_contexts(self) -> list[Context]:
@@ -106,11 +115,17 @@ def assemble(models: Models, cfg: PairConfig, plan: DraftPlan, *, keep_state: bo
     if speculative and recurrent:
         cfg.planes.check(n_max)
     check_options(cfg, n_max, speculative, fixed_block=any(t.traits.fixed_block for t in plan.types))
-    parts = Assembly(n_max, Context(models.target, _target_params(models, cfg, plan, n_max, speculative, warnings),
-                                    what="target"),
-                     shares_cells=any(p.shares_cells for p in plan.parts or (plan,)))
+    tree_cap = plan_trees(cfg, plan, recurrent, n_max) if speculative else 0
+    params = _target_params(models, cfg, plan, n_max, speculative, warnings)
+    if tree_cap:  # a branch id per leaf, on one cache whose cells the branches share
+        params.kv_unified, params.n_seq_max = True, tree_seq_ids(cfg.parallel, tree_cap)
+    parts = Assembly(n_max, Context(models.target, params, what="target"),
+                     shares_cells=any(p.shares_cells for p in plan.parts or (plan,)), tree_leaves=tree_cap)
     if cfg.auto and speculative:
         parts.draft_length = make_draft_length(cfg, plan, n_max, recurrent)
+    if tree_cap:
+        parts.tree_rule = TreeBudget(n_max, tree_cap, cfg.tree_auto,
+                                     parts.draft_length.spec if parts.draft_length is not None else None)
     try:
         if speculative and recurrent and cfg.planes.capped(n_max) and not models.target.dry:
             parts.auto_lead = _set_planes(parts.target, cfg, n_max)

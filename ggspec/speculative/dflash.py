@@ -39,6 +39,7 @@ from ggspec.speculative.draft_type import Build, DraftPlan, DraftType, Traits, d
 from ggspec.speculative.draft_vocab import DraftVocabOptions, set_draft_head
 from ggspec.speculative.proposer import Draft, Proposer, Span, capture_rows
 from ggspec.speculative.sampling import candidates
+from ggspec.speculative.tree import top_k
 from ggspec.speculative.verifier import DRAFT
 
 INJECT_MODES = ("pruned", "deferred", "immediate")
@@ -193,6 +194,8 @@ class DFlashProposer(Proposer):
         # straight into the draft's batch (shim), so they must be injected before the target's next
         # decode overwrites them: the engine calls flush() right before every target decode.
         self._rows: dict[int, tuple[int, int, int]] = {}
+        # a token tree's commit: the captured span's rows (offsets) that hold its committed positions
+        self._paths: dict[int, list[int]] = {}
         self._drop_from: dict[int, int] = {}  # deferred mode: rejected rows to remove after a flush
         # rows copied to host memory by hold(), per sequence: (first position, rows), oldest first
         self._held: dict[int, list[tuple[int, np.ndarray]]] = {}
@@ -206,19 +209,22 @@ class DFlashProposer(Proposer):
         self._held.pop(seq.seq_id, None)
         self.draft.remove(cached, seq.seq_id)  # the previous sequence's positions past the shared prefix
         if self.pick_on_device:
-            self.draft.pick_on_device(seq.seq_id, pick_mode(seq, seq.p_min(self.p_min)))
+            mode = pick_mode(seq, seq.p_min(self.p_min))
+            self.draft.pick_on_device(seq.seq_id, CONFIDENCE_TOP_K if mode == 0 and self.trees else mode)
 
     def observe(self, spans: list[Span]) -> None:
         capture_rows(self._rows, spans, "feature rows", "injected")
         if self.inject == "immediate":
             self.flush()
 
-    def commit(self, seq, pos0: int, n_committed: int, other: bool = False) -> None:
+    def commit(self, seq, pos0: int, n_committed: int, other: bool = False, rows: list[int] | None = None) -> None:
         drop_from = pos0 + n_committed
         if self.inject == "pruned":
             if seq.seq_id in self._rows:
                 row0, first, n = self._rows[seq.seq_id]
                 self._rows[seq.seq_id] = (row0, first, min(n, drop_from - first))
+                if rows is not None:  # a tree's path (trees are verified with pruned injection only)
+                    self._paths[seq.seq_id] = rows[:n_committed]
         elif self.inject == "deferred":
             self._drop_from[seq.seq_id] = drop_from
         elif self.draft.pos_max(seq.seq_id) >= drop_from:  # immediate: the rows are in the cache already
@@ -231,10 +237,27 @@ class DFlashProposer(Proposer):
         for seq_id, (row0, pos0, n) in self._rows.items():
             drop = self._drop_from.pop(seq_id, None)  # deferred mode: the rejected rows go now
             n = n if drop is None else min(n, drop - pos0)
-            if n > 0:
-                rows = self.target.layer_inputs(self.info.target_layers, n, row0)
-                self._held.setdefault(seq_id, []).append((pos0, rows))
+            for first, pos, count in self._runs(seq_id, row0, pos0, n):
+                rows = self.target.layer_inputs(self.info.target_layers, count, first)
+                self._held.setdefault(seq_id, []).append((pos, rows))
         self._rows.clear()
+        self._paths.clear()
+
+    def _runs(self, seq_id: int, row0: int, pos0: int, n: int) -> list[tuple[int, int, int]]:
+        """The captured rows that hold a sequence's positions pos0..pos0 + n - 1 as runs of
+        consecutive rows: (first row, first position, count); one run but for a tree's path."""
+        if n <= 0:
+            return []
+        path = self._paths.pop(seq_id, None)
+        if path is None:
+            return [(row0, pos0, n)]
+        runs: list[tuple[int, int, int]] = []
+        for i, off in enumerate(path[:n]):
+            if runs and runs[-1][0] + runs[-1][2] == row0 + off:
+                runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
+            else:
+                runs.append((row0 + off, pos0 + i, 1))
+        return runs
 
     def flush(self) -> None:
         """Inject every captured row (and every held one) into the draft cache: one call for all
@@ -242,8 +265,10 @@ class DFlashProposer(Proposer):
         if not self._rows and not self._held:
             return
         held, self._held = self._held, {}
-        live = [(seq_id, row0, pos0, n) for seq_id, (row0, pos0, n) in self._rows.items() if n > 0]
+        live = [run for seq_id, (row0, pos0, n) in self._rows.items() for run in
+                [(seq_id, *r) for r in self._runs(seq_id, row0, pos0, n)]]
         self._rows.clear()
+        self._paths.clear()
         self._batch.clear()
         for seq_id, parts in held.items():
             for pos0, rows in parts:
@@ -331,7 +356,7 @@ class DFlashProposer(Proposer):
         for s, seq in enumerate(seqs):
             out = range(s * rows + rows - n, (s + 1) * rows)  # the block's output rows 1..n
             cut = seq.p_min(self.p_min)
-            if cut <= 0:
+            if cut <= 0 and self.draft.picked_on_device(seq.seq_id) == 0:
                 drafts.append(Draft(self._tokens(np.array([self.draft.picked_argmax(r) for r in out]))))
                 continue
             tops = [self.draft.picked_top(r) for r in out]
@@ -361,6 +386,30 @@ class DFlashProposer(Proposer):
             drafts.append(Draft(tokens, None if q is None else q[:len(tokens)]))
         return drafts
 
+    # plain DFlash's block rows are the draft's distribution at each position: a tree grows from them
+    grows_trees = True
+    trees = False  # keep_candidates() was called: a device that picks a row keeps its top logits
+
+    def keep_candidates(self) -> None:
+        self.trees = True
+
+    def marginals(self, seqs, n: int, k: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per sequence of the last propose(seqs, n): each block position's k likeliest tokens and
+        their log-probabilities: from the full rows, or where the device picked a row's top
+        logits (pick_on_device with a top-k), from those, normalised among themselves."""
+        rows = len(self._blocks(seqs[:1], n)[0])
+        out = []
+        for s, seq in enumerate(seqs):
+            if self.draft.picked_on_device(seq.seq_id):
+                tops = [self.draft.picked_top(r) for r in range(s * rows + rows - n, (s + 1) * rows)]
+                cols, logprobs = zip(*(_ranked(c, v, k) for c, v in tops))
+                out.append((self._tokens(np.stack(cols)), np.stack(logprobs)))
+                continue
+            block = self.draft.logits_view()[s * rows + rows - n:(s + 1) * rows]
+            cols, logprobs = top_k(block, k)
+            out.append((self._tokens(cols), logprobs))
+        return out
+
     def _tokens(self, columns: np.ndarray) -> np.ndarray:
         """The tokens of logits columns: the same, or a reduced head's (Context.logit_ids)."""
         ids = self.draft.logit_ids
@@ -370,6 +419,7 @@ class DFlashProposer(Proposer):
         """Rows not injected yet are dropped: the draft's cells hold the positions up to the last
         flush, which may be fewer than `keep`."""
         self._rows.pop(seq.seq_id, None)
+        self._paths.pop(seq.seq_id, None)
         self._drop_from.pop(seq.seq_id, None)
         self._held.pop(seq.seq_id, None)
         if keep <= 0:
@@ -381,6 +431,7 @@ class DFlashProposer(Proposer):
     def reset(self) -> None:
         """Forget captured rows and empty the draft cache."""
         self._rows.clear()
+        self._paths.clear()
         self._drop_from.clear()
         self._held.clear()
         self.draft.clear()
@@ -401,6 +452,7 @@ class DFlash2Proposer(DFlashProposer):
     _outputs = "none"
     samples_drafts = False
     picks = False
+    grows_trees = False  # (its walk reads a lattice of candidates, not one distribution per position)
 
     def _setup_draft(self) -> None:
         self.draft.enable_nextn(masked=False)  # every row of the block, not just output rows
@@ -434,6 +486,7 @@ class DSparkProposer(DFlashProposer):
     name = "draft-dspark"
     samples_drafts = False
     picks = False
+    grows_trees = False  # (its rows are chained by the Markov head: not yet grown into trees)
 
     def _setup_draft(self) -> None:
         if self.info.has_confidence:  # (read where a sequence has a cut-off: its own or the engine's)
@@ -449,6 +502,15 @@ class DSparkProposer(DFlashProposer):
             return [Draft(t) for t in tokens]
         conf = self.draft.nextn_view(n_seqs * rows).reshape(n_seqs, rows, -1)[:, first:first + n, 0]
         return [Draft(_cut(t, c < cut)) for t, c, cut in zip(tokens, conf, cuts)]
+
+
+def _ranked(cols: np.ndarray, logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """A row's top logits picked on the device (in no order): the k best columns, best first (a
+    tie's lowest column first), and their log-probabilities among the picked ones."""
+    order = np.lexsort((cols, -logits))[:k]
+    top = logits.max()
+    log_z = top + np.log(np.exp(logits - top).sum())
+    return cols[order].astype(np.int32), (logits[order] - log_z).astype(np.float64)
 
 
 def _cut(tokens: np.ndarray, low: np.ndarray) -> np.ndarray:
@@ -490,7 +552,7 @@ def _plan(name: str, dspark: bool):
                              "the head is split by vocabulary rows and llama.cpp aborts on it; mirror the output head",
                              field="mirror_output")
         return DraftPlan(DRAFT_DSPARK if dspark else DRAFT_DFLASH, meta=info, max_draft=info.max_draft,
-                         reads_draft=True)
+                         reads_draft=True, grows_trees=info.variant == "dflash")
     return plan
 
 

@@ -103,6 +103,7 @@ class DraftPlan:
     target_mtp: bool = False  # the target loads its own MTP block
     shares_cells: bool = False  # the draft's layers read the target's cache (no cells of its own)
     parts: tuple["DraftPlan", ...] = ()  # several types: each one's plan, in llama.cpp's order
+    grows_trees: bool = False  # its drafts give each position's candidates: token trees (tree_budget.py)
 
     @property
     def spec_type(self) -> str | None:

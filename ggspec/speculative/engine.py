@@ -9,6 +9,9 @@ transaction for every active sequence together:
            switch), the proposer keeps the committed rows' features; where no recurrent plane
            kept the needed state, the committed tokens are replayed: all such sequences in one
            decode.
+A drafter that gives each position's candidates may have its drafts verified as token trees
+(`--spec-tree-budget`; tree_budget.py chooses, tree_verify.py verifies): the same transaction,
+with a sequence's span holding a tree's nodes instead of a chain.
 So the llama.cpp calls per step do not grow with the number of sequences: one injection (more
 only past the draft's n_ubatch), one draft, one verify, at most one replay. Sequences join
 (`add`) and leave (finished, or `cancel`) between steps; a leaving sequence frees its seq_id and
@@ -39,7 +42,8 @@ from ggspec.speculative.sampling import DEFAULT_SEED, SamplerSettings, concrete_
 from ggspec.speculative.sequence import DraftLimits, Sequence
 from ggspec.speculative.slots import CapacityError, Slots
 from ggspec.speculative.stats import EngineStats, Step, token_probs, top2_margin
-from ggspec.speculative.verifier import SequenceVerifier, Verifier
+from ggspec.speculative.tree_verify import Placed, TreeVerify, chain_accepted
+from ggspec.speculative.verifier import SequenceVerifier, Verifier, row_by_row
 
 
 class Engine:
@@ -83,6 +87,7 @@ class Engine:
         self.n_max, self.target, self.draft_ctx = parts.n_max, parts.target, parts.draft_ctx
         self.proposer: Proposer | None = parts.proposer
         self.auto_lead, self.draft_length = parts.auto_lead, parts.draft_length
+        self.tree_rule, self.tree_verify = None, None  # (set after the calibration: it verifies chains)
         self._batch: Batch | None = None
         self._holding = False  # this step drafts nothing and the proposer keeps rows for later (_flush)
         self.prompt_cache = prompt_cache and not models.target.is_recurrent
@@ -113,13 +118,17 @@ class Engine:
                 self.notes.append("no draft length pays on this machine for this pair (measured: a draft of k "
                                   "tokens and its verify cost more than the plain steps they save, even with 95 % "
                                   "of the drafted tokens right): decoding plainly, the draft model unused")
+        if parts.tree_rule is not None and not self.plain_by_cost:
+            self.tree_rule = parts.tree_rule
+            self.tree_verify = TreeVerify(self.target, self.parallel, parts.tree_leaves)
+            self.proposer.keep_candidates()
 
     def _hold_cells(self, parts) -> None:
         """The batch and the slots over the assembled contexts."""
         try:
             self._batch = Batch(self.target)
             self.slots = Slots(self.target, parts.cell_contexts, self.parallel, self.prompt_cache, self._cache_ram,
-                               self.block_cells)
+                               self.block_cells + parts.tree_cells)
         except BaseException:
             self.close()
             raise
@@ -284,6 +293,8 @@ class Engine:
             seq.grammar.close()
         if self.draft_length is not None:
             self.draft_length.forget(seq)
+        if self.tree_rule is not None:
+            self.tree_rule.forget(seq)
         keep = min(seq.pos, len(seq.history) - 1) if self.prompt_cache and seq.started else 0
         if self.proposer is not None and not self.plain_by_cost:  # the draft's cells must hold the same
             keep = self.proposer.release(seq, keep) if seq.speculate else 0  # positions as the target's
@@ -423,16 +434,22 @@ class Engine:
         t = time.perf_counter()
         drafts = dict.fromkeys(live, Draft.empty())
         made: dict[Sequence, Draft] = {}  # the drafts as made (the adaptive rule scores them whole)
+        trees, t_grow = self.tree_rule, 0.0
         if drafting:
             n = min(n, max(seq.limits.n_max for seq in drafting))  # no longer than any of them may verify
-            for seq, d in zip(drafting, self.proposer.propose(drafting, n)):
+            proposed = self.proposer.propose(drafting, n)
+            if trees is not None:  # (the candidates are read from the draft call just made)
+                trees.choose(len(live), len(drafting))
+                proposed = trees.grow(self.proposer, drafting, n, proposed, self._grows_tree)
+                t_grow = trees.last_grow
+            for seq, d in zip(drafting, proposed):
                 made[seq] = seq.limits.cut(grammar_cut(seq, d.head(seq.left - 1)))  # past the budget: never verified
             verified = auto.after(live, made) if auto is not None else None
             for seq, d in made.items():
                 drafts[seq] = d if verified is None else d.head(verified[seq])
         t_draft = time.perf_counter() - t
 
-        # verify: every sequence's span [id_last, d1..dn] in one target decode
+        # verify: every sequence's span [id_last, d1..dn] (or its tree) in one target decode
         t = time.perf_counter()
         width = self._span_width(live, drafts)
         if width:  # a sequence whose cells cannot hold an equal span has filled its context: it ends
@@ -444,7 +461,15 @@ class Engine:
                 return []
         batch = self._batch.clear()
         spans, blocks, row = [], [], 0
+        placed: dict[Sequence, Placed] = {}
         for seq in live:
+            tree = drafts[seq].tree
+            if tree is not None and len(tree) > tree.n_chain:  # (a tree that is only its chain verifies as one)
+                placed[seq] = self.tree_verify.add(batch, seq, tree, row)
+                blocks.append(None)
+                spans.append(Span(seq.seq_id, row, 1 + len(tree), seq.pos))
+                row += 1 + len(tree)
+                continue
             block = verify_span(seq.id_last, drafts[seq].tokens, width)
             blocks.append(block)
             batch.add_tokens(block, seq.pos, seq.seq_id, outputs="all")
@@ -453,7 +478,7 @@ class Engine:
         t_flushed = self._decode_target(batch, [sp for seq, sp in zip(live, spans) if seq.speculate])
         t_inject += t_flushed
         logits = self.target.logits_view()
-        outcomes = self.verifier.verify(logits, [(seq, drafts[seq], sp.row0) for seq, sp in zip(live, spans)])
+        outcomes, paths = self._accept(logits, live, drafts, spans, placed)
         probs = {seq: [token_probs(logits[sp.row0 + j], t, seq.n_probs) for j, t in enumerate(out.tokens)]
                  for seq, sp, out in zip(live, spans, outcomes) if seq.n_probs}  # (before a replay reuses the rows)
 
@@ -461,6 +486,11 @@ class Engine:
         replays = []
         for seq, out, block in zip(live, outcomes, blocks):
             keep = seq.pos + out.accepted + 1
+            if seq in placed:  # the tree's accepted path becomes the sequence's cells, its branches go
+                if seq.speculate:
+                    self.proposer.commit(seq, seq.pos, out.accepted + 1, rows=paths[seq])
+                self.tree_verify.commit(seq, placed[seq], paths[seq])
+                continue
             if seq.speculate:
                 self.proposer.commit(seq, seq.pos, out.accepted + 1)
             if keep < seq.pos + len(block):  # rejected drafts (or padding) to roll back
@@ -482,6 +512,8 @@ class Engine:
         if auto is not None:
             auto.measured(len(live), len(drafting), n, t_draft, row, t_verify, t_total - t_draft - t_verify,
                           sum(out.accepted + 1 for out in outcomes))
+        if trees is not None and drafting:
+            trees.measured(len(live), row, t_verify, t_total - t_verify - t_grow, len(placed))
         self._holding = False
         replayed = {seq for seq, _ in replays}
         result = []
@@ -489,7 +521,7 @@ class Engine:
             d = len(drafts[seq])
             step = Step([], "spec" if d else "plain", drafted=d, accepted=out.accepted, t_draft=t_draft,
                         t_verify=t_verify, t_inject=t_inject, t_replay=t_replay, replayed=seq in replayed,
-                        t_total=t_total)
+                        t_total=t_total, nodes=len(placed[seq].tree) if seq in placed else d)
             if seq.record_margins and not d:
                 step.margins.append(top2_margin(logits[sp.row0]))
             if self.auto_lead is not None and d:
@@ -499,17 +531,44 @@ class Engine:
             if auto is not None and seq.speculate:
                 step.k = d
                 m = made.get(seq)
-                auto.committed(seq, seq.pos, None if m is None else m.tokens, d, out.accepted)
+                right = chain_accepted(drafts[seq].tokens, out.tokens) if seq in placed else out.accepted
+                auto.committed(seq, seq.pos, None if m is None else m.tokens, d, right)
                 if auto.gave_up(seq):
                     self._stop_speculating(seq)
             seq.pos += out.accepted + 1
             step.tokens += seq.take(out.tokens, self._is_eog)
+            if trees is not None:
+                trees.committed(seq)
             if seq in probs:
                 step.probs += probs[seq][:len(step.tokens)]
             self.stats.tokens += len(step.tokens)
             seq.stats.add(step)
             result.append((seq, step))
         return result
+
+    def _accept(self, logits: np.ndarray, live: list[Sequence], drafts: dict, spans: list[Span],
+                placed: dict[Sequence, Placed]) -> tuple[list, dict[Sequence, list[int]]]:
+        """Each sequence's outcome: chains by the verifier, trees by their greedy walk (and the
+        offsets of the rows that hold a tree's committed positions)."""
+        chains = [(seq, drafts[seq], sp.row0) for seq, sp in zip(live, spans) if seq not in placed]
+        by_chain = iter(self.verifier.verify(logits, chains) if chains else ())
+        outcomes, paths = [], {}
+        for seq in live:
+            if seq in placed:
+                tree = placed[seq]
+                argmax = logits[tree.row0:tree.row0 + 1 + len(tree.tree)].argmax(axis=1).tolist()
+                out, paths[seq] = TreeVerify.accept(argmax, replace(tree, row0=0))
+                outcomes.append(out)
+            else:
+                outcomes.append(next(by_chain))
+        return outcomes, paths
+
+    @staticmethod
+    def _grows_tree(seq: Sequence) -> bool:
+        """Whether a sequence's drafts may be verified as a tree: greedy trees only (a sampled
+        sequence's rejection sampling over siblings is not built), nothing that judges rows by
+        their history (a grammar, penalties, bias) and no per-token probabilities asked for."""
+        return seq.sampling.greedy and not row_by_row(seq) and not seq.n_probs
 
     def _stop_speculating(self, seq: Sequence) -> None:
         """The adaptive rule gave up on this sequence's drafts: it decodes plainly from now on (its

@@ -62,6 +62,11 @@ class PairConfig:
     placement: Placement = field(default_factory=Placement)  # devices (target and draft alike)
     mmap: bool = True  # map the files (llama.cpp's default; --no-mmap reads them into buffers)
     inject: str = "pruned"  # how target features reach a DFlash draft: pruned | deferred | immediate
+    # token trees (`--spec-tree-budget`): draft nodes a step verifies as a tree, 0: chains; None:
+    # `auto`'s default cap. `tree_auto`: the budget is chosen by cost (0 included), and trees are
+    # allowed only where allowing them costs nothing (one sequence; tree_budget.py)
+    tree_budget: int | None = None
+    tree_auto: bool = True
     # how tokens are chosen: greedy by default; temperature > 0 samples (speculative sampling)
     sampling: SamplerSettings = field(default_factory=lambda: SamplerSettings(temp=0.0))
 
@@ -90,6 +95,8 @@ class PairConfig:
             if registry.get(name).options is not type(opts):
                 raise TypeError(f"{type(opts).__name__} are not {name}'s options")
             opts.validate()
+        if self.tree_budget is not None and not 0 <= self.tree_budget <= 255:
+            raise InputError(f"the tree budget must be within 0..255 nodes (got {self.tree_budget})", field="tree_budget")
         if self.inject not in INJECT_MODES:
             raise InputError(f"{self.inject}: expected one of {', '.join(INJECT_MODES)}", field="inject")
         if self.spec_type is not None:

@@ -7,7 +7,8 @@ The engine runs one transaction per step for all active sequences together (see 
   propose   one call drafts for every sequence that speculates this step;
   observe   after each target decode the engine says which batch rows belong to which sequence;
   commit    after verification, of a sequence's verify span only its first rows stay (`other`:
-            the draft verified was another proposer's; several.py).
+            the draft verified was another proposer's; several.py), or, for a token tree, the
+            rows of its accepted path (`rows`).
 A proposer that needs no target features (n-gram) ignores observe/commit/flush. `Proposer` is
 the base every proposer derives from: its methods do nothing, so a proposer writes only the calls
 it needs (and `hold` / `reset` are always there to call).
@@ -22,6 +23,7 @@ import numpy as np
 
 from ggspec.errors import LlamaError
 from ggspec.speculative.sampling import Candidates
+from ggspec.speculative.tree import Tree
 
 if TYPE_CHECKING:
     from ggspec.speculative.sequence import Sequence
@@ -38,6 +40,8 @@ class Draft:
     # the draft's distribution at each drafted position after the sampler transforms (n rows), for
     # rejection sampling; None means a point mass on each drafted token (n-gram, DFlash2 walk)
     probs: Candidates | None = None
+    # a token tree to verify instead of the chain (tree.py): `tokens` are its top-1 chain
+    tree: Tree | None = None
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -47,10 +51,15 @@ class Draft:
         return Draft(_EMPTY)
 
     def head(self, k: int) -> "Draft":
-        """The first k tokens (with their distributions)."""
+        """The first k tokens (with their distributions); a tree, no deeper than k."""
         if len(self) <= k:
             return self
-        return Draft(self.tokens[:k], None if self.probs is None else self.probs[:k])
+        return Draft(self.tokens[:k], None if self.probs is None else self.probs[:k],
+                     None if self.tree is None else self.tree.within(k))
+
+    def chain(self) -> "Draft":
+        """The draft without its tree."""
+        return self if self.tree is None else Draft(self.tokens, self.probs)
 
 
 @dataclass(slots=True)
@@ -72,6 +81,8 @@ class Proposer:
     # `hold` keeps what observe() captured in host memory instead of handing it to the draft
     # (the adaptive length's k = 0 steps then cost no draft-context call); False: hold() is flush()
     holds: bool = False
+    # `marginals` gives each drafted position's likeliest tokens, from which a token tree grows
+    grows_trees: bool = False
 
     def begin(self, seq: Sequence, cached: int = 0) -> None:
         """A sequence joins; its prompt is decoded on the target next (observe() follows). The
@@ -81,10 +92,13 @@ class Proposer:
     def observe(self, spans: list[Span]) -> None:
         """The target's last decode computed these rows (readable until the next target decode)."""
 
-    def commit(self, seq: Sequence, pos0: int, n_committed: int, other: bool = False) -> None:
-        """Of the verify span observed at pos0 for this sequence, the first n_committed rows stay.
-        `other`: the verified draft was another proposer's (several types at once): what it keeps
-        of the rows is the same, but statistics of its own drafts must not count this one."""
+    def commit(self, seq: Sequence, pos0: int, n_committed: int, other: bool = False,
+               rows: list[int] | None = None) -> None:
+        """Of the verify span observed at pos0 for this sequence, the first n_committed rows stay;
+        with `rows` (a token tree's accepted path), the span's rows at those offsets hold the
+        committed positions pos0, pos0 + 1, ... instead. `other`: the verified draft was another
+        proposer's (several types at once): what it keeps of the rows is the same, but statistics
+        of its own drafts must not count this one."""
 
     def flush(self) -> None:
         """Make what observe() captured survive the next target decode (the engine calls this)."""
@@ -96,6 +110,14 @@ class Proposer:
     def propose(self, seqs: list[Sequence], n: int) -> list[Draft]:
         """Draft up to n tokens after each sequence's last committed token, in one pass."""
         raise NotImplementedError
+
+    def marginals(self, seqs: list[Sequence], n: int, k: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """After propose(seqs, n): per sequence, each drafted position's k likeliest tokens, best
+        first, and their log-probabilities ((n, k) arrays each; only where `grows_trees`)."""
+        raise NotImplementedError
+
+    def keep_candidates(self) -> None:
+        """Trees will be grown from this proposer's drafts (marginals after every propose)."""
 
     def release(self, seq: Sequence, keep: int = 0) -> int:
         """A sequence left (finished or cancelled): forget it and free what it held beyond its

@@ -46,6 +46,7 @@ class Step:
     replayed: bool = False
     t_total: float = 0.0  # wall time of the whole step
     k: int | None = None  # the adaptive length (auto): drafted tokens it verified this step
+    nodes: int = 0  # draft tokens verified: a token tree's nodes, else the drafted chain's
     margins: list[float] = field(default_factory=list)  # top-2 logit gap per token (optional)
     probs: list[TokenProbs] = field(default_factory=list)  # per committed token, when its sequence asks (n_probs)
 
@@ -80,6 +81,8 @@ class RunStats:
     pos_drafted: list[int] = field(default_factory=list)  # steps that drafted a token at position i
     pos_accepted: list[int] = field(default_factory=list)  # ... and had it accepted
     k_hist: list[int] = field(default_factory=list)  # the adaptive length: steps by drafted tokens verified
+    tree_steps: int = 0  # speculative steps that verified a token tree
+    nodes: int = 0  # draft tokens verified, a tree's nodes counted
 
     def add(self, step: Step) -> None:
         if step.kind == "prefill":
@@ -105,6 +108,8 @@ class RunStats:
             self.drafted += step.drafted
             self.accepted += step.accepted
             self.committed_spec += step.accepted + 1
+            self.nodes += step.nodes
+            self.tree_steps += step.nodes > step.drafted
             bump(self.accept_hist, step.accepted)
             count_positions(self.pos_drafted, step.drafted)
             count_positions(self.pos_accepted, step.accepted)
