@@ -255,7 +255,7 @@ def bench(
     p_min: opts.PMin = opts.P_MIN,
     type_options: dict | None = None,  # each draft type's own flags (opts.with_type_options)
     spec_select: opts.SpecSelect = "first",
-    tree_budget: opts.TreeBudgetOption = None,
+    tree_budget: opts.TreeAxis = None,
     plan_pool: opts.PlanPool = opts.PLAN_POOL,
     parallel: opts.PARALLEL.axis = None,
     type_k: opts.TYPE_K.axis = None,
@@ -292,9 +292,10 @@ def bench(
         fail(f"-o {output}: expected one of {', '.join(FORMATS)}")
     if stdout_closed() and save is None and resume is None:
         fail("standard output is closed: nowhere to write the results (or give --save FILE)")
-    shared = _shared(locals(), opts.SamplerSettings(temp=0.0, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed))
+    shared = _shared({k: v for k, v in locals().items() if k != "tree_budget"},
+                     opts.SamplerSettings(temp=0.0, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed))
     axes = planning.AxisFlags(n_max=n_max, parallel=parallel, type_k=type_k, type_v=type_v, n_ctx=n_ctx,
-                              rs_planes=rs_planes, rs_lead=rs_lead, inject=inject, temp=temp)
+                              rs_planes=rs_planes, rs_lead=rs_lead, inject=inject, temp=temp, tree=tree_budget)
     plan = planning.plan(shared, axes, resume=resume, save=save, prompts=prompts, profile=profile, n_predict=n_predict,
                          reps=reps, warmup=warmup, matrix=matrix, native=native)
     code = measure_and_print(BenchSession(plan), output, plot)

@@ -142,6 +142,9 @@ TreeBudgetOption = Annotated[Optional[str], typer.Option(
                                "at each position (plain DFlash drafts, dense targets, greedy). A number is a fixed "
                                "budget (0: chains); auto (the default): chosen every few steps from measured costs "
                                "and acceptance, 0 included, where one sequence decodes; auto:N: chosen, up to N.")]
+TreeAxis = Annotated[Optional[str], typer.Option(
+    "--spec-tree-budget", help="Token-tree budgets, e.g. 0,16,32,auto (0: chains; see run's --spec-tree-budget) "
+                               "\\[default: auto].")]
 PMin = Annotated[float, typer.Option(
     "--spec-draft-p-min", "--draft-p-min",
     help="Stop a draft where the draft's confidence falls below this, 0..1 (0: never; drafts with a "

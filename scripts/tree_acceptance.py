@@ -1,20 +1,25 @@
 #!/usr/bin/env python3
-"""Tokens per target call of DDTree token trees against the DFlash chain, on any machine.
+"""Token trees against the DFlash chain: tokens per target call and speed, verified for real.
 
-    python scripts/tree_acceptance.py --pair tiny-coder                 # budgets 8, 16, 32, 64
-    python scripts/tree_acceptance.py -m target.gguf -md dflash.gguf --budgets 16,32 -n 256
+    python scripts/tree_acceptance.py --pair tiny-coder                 # budgets 0, 8, 16, 32, 64, auto
+    python scripts/tree_acceptance.py -m target.gguf -md dflash.gguf --budgets 0,16,auto -n 256 --reps 5
 
-For every built-in bench prompt, greedy: the chain (the engine as it runs) and, per budget, the
-engine made to commit a DDTree's accepted path at every step (ggspec.bench.trees.TreeCommit): the
-tokens committed per target call, the accepted drafts per step, what the chain alone would have
-accepted at the same steps, the tree's nodes, and whether every output equals plain greedy. The
-trees' verify cost (budget + 1 rows) is not measured here: the tree verify does not exist yet.
+For every built-in bench prompt, greedy, at each `--spec-tree-budget` (0: the chain): the engine
+verifying real trees (one target decode per step, tree_verify.py), interleaved repetitions of
+the whole set. Reported per budget: committed tokens per target call, accepted drafts per step,
+nodes verified per step, the steps that verified a tree, the decode speed (the median of the
+repetitions' pooled t/s, and the median of the per-repetition ratios to the chain's), and whether
+every output equals plain greedy. With `auto`, also what it chose. `--simulate` adds what
+TreeCommit's simulation (bench/trees.py) says each budget accepts, for machines where the
+verify itself should not be timed.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -23,33 +28,36 @@ from rich.console import Console
 from rich.table import Table
 
 from ggspec.bench.prompts import BUILTIN
-from ggspec.bench.trees import TreeCommit
 from ggspec.catalogue.pairs import get_entry, resolve
 from ggspec.runtime import ContextParams
 from ggspec.speculative.engine import Engine
 from ggspec.speculative.loop import decode_one
 from ggspec.speculative.models import Models, PairConfig
+from ggspec.speculative.tree_budget import parse_tree_budget
 
 
-def measure(models: Models, cfg: PairConfig, prompts, n: int, budget: int | None, k: int) -> dict:
-    """The prompts decoded greedily with the chain (budget None) or a tree's commits."""
-    wrap = None if budget is None else (lambda p: TreeCommit(p, budget, k, models.target.n_vocab))
-    with Engine(models, cfg, wrap_proposer=wrap) as engine:
-        steps = committed = 0
-        same = True
-        tree = engine.proposer if budget is not None else None
+def run_once(models: Models, cfg: PairConfig, prompts, n: int) -> dict:
+    """The prompts decoded greedily by one engine: totals, and what an auto rule chose."""
+    with Engine(models, cfg) as engine:
+        steps = committed = nodes = trees = tokens = 0
+        same, seconds = True, 0.0
         for ids, reference in prompts:
-            if tree is not None:
-                tree.reference = lambda _seq, r=reference: r
+            t0 = time.perf_counter()
             seq = decode_one(engine, ids, n, ignore_eos=True)
+            seconds += time.perf_counter() - t0
             same &= seq.tokens == list(reference[len(ids):len(ids) + n])
-            steps += seq.stats.spec_steps  # the target calls that verified a draft
-            committed += seq.stats.committed_spec
-        row = {"steps": steps, "per_call": committed / steps, "same": same}
-        if tree is not None:
-            c = tree.counts
-            row.update(accepted=c.accepted / c.steps, chain=c.chain_accepted / c.steps, nodes=c.nodes / c.steps)
-        return row
+            st = seq.stats
+            steps += st.spec_steps
+            committed += st.committed_spec
+            nodes += st.nodes
+            trees += st.tree_steps
+            tokens += len(seq.tokens)
+        rule = engine.tree_rule
+        return {"steps": steps, "per_call": committed / max(steps, 1), "nodes": nodes / max(steps, 1),
+                "trees": trees, "tps": tokens / seconds, "same": same,
+                "chose": None if rule is None else rule.budget,
+                "hopeless": None if rule is None else rule.hopeless(1),
+                "scored": None if rule is None else dict(rule.stats.accepted)}
 
 
 def main() -> None:
@@ -57,40 +65,80 @@ def main() -> None:
     ap.add_argument("--pair", default=None)
     ap.add_argument("-m", "--model", type=Path)
     ap.add_argument("-md", "--model-draft", type=Path)
-    ap.add_argument("--budgets", default="8,16,32,64")
-    ap.add_argument("--top-k", type=int, default=8, help="candidates per block position")
+    ap.add_argument("--budgets", default="0,8,16,32,64,auto")
     ap.add_argument("-n", type=int, default=128, help="tokens per prompt")
+    ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("-t", "--threads", type=int, default=1)
+    ap.add_argument("--simulate", action="store_true", help="also TreeCommit's simulated acceptance per budget")
     args = ap.parse_args()
     if args.pair:
         files = resolve(get_entry(args.pair))
         target, draft = files.target, files.draft
     else:
         target, draft = args.model, args.model_draft
-    cfg = PairConfig(target, draft, spec_type="draft-dflash", calibrate=False,
-                     ctx=ContextParams(n_ctx=4096, n_threads=args.threads))
+    ctx = ContextParams(n_ctx=4096, n_threads=args.threads)
+    base = PairConfig(target, draft, spec_type="draft-dflash", ctx=ctx)
+    budgets = [b.strip() for b in args.budgets.split(",")]
     console = Console()
-    with Models(cfg) as models:
-        cfg.n_max = models.plan.max_draft  # the whole block: what a tree is grown from
-        with Engine(models, cfg, plain=True) as plain:
+    with Models(base) as models:
+        base.n_max = models.plan.max_draft  # the whole block: what a tree is grown from
+        with Engine(models, base, plain=True) as plain:
             prompts = []
             for p in BUILTIN:
                 ids = plain.target_model.tokenize(p.text)
-                out = decode_one(plain, ids, args.n + cfg.n_max + 1, speculate=False, ignore_eos=True)
+                out = decode_one(plain, ids, args.n + base.n_max + 1, speculate=False, ignore_eos=True)
                 prompts.append((ids, [*ids.tolist(), *out.tokens]))
-        table = Table(title=f"{Path(target).stem} + {Path(draft).stem}: DFlash n_max {cfg.n_max}, top-{args.top_k} "
-                            f"per position, {len(prompts)} prompts x {args.n} tokens, greedy")
-        for col in ("drafts", "tokens per target call", "accepted per step", "chain at the same steps",
-                    "nodes", "steps", "= plain"):
+        configs = {}
+        for b in budgets:
+            budget, auto = parse_tree_budget(b)
+            # a fixed draft length (the block), so every budget verifies the same chain; auto's costs
+            # come from its own measurements of the steps
+            configs[b] = PairConfig(target, draft, spec_type="draft-dflash", ctx=ctx, n_max=base.n_max,
+                                    calibrate=False, tree_budget=budget, tree_auto=auto)
+        runs: dict[str, list[dict]] = {b: [] for b in budgets}
+        for _ in range(args.reps):  # interleaved: every budget once per repetition
+            for b in budgets:
+                runs[b].append(run_once(models, configs[b], prompts, args.n))
+        table = Table(title=f"{Path(target).stem} + {Path(draft).stem}: DFlash n_max {base.n_max}, "
+                            f"{len(prompts)} prompts x {args.n} tokens, greedy, {args.reps} interleaved reps, "
+                            f"{args.threads} thread(s)")
+        for col in ("budget", "tokens per target call", "nodes per step", "tree steps", "t/s (median)",
+                    "vs chain (median ratio)", "= plain", "auto chose"):
             table.add_column(col, justify="right")
-        chain = measure(models, cfg, prompts, args.n, None, args.top_k)
-        table.add_row("chain", f"{chain['per_call']:.2f}", f"{chain['per_call'] - 1:.2f}", "", str(cfg.n_max),
-                      str(chain["steps"]), "yes" if chain["same"] else "NO")
-        for budget in (int(b) for b in args.budgets.split(",")):
-            r = measure(models, cfg, prompts, args.n, budget, args.top_k)
-            table.add_row(f"tree {budget}", f"{r['per_call']:.2f}", f"{r['accepted']:.2f}", f"{r['chain']:.2f}",
-                          f"{r['nodes']:.1f}", str(r["steps"]), "yes" if r["same"] else "NO")
+        chain = runs.get("0")
+        for b in budgets:
+            rs = runs[b]
+            r = rs[-1]
+            ratio = "" if chain is None else f"{statistics.median(x['tps'] / c['tps'] for x, c in zip(rs, chain)):.2f}"
+            chose = "" if r["chose"] is None or not parse_tree_budget(b)[1] else \
+                f"{r['chose']} (hopeless: {r['hopeless']})"
+            table.add_row(b, f"{r['per_call']:.2f}", f"{r['nodes']:.1f}", f"{r['trees']}/{r['steps']}",
+                          f"{statistics.median(x['tps'] for x in rs):.0f}", ratio,
+                          "yes" if all(x["same"] for x in rs) else "NO", chose)
         console.print(table)
+        for b in budgets:
+            if runs[b][-1]["scored"]:
+                scored = ", ".join(f"{k}: {v:.2f}" for k, v in sorted(runs[b][-1]["scored"].items()))
+                console.print(f"{b}: mean accepted per budget from the trees it scored: {scored}")
+        if args.simulate:
+            simulate(models, base, prompts, args.n, [int(b) for b in budgets if b.isdigit() and int(b)], console)
+
+
+def simulate(models: Models, cfg: PairConfig, prompts, n: int, budgets: list[int], console: Console) -> None:
+    """TreeCommit's simulated tokens per target call at each budget (bench/trees.py)."""
+    from ggspec.bench.trees import TreeCommit
+
+    for budget in budgets:
+        wrap = lambda p, b=budget: TreeCommit(p, b, 8, models.target.n_vocab)  # noqa: E731
+        with Engine(models, PairConfig(**{**cfg.__dict__, "tree_budget": 0, "tree_auto": False, "calibrate": False}),
+                    wrap_proposer=wrap) as engine:
+            steps = committed = 0
+            for ids, reference in prompts:
+                engine.proposer.reference = lambda _seq, r=reference: r
+                seq = decode_one(engine, ids, n, ignore_eos=True)
+                steps += seq.stats.spec_steps
+                committed += seq.stats.committed_spec
+            console.print(f"simulated tree {budget}: {committed / steps:.2f} tokens per target call")
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ class BenchConfig:
     parallel: int = 1  # sequences decoded together in one engine (the prompts run this many at a time)
     temp: float = 0.0  # sampling temperature (0: greedy); the other sampler settings are the benchmark's
     adaptive: bool = False  # --spec-draft-n-max auto (n_max is its cap)
+    tree: str = ""  # --spec-tree-budget as given (a number, auto, auto:N); "": the default (auto)
 
     @property
     def key(self) -> str:
@@ -65,6 +66,8 @@ class BenchConfig:
             parts.append(f"-np {self.parallel}")
         if self.sampled:
             parts.append(f"temp {self.temp:g}")
+        if self.tree:
+            parts.append(f"tree {self.tree}")
         return " ".join(parts)
 
     @property
@@ -108,6 +111,7 @@ class Axes:
     inject: tuple[str, ...] = ("pruned",)
     parallel: tuple[int, ...] = (1,)
     temp: tuple[float, ...] = (0.0,)
+    tree: tuple[str, ...] = ("",)  # token-tree budgets ("": the default)
 
     @property
     def size(self) -> int:
@@ -201,11 +205,12 @@ def expand(axes: Axes, recurrent: bool, n_tokens: int, native: bool = False,
     configs: list[BenchConfig] = []
     skipped: list[Skipped] = []
     if speculative:
-        for ctk, ctv, n_ctx, item, planes, lead, inject, par, temp in itertools.product(
-                axes.ctk, axes.ctv, axes.n_ctx, axes.n_max, axes.planes, axes.lead, injects, axes.parallel, axes.temp):
+        for ctk, ctv, n_ctx, item, planes, lead, inject, par, temp, tree in itertools.product(
+                axes.ctk, axes.ctv, axes.n_ctx, axes.n_max, axes.planes, axes.lead, injects, axes.parallel, axes.temp,
+                axes.tree):
             n_max, adaptive = n_max_value(item)
             cfg = BenchConfig("spec", ctk, ctv, n_ctx, n_max, planes if recurrent else "", lead if recurrent else "",
-                              inject, par, max(temp, 0.0), adaptive)
+                              inject, par, max(temp, 0.0), adaptive, tree)
             reason = _why_invalid(cfg, recurrent, planes, lead, profile_len, n_tokens, n_max_limit)
             if reason:
                 np_ = f" -np {par}" if par != 1 else ""
@@ -251,7 +256,7 @@ def expand(axes: Axes, recurrent: bool, n_tokens: int, native: bool = False,
                                                                   f"with this type whatever the draft length"))
                 continue
             for mode in NATIVE_MODES if dflash else ("",):
-                nat = replace(cfg, kind="native", planes="", lead="", inject=mode)
+                nat = replace(cfg, kind="native", planes="", lead="", inject=mode, tree="")  # (no trees in llama.cpp)
                 if nat not in with_native:
                     with_native.append(nat)
         configs = with_native

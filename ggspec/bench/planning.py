@@ -16,6 +16,7 @@ from ggspec.bench.session import Plan
 from ggspec.errors import InputError
 from ggspec.speculative import registry
 from ggspec.speculative.sampling import concrete_seed
+from ggspec.speculative.tree_budget import parse_tree_budget
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,13 @@ class AxisFlags:
     rs_lead: str | None = None
     inject: str | None = None
     temp: str | None = None
+    tree: str | None = None  # --spec-tree-budget (a comma list in bench)
+
+
+def _tree_item(text: str) -> str:
+    """One --spec-tree-budget value of bench's list, checked (parse_tree_budget's error)."""
+    parse_tree_budget(text)
+    return text.strip().lower()
 
 
 def resume_conflicts(shared: opts.Shared, axes: AxisFlags, prompts: Path | None, profile: str | None) -> list[str]:
@@ -45,7 +53,7 @@ def resume_conflicts(shared: opts.Shared, axes: AxisFlags, prompts: Path | None,
              ("-ctk", a.type_k), ("-ctv", a.type_v), ("-c", a.n_ctx),
              ("--spec-draft-rs-planes", a.rs_planes), ("--spec-draft-rs-planes-lead", a.rs_lead),
              ("--spec-dflash-inject", a.inject), ("--acceptance-profile", profile),
-             ("--temp", a.temp), ("--top-k", sampling.top_k != opts.TOP_K or None),
+             ("--temp", a.temp), ("--spec-tree-budget", a.tree), ("--top-k", sampling.top_k != opts.TOP_K or None),
              ("--top-p", sampling.top_p != opts.TOP_P or None), ("--min-p", sampling.min_p != opts.MIN_P or None),
              ("--seed", sampling.seed != opts.SEED or None),
              ("--rpc", s.rpc), ("-sm", s.split_mode), ("-ts", s.tensor_split),
@@ -113,6 +121,7 @@ def new_plan(shared: opts.Shared, axes: AxisFlags, *, prompts: Path | None, n_pr
             raise InputError(f"{', '.join(spec_only)}: speculative settings need a draft model (-md)")
     if registry.draft_file_optional(shared.spec_type) and axes.inject is not None:
         raise InputError(f"--spec-dflash-inject: {shared.spec_type} has no draft model to inject into")
+    trees = split_list("--spec-tree-budget", axes.tree, ("",), _tree_item)
     base = shared.pair_config(target, draft_path)  # the options' own checks, each naming its flag
     d = opts.DEFAULTS
     n_max = int(opts.recommended(rec, "n_max"))
@@ -127,6 +136,7 @@ def new_plan(shared: opts.Shared, axes: AxisFlags, *, prompts: Path | None, n_pr
         inject=split_list("--spec-dflash-inject", axes.inject, (d["inject"],)),
         parallel=split_list("-np", axes.parallel, (d["parallel"],), int),
         temp=split_list("--temp", axes.temp, (opts.TEMP,), float),
+        tree=trees,
     )
     if grid.is_matrix and not matrix:
         raise InputError(f"the comma lists make {grid.size} combinations: add --matrix to run them")

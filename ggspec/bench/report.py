@@ -33,7 +33,7 @@ SCHEMA = "ggspec-bench/1"
 ROW_FIELDS = (
     # what was run
     "config", "kind", "label", "category", "n_prompts", "reps", "n_predict", "acceptance_profile",
-    "ctk", "ctv", "n_ctx", "n_max", "planes", "lead", "inject", "parallel", "temp",
+    "ctk", "ctv", "n_ctx", "n_max", "planes", "lead", "inject", "parallel", "temp", "tree",
     # speed
     "decode_tps_mean", "decode_tps_sd", "seq_tps_mean", "calls_per_step", "prompt_tps_mean",
     "speedup_mean", "speedup_sd", "baseline_tps_mean",
@@ -43,6 +43,8 @@ ROW_FIELDS = (
     "accept_hist", "steps",
     # the adaptive length (auto): steps by drafted tokens verified, and the share at k = 0
     "k_hist", "k0_share",
+    # token trees: the share of speculative steps that verified one, and draft nodes verified per step
+    "tree_share", "nodes_per_step",
     # where the time goes, and the ceiling it implies
     "share_draft", "share_verify", "share_inject", "share_replay", "share_overhead",
     "ms_draft", "ms_verify", "ms_target_1", "s_max",
@@ -124,7 +126,7 @@ def _row(cfg: BenchConfig, category: str, runs: list[Run], by_config: dict, sett
                acceptance_profile=settings.profile if cfg.speculative else None,
                ctk=cfg.ctk, ctv=cfg.ctv, n_ctx=cfg.n_ctx, n_max=cfg.n_max or None, planes=cfg.planes or None,
                lead=cfg.lead or None, inject=cfg.inject or None, parallel=cfg.parallel, temp=cfg.temp,
-               build=meta.get("build"), patches=",".join(meta.get("patches", [])),
+               tree=cfg.tree or None, build=meta.get("build"), patches=",".join(meta.get("patches", [])),
                target_sha256=meta.get("target_sha256"), draft_sha256=meta.get("draft_sha256"),
                machine=meta.get("machine"), devices=settings.devices)
     mean, sd = _mean_sd(tps)
@@ -174,6 +176,8 @@ def _row(cfg: BenchConfig, category: str, runs: list[Run], by_config: dict, sett
                    accept_hist=total.accept_hist, steps=total.spec_steps)
     if sum(total.k_hist):
         row.update(k_hist=total.k_hist, k0_share=_r(total.k_hist[0] / sum(total.k_hist)))
+    if total.spec_steps and cfg.kind == "spec":
+        row.update(tree_share=_r(total.tree_steps / total.spec_steps), nodes_per_step=_r(total.nodes / total.spec_steps))
     if cfg.kind != "spec":
         return row
 
@@ -273,7 +277,7 @@ _STATS_TYPES.update({f: (lambda v: isinstance(v, list) and all(is_int(x) and x >
                      for f in ("accept_hist", "pos_drafted", "pos_accepted", "k_hist")})
 _CONFIG_TYPES = {"kind": (str,), "ctk": (str,), "ctv": (str,), "n_ctx": is_int, "n_max": is_int,
                  "planes": (str,), "lead": (str,), "inject": (str,), "parallel": is_int,
-                 "temp": lambda v: _is_num(v) and v >= 0, "adaptive": (bool,)}
+                 "temp": lambda v: _is_num(v) and v >= 0, "adaptive": (bool,), "tree": (str,)}
 _RUN_TYPES = {"config": (str,), "rep": is_int, "prompt": is_int, "category": (str,), "stats": (dict,),
               "identical": lambda v: v is None or isinstance(v, bool), "paired_with": (str,),
               "divergence": lambda v: v in (None, "near-tie", "real"), "margin": lambda v: v is None or _is_num(v),
@@ -486,7 +490,7 @@ def to_markdown(rows: list[dict], settings: Settings) -> str:
     par = any((r["parallel"] or 1) > 1 for r in rows)  # parallel levels: aggregate and per-sequence speed
     head = ["configuration", "category", "decode t/s" + (" (aggregate)" if par else "")] + (
         ["per-seq t/s", "calls/step"] if par else []) + ["speedup"] + (["vs llama.cpp no-spec"] if native else []) + [
-        "τ pooled", "accept", "auto k (share)", "S_max", "replay", "time: draft/verify/inject/replay/other %", "identical"]
+        "τ pooled", "accept", "auto k (share)", "tree steps, nodes/step", "S_max", "replay", "time: draft/verify/inject/replay/other %", "identical"]
     table = []
     for r in rows:
         label = r["label"] + (f" [forced: {r['acceptance_profile']}]" if r["acceptance_profile"] else "")
@@ -501,6 +505,7 @@ def to_markdown(rows: list[dict], settings: Settings) -> str:
             _fmt(r["tau_pooled"], ".2f"),
             "" if r["acceptance_rate"] is None else f"{100 * r['acceptance_rate']:.0f}%",
             k_shares(r.get("k_hist") or [], top=3),  # the three most frequent choices of auto
+            "" if not r.get("tree_share") else f"{100 * r['tree_share']:.0f}%, {r['nodes_per_step']:.1f}",
             _fmt(r["s_max"], ".2f"),
             "" if r["replay_share"] is None or r["planes"] is None else f"{100 * r['replay_share']:.0f}%",
             shares, identical_cell(r),
@@ -520,6 +525,9 @@ def to_markdown(rows: list[dict], settings: Settings) -> str:
     if any(r.get("k_hist") for r in rows):
         note += ("; auto k = the adaptive length's verified drafts per step (the three most frequent, k 0: "
                  "plain decoding steps)")
+    if any(r.get("tree_share") for r in rows):
+        note += ("; tree steps = the speculative steps that verified a token tree, nodes/step = draft tokens "
+                 "verified per speculative step (a tree's nodes)")
     if any(r["tau_pooled"] is not None for r in rows):
         note += ("; τ pooled = committed tokens / speculative steps (bonus token included); "
                  "S_max = τ·T_target(1) / (T_draft + T_verify)")

@@ -35,6 +35,7 @@ from ggspec.runtime.context import resolve_flash_attn
 from ggspec.runtime.devices import Placement
 from ggspec.speculative import registry
 from ggspec.speculative.driver import Request, drive
+from ggspec.speculative.tree_budget import parse_tree_budget
 from ggspec.speculative.engine import Engine
 from ggspec.speculative.loop import generate_greedy
 from ggspec.speculative.models import Models, PairConfig
@@ -193,7 +194,8 @@ class Runner:
                           n_max=cfg.n_max if cfg else n_max, adaptive=cfg.adaptive if cfg else False, ctx=ctx, parallel=cfg.parallel if cfg else 1,
                           sampling=s.sampling(cfg.temp if cfg else 0.0),
                           planes=cfg.plane_options if cfg else PlaneOptions(), inject=(cfg.inject if cfg else "") or "pruned",
-                          placement=s.placement, n_gpu_layers=s.n_gpu_layers, n_gpu_layers_draft=s.n_gpu_layers)
+                          placement=s.placement, n_gpu_layers=s.n_gpu_layers, n_gpu_layers_draft=s.n_gpu_layers,
+                          **_tree_fields(cfg.tree if cfg else ""))
 
     def _pair(self, cfg: BenchConfig) -> Engine:
         """ggspec's speculative engine of a configuration; with an acceptance profile (a benchmark
@@ -416,3 +418,11 @@ class Runner:
             return list(b.tokens)
         k = next(k for k, e in enumerate(ends) if e > first)
         return list(b.tokens[:k]) + [-1]
+
+
+def _tree_fields(text: str) -> dict:
+    """A configuration's --spec-tree-budget as PairConfig fields ("": the default)."""
+    if not text:
+        return {}
+    budget, auto = parse_tree_budget(text)
+    return {"tree_budget": budget, "tree_auto": auto}
