@@ -213,6 +213,9 @@ main() {
         grep -q "^make-scale *rc=0 " "$SUMMARY" && stage bench-scale 150 bench_scale -1
     fi
     stage bench-gpu 90 bench_matrix -1 gpu
+    # token trees on the device: tokens per call and speed per budget against the chain (issue 40)
+    stage trees-gpu 60 python3 scripts/tree_acceptance.py --pair tiny-coder --budgets 0,16,32,64,auto --reps 2 \
+        -n 64 -ngl -1
     stage bench-cpu 60 bench_matrix 0 cpu
     say "done in $(since "$T0.0")s"
 }

@@ -69,6 +69,7 @@ def main() -> None:
     ap.add_argument("-n", type=int, default=128, help="tokens per prompt")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("-t", "--threads", type=int, default=1)
+    ap.add_argument("-ngl", "--n-gpu-layers", type=int, default=0, help="target and draft layers on the GPU (-1: all)")
     ap.add_argument("--simulate", action="store_true", help="also TreeCommit's simulated acceptance per budget")
     args = ap.parse_args()
     if args.pair:
@@ -77,7 +78,8 @@ def main() -> None:
     else:
         target, draft = args.model, args.model_draft
     ctx = ContextParams(n_ctx=4096, n_threads=args.threads)
-    base = PairConfig(target, draft, spec_type="draft-dflash", ctx=ctx)
+    gpu = {"n_gpu_layers": args.n_gpu_layers, "n_gpu_layers_draft": args.n_gpu_layers}
+    base = PairConfig(target, draft, spec_type="draft-dflash", ctx=ctx, **gpu)
     budgets = [b.strip() for b in args.budgets.split(",")]
     console = Console()
     with Models(base) as models:
@@ -94,7 +96,7 @@ def main() -> None:
             # a fixed draft length (the block), so every budget verifies the same chain; auto's costs
             # come from its own measurements of the steps
             configs[b] = PairConfig(target, draft, spec_type="draft-dflash", ctx=ctx, n_max=base.n_max,
-                                    calibrate=False, tree_budget=budget, tree_auto=auto)
+                                    calibrate=False, tree_budget=budget, tree_auto=auto, **gpu)
         runs: dict[str, list[dict]] = {b: [] for b in budgets}
         for _ in range(args.reps):  # interleaved: every budget once per repetition
             for b in budgets:

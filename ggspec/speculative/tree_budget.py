@@ -252,7 +252,7 @@ def plan_trees(cfg, plan, recurrent: bool, n_max: int) -> int:
                       "inject")
     if not cfg.sampling.greedy:
         return refuse("are verified greedily: sampling (temperature > 0) over a tree's siblings is not built yet",
-                      "temperature")
+                      "temp")
     if not fixed and cfg.parallel > 1:
         return 0
     from ggspec.speculative.tree_verify import MAX_SEQ, tree_seq_ids  # noqa: PLC0415
