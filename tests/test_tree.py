@@ -216,21 +216,24 @@ def test_a_tree_verified_then_its_accepted_path_committed(build_info):
 
 # --- the engine's tree verify ------------------------------------------------------------------------
 
-def _tiny_cfg(budget: int, auto: bool = False, **kw):
-    from helpers.pairs import DFLASH, TARGET
+def _tiny_cfg(budget: int | None, auto: bool = False, kind: str = "draft-dflash", **kw):
+    from helpers.pairs import DFLASH, DRAFT, EAGLE3, TARGET
 
     from ggspec.runtime import ContextParams
     from ggspec.speculative.models import PairConfig
 
-    return PairConfig(TARGET, DFLASH, n_max=7, calibrate=False, tree_budget=budget, tree_auto=auto,
-                      ctx=ContextParams(n_ctx=2048, n_threads=1), **kw)
+    draft = {"draft-dflash": DFLASH, "draft-simple": DRAFT, "draft-eagle3": EAGLE3}.get(kind, DFLASH)
+    return PairConfig(TARGET, draft, spec_type=kw.pop("spec_type", kind), n_max=7, calibrate=False,
+                      tree_budget=budget, tree_auto=auto, ctx=ContextParams(n_ctx=2048, n_threads=1), **kw)
 
 
-def test_the_engine_verifies_trees_as_the_simulation_says(build_info):
+@pytest.mark.parametrize("kind", ["draft-dflash", "draft-simple", "draft-eagle3"])
+def test_the_engine_verifies_trees_as_the_simulation_says(kind, build_info):
     """The engine verifying real trees (one decode, branches, the accepted path's cells kept, the
-    DFlash draft fed the path's feature rows) decodes the plain greedy text, and accepts at every
-    step exactly what TreeCommit's simulation of the same budget accepts: the draft's features
-    after a tree step are the chain's would be, or its next trees would differ."""
+    drafter fed the path: DFlash and EAGLE3 its feature rows, draft-simple its tokens) decodes the
+    plain greedy text, and accepts at every step exactly what TreeCommit's simulation of the same
+    budget accepts: the drafter's state after a tree step is what a chain that committed the same
+    tokens leaves, or its next trees would differ."""
     from helpers.pairs import STACK
 
     from ggspec.bench.trees import TreeCommit
@@ -239,33 +242,35 @@ def test_the_engine_verifies_trees_as_the_simulation_says(build_info):
     from ggspec.speculative.models import Models
 
     n = 96
-    with Models(_tiny_cfg(0)) as models:
-        with Engine(models, _tiny_cfg(0), plain=True) as plain:
+    chain_cfg = _tiny_cfg(0, kind=kind)
+    with Models(chain_cfg) as models:
+        with Engine(models, chain_cfg, plain=True) as plain:
             ids = plain.target_model.tokenize(STACK)
             reference = [*ids.tolist(), *decode_one(plain, ids, n + 8, speculate=False, ignore_eos=True).tokens]
-        with Engine(models, _tiny_cfg(0)) as chain_engine:
+        with Engine(models, chain_cfg) as chain_engine:
             chain_seq = decode_one(chain_engine, ids, n, ignore_eos=True)
         for budget in (16, 32):
-            with Engine(models, _tiny_cfg(0), wrap_proposer=lambda p, b=budget: TreeCommit(p, b, 8, models.target.n_vocab)) as e:
+            wrap = lambda p, b=budget: TreeCommit(p, b, 8, models.target.n_vocab)  # noqa: E731
+            with Engine(models, chain_cfg, wrap_proposer=wrap) as e:
                 e.proposer.reference = lambda _seq: reference
                 decode_one(e, ids, n, ignore_eos=True)
                 simulated = e.proposer.counts.depths
-            with Engine(models, _tiny_cfg(budget)) as e:
+            with Engine(models, _tiny_cfg(budget, kind=kind)) as e:
                 assert e.target.kv_unified and e.tree_rule is not None and e.tree_rule.budget == budget
                 seq = decode_one(e, ids, n, ignore_eos=True)
                 assert seq.tokens == reference[len(ids):len(ids) + n]
             st = seq.stats
             assert st.tree_steps > 0 and st.nodes > st.drafted
             assert st.tau > chain_seq.stats.tau  # more per target call than the chain
-            got = _accepted_per_step(models, budget, ids, n)
+            got = _accepted_per_step(models, _tiny_cfg(budget, kind=kind), ids, n)
             # (the last step is cut by the token budget in the engine, not in the simulation)
             assert len(got) == len(simulated) and got[:-1] == simulated[:-1]
 
 
-def _accepted_per_step(models, budget: int, ids, n: int) -> list[int]:
+def _accepted_per_step(models, cfg, ids, n: int) -> list[int]:
     from ggspec.speculative.engine import Engine
 
-    with Engine(models, _tiny_cfg(budget)) as e:
+    with Engine(models, cfg) as e:
         e.add(ids, n, ignore_eos=True)
         return [step.accepted for _, step in e.run() if step.kind == "spec"]
 
@@ -314,7 +319,7 @@ def test_trees_are_refused_where_they_cannot_run(build_info, hybrid_pair, dense_
     cases = [
         (PairConfig(**{**hybrid.__dict__, "tree_budget": 16, "tree_auto": False}), "recurrent"),
         (_tiny_cfg(16, sampling=SamplerSettings(temp=0.8)), "greedily"),
-        (_tiny_cfg(16, spec_type="ngram-simple"), "plain DFlash"),
+        (_tiny_cfg(16, spec_type="ngram-simple"), "plain DFlash, draft-simple and EAGLE3"),
         (_tiny_cfg(64, parallel=4), "256"),
         (_tiny_cfg(16, inject="immediate"), "pruned"),
     ]

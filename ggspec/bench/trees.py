@@ -1,9 +1,10 @@
-"""What token trees would accept, measured before trees are verified (issue 40).
+"""What token trees would accept, simulated with chains: a check of the tree verify (issue 40).
 
-`TreeCommit` wraps a DFlash proposer: its real block is drafted (the draft cache goes through the
-same injections as always), a DDTree is grown from the block's per-position distributions
-(speculative.tree), and the tree's greedy accepted path, which is the longest prefix of the
-target's greedy continuation the tree holds, is what the engine is made to commit: the draft it
+`TreeCommit` wraps a proposer that grows trees (plain DFlash, draft-simple, EAGLE3): its real
+draft is made (the draft's state goes through the same updates as always), a DDTree is grown
+from its per-position candidates (Proposer.marginals), and the tree's greedy accepted path,
+which is the longest prefix of the target's greedy continuation the tree holds, is what the
+engine is made to commit: the draft it
 verifies is that prefix followed by a token the target rejects. Steps then land where a tree
 verify would leave them, so the engine's tokens per target call are a tree's, at any budget,
 on any machine: a hardware-independent figure. What it cannot say is what the tree's verify
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ggspec.speculative.proposer import Draft
-from ggspec.speculative.tree import ddtree, top_k
+from ggspec.speculative.tree import ddtree
 
 
 @dataclass
@@ -36,9 +37,10 @@ class TreeCommit:
     plain greedy continuation (None: the proposer's own draft, as for calibration)."""
 
     def __init__(self, inner, budget: int, k: int = 8, n_vocab: int = 0) -> None:
-        if not getattr(inner, "samples_drafts", False):  # (plain DFlash: its block rows are distributions)
-            raise ValueError(f"trees are grown from a DFlash block's distributions, not {inner.name}'s")
+        if not getattr(inner, "grows_trees", False):
+            raise ValueError(f"{inner.name} drafts give no per-position candidates to grow a tree from")
         self.inner, self.budget, self.k, self.n_vocab = inner, budget, k, n_vocab
+        inner.keep_candidates()
         self.name, self.max_draft = inner.name, inner.max_draft
         self.reference = lambda _seq: None
         self.counts = TreeCounts()
@@ -47,19 +49,17 @@ class TreeCommit:
         return getattr(self.inner, name)
 
     def propose(self, seqs, n: int) -> list[Draft]:
+        self.inner.want_candidates(True)
         made = self.inner.propose(seqs, n)
-        logits = self.inner.draft.logits_view()
-        rows = logits.shape[0] // len(seqs)
-        blocks = logits[:len(seqs) * rows].reshape(len(seqs), rows, -1)[:, rows - n:]  # row i predicts pos + 1 + i
+        grown = self.inner.marginals(seqs, n, self.k)
         out = []
-        for seq, own, block in zip(seqs, made, blocks):
+        for seq, own, candidates in zip(seqs, made, grown):
             reference = self.reference(seq)
-            if reference is None:
+            if reference is None or candidates is None or len(own) != n:
                 out.append(own)
                 continue
             truth = np.asarray(reference[seq.pos + 1:seq.pos + 1 + n], dtype=np.int32)
-            cols, logprobs = top_k(np.asarray(block, dtype=np.float32), self.k)
-            tree = ddtree(self.inner._tokens(cols), logprobs, self.budget)
+            tree = ddtree(*candidates, self.budget)
             depth = tree.accepted(truth)
             c = self.counts
             c.steps += 1

@@ -15,8 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from ggspec.speculative.dflash import CONFIDENCE_TOP_K, best_picked, top_k_confidence
+from ggspec.speculative.dflash import CONFIDENCE_TOP_K, best_picked, picked_ranked, top_k_confidence
 from ggspec.speculative.sampling import Candidates, candidates
+from ggspec.speculative.tree import top_k
 from ggspec.speculative.verifier import DRAFT
 
 
@@ -72,9 +73,54 @@ class PickedRows:
         return self.ctx.logits_view()[r:r + 1, :self.n_cols]
 
 
+def row_candidates(rows, r: int, k: int, ids: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """Row r's k likeliest tokens, best first, and their log-probabilities: from the full row, or
+    from the top logits the device picked (normalised among themselves)."""
+    if isinstance(rows, PickedRows) and rows.ctx.picked_on_device(rows.seq_ids[r]):
+        cols, logprobs = picked_ranked(*rows._top(r), k)
+    else:
+        cols, logprobs = top_k(rows.row(r), k)
+        cols, logprobs = cols[0], logprobs[0]
+    return (cols if ids is None else ids[cols]).astype(np.int32), logprobs
+
+
+class RowCandidates:
+    """Token trees for an autoregressive drafter (a mixin of its proposer): each drafted
+    position's likeliest tokens, read from the chain's own rows while drafting. The siblings at a
+    depth are then the draft's alternatives given the chain before them; a node below a sibling
+    takes the chain's candidates at its depth, computed after the chain's token there, not its
+    own (like DFlash's marginals: the target's verify decides, so the output stays exact)."""
+
+    grows_trees = True
+    trees = False  # keep_candidates() was called: a device that picks a row keeps its top logits
+    _wanted = False  # this step's propose keeps its rows' candidates (want_candidates)
+    _candidates: dict = {}
+
+    def keep_candidates(self) -> None:
+        self.trees = True
+
+    def want_candidates(self, on: bool) -> None:
+        self._wanted = on
+
+    def _keeping(self, seqs) -> list[list] | None:
+        """Where this propose's rows' candidates go (draft_tokens' `kept`), None: not kept."""
+        self._candidates = {}
+        return [[] for _ in seqs] if self._wanted and self.trees else None
+
+    def _kept(self, seqs, kept: list[list] | None) -> None:
+        if kept is None:
+            return
+        self._candidates = {seq.seq_id: (np.stack([c for c, _ in rows]), np.stack([p for _, p in rows]))
+                            for seq, rows in zip(seqs, kept) if rows}
+
+    def marginals(self, seqs, n: int, k: int) -> list[tuple[np.ndarray, np.ndarray] | None]:
+        return [self._candidates.get(seq.seq_id) for seq in seqs]
+
+
 def draft_tokens(seqs: Sequence, n: int, p_min: float, step: Callable[[int], tuple[Any, Any]],
                  feed: Callable[[int, Any, int, int, Any], None],
-                 ids: np.ndarray | None = None) -> list[tuple[list[int], list[Candidates]]]:
+                 ids: np.ndarray | None = None, kept: list[list] | None = None,
+                 top: int = 8) -> list[tuple[list[int], list[Candidates]]]:
     """Up to n drafts per sequence. `step(i)` makes draft position i's model call (or none, when
     the logits are already there) and returns its rows, one per sequence still drafting in order
     (logits, HostRows or PickedRows), with whatever `feed` needs of it; `feed(row, seq, token, i,
@@ -82,7 +128,8 @@ def draft_tokens(seqs: Sequence, n: int, p_min: float, step: Callable[[int], tup
     each sequence's tokens and, where they were drawn, their distributions (proposer.model_draft
     makes the Draft). `ids`: the token of each logits column when the head scores a reduced
     vocabulary (None: column = token). `p_min`: the proposer's cut-off, where a sequence has none
-    of its own (Sequence.p_min)."""
+    of its own (Sequence.p_min). `kept`: per sequence, a list that gets each greedy drafted
+    position's `top` candidates (row_candidates), for a token tree."""
     cuts = [seq.p_min(p_min) for seq in seqs]
     tokens: list[list[int]] = [[] for _ in seqs]
     dists: list[list[Candidates]] = [[] for _ in seqs]
@@ -100,6 +147,8 @@ def draft_tokens(seqs: Sequence, n: int, p_min: float, step: Callable[[int], tup
             if seq.sampling.greedy:
                 token = rows.argmax(r)
                 token = token if ids is None else int(ids[token])
+                if kept is not None:
+                    kept[k].append(row_candidates(rows, r, top, ids))
             else:  # drawn from the draft's distribution under the sequence's sampler
                 q = candidates(rows.row(r), seq.sampling)
                 if ids is not None:  # columns -> tokens: the reduced vocabulary's distribution

@@ -37,7 +37,7 @@ from ggspec.runtime.gguf_meta import GGUFMeta
 from ggspec.speculative.archs import LAYER_INPUT_ARCHS
 from ggspec.speculative.draft_type import Build, DraftPlan, DraftType, Traits, draft_of_kind
 from ggspec.speculative.draft_vocab import DraftVocabOptions, set_draft_head
-from ggspec.speculative.proposer import Draft, Proposer, Span, capture_rows
+from ggspec.speculative.proposer import Draft, Proposer, Span, capture_rows, row_runs
 from ggspec.speculative.sampling import candidates
 from ggspec.speculative.tree import top_k
 from ggspec.speculative.verifier import DRAFT
@@ -244,20 +244,8 @@ class DFlashProposer(Proposer):
         self._paths.clear()
 
     def _runs(self, seq_id: int, row0: int, pos0: int, n: int) -> list[tuple[int, int, int]]:
-        """The captured rows that hold a sequence's positions pos0..pos0 + n - 1 as runs of
-        consecutive rows: (first row, first position, count); one run but for a tree's path."""
-        if n <= 0:
-            return []
-        path = self._paths.pop(seq_id, None)
-        if path is None:
-            return [(row0, pos0, n)]
-        runs: list[tuple[int, int, int]] = []
-        for i, off in enumerate(path[:n]):
-            if runs and runs[-1][0] + runs[-1][2] == row0 + off:
-                runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
-            else:
-                runs.append((row0 + off, pos0 + i, 1))
-        return runs
+        """The captured rows that hold a sequence's positions pos0..pos0 + n - 1 (row_runs)."""
+        return row_runs(row0, pos0, n, self._paths.pop(seq_id, None))
 
     def flush(self) -> None:
         """Inject every captured row (and every held one) into the draft cache: one call for all
@@ -402,7 +390,7 @@ class DFlashProposer(Proposer):
         for s, seq in enumerate(seqs):
             if self.draft.picked_on_device(seq.seq_id):
                 tops = [self.draft.picked_top(r) for r in range(s * rows + rows - n, (s + 1) * rows)]
-                cols, logprobs = zip(*(_ranked(c, v, k) for c, v in tops))
+                cols, logprobs = zip(*(picked_ranked(c, v, k) for c, v in tops))
                 out.append((self._tokens(np.stack(cols)), np.stack(logprobs)))
                 continue
             block = self.draft.logits_view()[s * rows + rows - n:(s + 1) * rows]
@@ -504,7 +492,7 @@ class DSparkProposer(DFlashProposer):
         return [Draft(_cut(t, c < cut)) for t, c, cut in zip(tokens, conf, cuts)]
 
 
-def _ranked(cols: np.ndarray, logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+def picked_ranked(cols: np.ndarray, logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """A row's top logits picked on the device (in no order): the k best columns, best first (a
     tie's lowest column first), and their log-probabilities among the picked ones."""
     order = np.lexsort((cols, -logits))[:k]

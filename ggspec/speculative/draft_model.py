@@ -34,8 +34,8 @@ from __future__ import annotations
 from ggspec.errors import InputError
 from ggspec.runtime import Batch, Context
 from ggspec.runtime.preflight import check_model
-from ggspec.speculative.autoregressive import PickedRows, draft_tokens
-from ggspec.speculative.dflash import is_dflash, pick_mode
+from ggspec.speculative.autoregressive import PickedRows, RowCandidates, draft_tokens
+from ggspec.speculative.dflash import CONFIDENCE_TOP_K, is_dflash, pick_mode
 from ggspec.speculative.draft_type import Build, DraftPlan, DraftType, Traits, check_draft_given
 from ggspec.speculative.draft_vocab import DraftVocabOptions, set_draft_head
 from ggspec.speculative.eagle3 import is_eagle3
@@ -68,7 +68,7 @@ def check_vocab_compatible(target, draft) -> None:
                              f"{lc.llama_vocab_get_text(vt, i)!r} (the vocabularies must be the same)", field="draft")
 
 
-class DraftModelProposer(Proposer):
+class DraftModelProposer(RowCandidates, Proposer):
     """Drafts with a classic draft model (see the module docstring)."""
 
     name = "draft-simple"
@@ -96,17 +96,19 @@ class DraftModelProposer(Proposer):
         draft's cells with the target's); the rest goes."""
         self.draft.remove(cached, seq.seq_id)
         if self.pick_on_device:
-            self.draft.pick_on_device(seq.seq_id, pick_mode(seq, seq.p_min(self.p_min)))
+            mode = pick_mode(seq, seq.p_min(self.p_min))
+            self.draft.pick_on_device(seq.seq_id, CONFIDENCE_TOP_K if mode == 0 and self.trees else mode)
         self._held[seq.seq_id] = cached
         self._wrote.pop(seq.seq_id, None)
 
     def observe(self, spans) -> None:
         """Nothing to capture: the draft reads tokens only, from the sequence's history."""
 
-    def commit(self, seq, pos0: int, n_committed: int, other: bool = False) -> None:
+    def commit(self, seq, pos0: int, n_committed: int, other: bool = False, rows: list[int] | None = None) -> None:
         """The target keeps positions < pos0 + n_committed: so do the draft's cells (those of
         tokens other than the committed ones, which a wrapper may have proposed instead of the
-        draft's, go when the committed tokens are known: _sync)."""
+        draft's, or a token tree's path off the chain, go when the committed tokens are known:
+        _sync)."""
         wrote = self._wrote.get(seq.seq_id)
         if wrote is not None:
             p0, tokens = wrote
@@ -151,7 +153,9 @@ class DraftModelProposer(Proposer):
             self._batch.add_tokens([token], seq.pos + i + 1, seq.seq_id, outputs="all")
             self._rows.append(seq.seq_id)
 
-        made = draft_tokens(seqs, n, self.p_min, step, feed, ids=self.draft.logit_ids)
+        kept = self._keeping(seqs)
+        made = draft_tokens(seqs, n, self.p_min, step, feed, ids=self.draft.logit_ids, kept=kept)
+        self._kept(seqs, kept)
         self._batch.clear()
         for seq, (tokens, _) in zip(seqs, made):
             # cells from id_last on: it and every drafted token but one that reached n (never decoded)
@@ -223,7 +227,7 @@ def _plan(cfg, target, draft, warnings: list[str]) -> DraftPlan:
     if is_eagle3(draft):
         raise InputError("the draft is an EAGLE3 head: it drafts draft-eagle3, not draft-simple", field="spec_type")
     check_model(draft, "draft")
-    return DraftPlan(DRAFT_SIMPLE, reads_draft=True)
+    return DraftPlan(DRAFT_SIMPLE, reads_draft=True, grows_trees=True)
 
 
 def check_draft_model(target, draft) -> None:

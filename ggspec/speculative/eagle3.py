@@ -38,9 +38,9 @@ import numpy as np
 from ggspec.errors import InputError, LlamaError
 from ggspec.runtime import Batch, Context
 from ggspec.speculative.archs import FINAL_STATE_ARCHS, LAYER_INPUT_ARCHS
-from ggspec.speculative.autoregressive import draft_tokens
+from ggspec.speculative.autoregressive import RowCandidates, draft_tokens
 from ggspec.speculative.draft_type import Build, DraftPlan, DraftType, Traits, draft_of_kind
-from ggspec.speculative.proposer import Draft, Proposer, Span, capture_rows, model_draft
+from ggspec.speculative.proposer import Draft, Proposer, Span, capture_rows, model_draft, row_runs
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ def check_eagle3(target, draft, info: Eagle3Info) -> None:
                          f"{target.n_vocab} tokens", field="draft")
 
 
-class Eagle3Proposer(Proposer):
+class Eagle3Proposer(RowCandidates, Proposer):
     """Drafts with an EAGLE3 head (see the module docstring)."""
 
     name = "draft-eagle3"
@@ -113,6 +113,7 @@ class Eagle3Proposer(Proposer):
         self._enc = Batch(draft)
         self._batch = Batch(draft)
         self._rows: dict[int, tuple[int, int, int]] = {}  # seq_id -> (row0, pos0, n) observed, not encoded
+        self._paths: dict[int, list[int]] = {}  # seq_id -> a token tree's committed rows (offsets from row0)
         self._g: dict[int, tuple[int, np.ndarray]] = {}  # seq_id -> (first position, g rows) not written yet
         self._written: dict[int, int] = {}  # seq_id -> the decoder cells hold its pairs at positions < this
 
@@ -121,21 +122,26 @@ class Eagle3Proposer(Proposer):
     def begin(self, seq, cached: int = 0) -> None:
         self.draft.drop_sequence(seq.seq_id)
         self._rows.pop(seq.seq_id, None)
+        self._paths.pop(seq.seq_id, None)
         self._g.pop(seq.seq_id, None)
         self._written[seq.seq_id] = 0
 
     def observe(self, spans: list[Span]) -> None:
         capture_rows(self._rows, spans, "rows", "encoded")
 
-    def commit(self, seq, pos0: int, n_committed: int, other: bool = False) -> None:
+    def commit(self, seq, pos0: int, n_committed: int, other: bool = False, rows: list[int] | None = None) -> None:
         if seq.seq_id in self._rows:
             row0, first, n = self._rows[seq.seq_id]
             self._rows[seq.seq_id] = (row0, first, max(0, min(n, pos0 + n_committed - first)))
+            if rows is not None:  # a token tree's accepted path: its rows, not the span's first ones
+                self._paths[seq.seq_id] = rows[:n_committed]
 
     def flush(self) -> None:
         """The encoder over every sequence's new committed rows, one call (more past n_ubatch)."""
-        pending = [(sid, row0, pos0, n) for sid, (row0, pos0, n) in self._rows.items() if n]
+        pending = [(sid, *run) for sid, (row0, pos0, n) in self._rows.items()
+                   for run in row_runs(row0, pos0, n, self._paths.pop(sid, None))]
         self._rows.clear()
+        self._paths.clear()
         if not pending:
             return
         g = self._encode(pending)
@@ -209,7 +215,9 @@ class Eagle3Proposer(Proposer):
             self._batch.add_tokens_h([token], h + r * row_bytes, h + r * row_bytes, seq.pos + i, seq.seq_id,
                                      self.n_embd, outputs=True)
 
-        made = draft_tokens(seqs, n, self.p_min, step, feed)
+        kept = self._keeping(seqs)
+        made = draft_tokens(seqs, n, self.p_min, step, feed, kept=kept)
+        self._kept(seqs, kept)
         self._batch.clear()
         for seq in seqs:
             self.draft.remove(seq.pos, seq.seq_id)  # the drafts' pairs; the committed ones stay
@@ -258,13 +266,13 @@ class Eagle3Proposer(Proposer):
     def release(self, seq, keep: int = 0) -> int:
         """A sequence left; its pairs serve no later prompt (module docstring)."""
         sid = seq.seq_id
-        for d in (self._rows, self._g, self._written):
+        for d in (self._rows, self._paths, self._g, self._written):
             d.pop(sid, None)
         self.draft.drop_sequence(sid)
         return 0
 
     def reset(self) -> None:
-        for d in (self._rows, self._g, self._written):
+        for d in (self._rows, self._paths, self._g, self._written):
             d.clear()
         self.draft.clear()
 
@@ -282,7 +290,7 @@ def _plan(cfg, target, draft, warnings: list[str]) -> DraftPlan:
                           "draft-eagle3 needs an EAGLE3 head (architecture 'eagle3'); the draft's is '{arch}'", "spec_type")
     info = eagle3_info(draft)
     check_eagle3(target, draft, info)
-    return DraftPlan(DRAFT_EAGLE3, meta=info, reads_draft=True)
+    return DraftPlan(DRAFT_EAGLE3, meta=info, reads_draft=True, grows_trees=True)
 
 
 def _make(b: Build) -> Eagle3Proposer:

@@ -437,9 +437,11 @@ class Engine:
         trees, t_grow = self.tree_rule, 0.0
         if drafting:
             n = min(n, max(seq.limits.n_max for seq in drafting))  # no longer than any of them may verify
+            if trees is not None:  # (a drafter that keeps candidates while drafting is told first)
+                trees.choose(len(live), len(drafting))
+                self.proposer.want_candidates(trees.wants(len(drafting)))
             proposed = self.proposer.propose(drafting, n)
             if trees is not None:  # (the candidates are read from the draft call just made)
-                trees.choose(len(live), len(drafting))
                 proposed = trees.grow(self.proposer, drafting, n, proposed, self._grows_tree)
                 t_grow = trees.last_grow
             for seq, d in zip(drafting, proposed):

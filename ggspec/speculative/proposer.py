@@ -113,11 +113,16 @@ class Proposer:
 
     def marginals(self, seqs: list[Sequence], n: int, k: int) -> list[tuple[np.ndarray, np.ndarray]]:
         """After propose(seqs, n): per sequence, each drafted position's k likeliest tokens, best
-        first, and their log-probabilities ((n, k) arrays each; only where `grows_trees`)."""
+        first, and their log-probabilities ((n, k) arrays each; None: none kept for it; only
+        where `grows_trees`)."""
         raise NotImplementedError
 
     def keep_candidates(self) -> None:
-        """Trees will be grown from this proposer's drafts (marginals after every propose)."""
+        """Trees will be grown from this proposer's drafts (marginals after a propose)."""
+
+    def want_candidates(self, on: bool) -> None:
+        """Whether the next propose's candidates will be read (a drafter that must keep them while
+        drafting does so only then)."""
 
     def release(self, seq: Sequence, keep: int = 0) -> int:
         """A sequence left (finished or cancelled): forget it and free what it held beyond its
@@ -152,6 +157,23 @@ def capture_rows(rows: dict, spans: list[Span], what: str, done: str, keep=lambd
                              "since (flush before every target decode)")
         if sp.n_rows:
             rows[sp.seq_id] = (sp.row0, sp.pos0, keep(sp))
+
+
+def row_runs(row0: int, pos0: int, n: int, path: list[int] | None) -> list[tuple[int, int, int]]:
+    """The captured rows that hold a sequence's committed positions pos0..pos0 + n - 1, as runs
+    of consecutive rows (first row, first position, count): one run, but for a token tree's path
+    (`path`: the span's row offsets of those positions, commit's `rows`)."""
+    if n <= 0:
+        return []
+    if path is None:
+        return [(row0, pos0, n)]
+    runs: list[tuple[int, int, int]] = []
+    for i, off in enumerate(path[:n]):
+        if runs and runs[-1][0] + runs[-1][2] == row0 + off:
+            runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
+        else:
+            runs.append((row0 + off, pos0 + i, 1))
+    return runs
 
 
 def model_draft(tokens: list[int], dists: list[Candidates], n_min: int) -> Draft:

@@ -110,24 +110,32 @@ class TreeBudget:
 
     # --- growing ---------------------------------------------------------------------------------
 
+    def wants(self, n_drafting: int) -> bool:
+        """Whether the next step grows trees: to verify them, or (auto, verifying chains) to score
+        one, every SCORE_EVERY drafting steps where some budget could pay."""
+        if self.budget:
+            return True
+        return self.auto and (self._steps + 1) % SCORE_EVERY == 0 and not self.hopeless(n_drafting)
+
     def grow(self, proposer, seqs: list, n: int, drafts: list[Draft], eligible) -> list[Draft]:
         """The drafts with a tree each, for the sequences `eligible(seq)` allows (greedy, no
         grammar), where this step verifies trees or scores one. The candidates are read from the
-        draft's last call, so this runs right after propose."""
+        draft's last call (or what it kept of its rows), so this runs right after propose."""
+        grows = self.wants(len(seqs))
         self._steps += 1
         self.last_grow = 0.0
         score_only = self.budget == 0
-        if score_only and (not self.auto or self._steps % SCORE_EVERY or self.hopeless(len(seqs))):
-            return drafts
-        mine = [i for i, seq in enumerate(seqs) if eligible(seq) and len(drafts[i]) == n]
+        mine = [i for i, seq in enumerate(seqs) if eligible(seq) and len(drafts[i]) == n] if grows else []
         if not mine:
             return drafts
         t0 = time.perf_counter()
         grown = proposer.marginals([seqs[i] for i in mine], n, TOP_K)
         out = list(drafts)
-        for i, (tokens, logprobs) in zip(mine, grown):
+        for i, candidates in zip(mine, grown):
+            if candidates is None or len(candidates[0]) != n:
+                continue
             seq = seqs[i]
-            tree = ddtree(tokens, logprobs, self.cap if self.auto else min(self.cap, seq.limit - seq.pos - 1))
+            tree = ddtree(*candidates, self.cap if self.auto else min(self.cap, seq.limit - seq.pos - 1))
             if not np.array_equal(tree.tokens[:tree.n_chain], drafts[i].tokens[:tree.n_chain]):
                 continue  # (a draft picked otherwise than the candidates' best: keep the chain)
             self.stats.grown += 1
@@ -242,8 +250,8 @@ def plan_trees(cfg, plan, recurrent: bool, n_max: int) -> int:
         return 0
 
     if not plan.grows_trees:
-        return refuse(f"grow from a draft's per-position candidates: plain DFlash drafts only for now, "
-                      f"and {plan.spec_type} drafts chains", "spec_type")
+        return refuse(f"grow from a draft's per-position candidates: plain DFlash, draft-simple and EAGLE3 drafts only for "
+                      f"now, and {plan.spec_type} drafts chains", "spec_type")
     if recurrent:
         return refuse("need a recurrent state per node on a target with recurrent layers, which is not built "
                       "yet: trees run on dense targets")
