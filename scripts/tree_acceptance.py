@@ -3,6 +3,8 @@
 
     python scripts/tree_acceptance.py --pair tiny-coder                 # budgets 0, 8, 16, 32, 64, auto
     python scripts/tree_acceptance.py -m target.gguf -md dflash.gguf --budgets 0,16,auto -n 256 --reps 5
+    python scripts/tree_acceptance.py --pair qwen2.5-coder-1.5b --spec-type draft-simple -n 64 --prompts 4 \
+        --budgets 8,16,32 --simulate-only --spec-draft-n-max 7
 
 For every built-in bench prompt, greedy, at each `--spec-tree-budget` (0: the chain): the engine
 verifying real trees (one target decode per step, tree_verify.py), interleaved repetitions of
@@ -10,8 +12,9 @@ the whole set. Reported per budget: committed tokens per target call, accepted d
 nodes verified per step, the steps that verified a tree, the decode speed (the median of the
 repetitions' pooled t/s, and the median of the per-repetition ratios to the chain's), and whether
 every output equals plain greedy. With `auto`, also what it chose. `--simulate` adds what
-TreeCommit's simulation (bench/trees.py) says each budget accepts, for machines where the
-verify itself should not be timed.
+TreeCommit's simulation (bench/trees.py) says each budget accepts (`--simulate-only`: only that,
+for machines where the tree's verify rows are too dear to run). `--spec-type`: draft-dflash (the
+default; the draft length is the block's), draft-simple or draft-eagle3 (`--spec-draft-n-max`).
 """
 
 from __future__ import annotations
@@ -71,22 +74,27 @@ def main() -> None:
     ap.add_argument("-t", "--threads", type=int, default=1)
     ap.add_argument("-ngl", "--n-gpu-layers", type=int, default=0, help="target and draft layers on the GPU (-1: all)")
     ap.add_argument("--simulate", action="store_true", help="also TreeCommit's simulated acceptance per budget")
+    ap.add_argument("--simulate-only", action="store_true", help="only the simulated acceptance (and the chain)")
+    ap.add_argument("--spec-type", default="draft-dflash")
+    ap.add_argument("--spec-draft-n-max", type=int, default=None, help="the draft length (DFlash: its block's)")
+    ap.add_argument("--prompts", type=int, default=None, help="the first N built-in prompts only")
     args = ap.parse_args()
     if args.pair:
         files = resolve(get_entry(args.pair))
-        target, draft = files.target, files.draft
+        target, draft = files.target, args.model_draft or files.draft  # (-md: another draft for the pair's target)
     else:
         target, draft = args.model, args.model_draft
     ctx = ContextParams(n_ctx=4096, n_threads=args.threads)
     gpu = {"n_gpu_layers": args.n_gpu_layers, "n_gpu_layers_draft": args.n_gpu_layers}
-    base = PairConfig(target, draft, spec_type="draft-dflash", ctx=ctx, **gpu)
+    base = PairConfig(target, draft, spec_type=args.spec_type, ctx=ctx, **gpu)
     budgets = [b.strip() for b in args.budgets.split(",")]
     console = Console()
     with Models(base) as models:
-        base.n_max = models.plan.max_draft  # the whole block: what a tree is grown from
+        # DFlash: the whole block (what a tree is grown from)
+        base.n_max = args.spec_draft_n_max or models.plan.max_draft or 7
         with Engine(models, base, plain=True) as plain:
             prompts = []
-            for p in BUILTIN:
+            for p in BUILTIN[:args.prompts]:
                 ids = plain.target_model.tokenize(p.text)
                 out = decode_one(plain, ids, args.n + base.n_max + 1, speculate=False, ignore_eos=True)
                 prompts.append((ids, [*ids.tolist(), *out.tokens]))
@@ -95,13 +103,19 @@ def main() -> None:
             budget, auto = parse_tree_budget(b)
             # a fixed draft length (the block), so every budget verifies the same chain; auto's costs
             # come from its own measurements of the steps
-            configs[b] = PairConfig(target, draft, spec_type="draft-dflash", ctx=ctx, n_max=base.n_max,
+            configs[b] = PairConfig(target, draft, spec_type=args.spec_type, ctx=ctx, n_max=base.n_max,
                                     calibrate=False, tree_budget=budget, tree_auto=auto, **gpu)
+        if args.simulate_only:
+            chain = run_once(models, configs.get("0") or PairConfig(**{**configs[budgets[0]].__dict__, "tree_budget": 0,
+                                                                       "tree_auto": False}), prompts, args.n)
+            console.print(f"chain: {chain['per_call']:.2f} tokens per target call, outputs = plain: {chain['same']}")
+            simulate(models, base, prompts, args.n, [int(b) for b in budgets if b.isdigit() and int(b)], console)
+            return
         runs: dict[str, list[dict]] = {b: [] for b in budgets}
         for _ in range(args.reps):  # interleaved: every budget once per repetition
             for b in budgets:
                 runs[b].append(run_once(models, configs[b], prompts, args.n))
-        table = Table(title=f"{Path(target).stem} + {Path(draft).stem}: DFlash n_max {base.n_max}, "
+        table = Table(title=f"{Path(target).stem} + {Path(draft).stem}: {args.spec_type} n_max {base.n_max}, "
                             f"{len(prompts)} prompts x {args.n} tokens, greedy, {args.reps} interleaved reps, "
                             f"{args.threads} thread(s)")
         for col in ("budget", "tokens per target call", "nodes per step", "tree steps", "t/s (median)",
@@ -135,12 +149,17 @@ def simulate(models: Models, cfg: PairConfig, prompts, n: int, budgets: list[int
         with Engine(models, PairConfig(**{**cfg.__dict__, "tree_budget": 0, "tree_auto": False, "calibrate": False}),
                     wrap_proposer=wrap) as engine:
             steps = committed = 0
+            same = True
             for ids, reference in prompts:
                 engine.proposer.reference = lambda _seq, r=reference: r
                 seq = decode_one(engine, ids, n, ignore_eos=True)
+                same &= seq.tokens == list(reference[len(ids):len(ids) + n])
                 steps += seq.stats.spec_steps
                 committed += seq.stats.committed_spec
-            console.print(f"simulated tree {budget}: {committed / steps:.2f} tokens per target call")
+            c = engine.proposer.counts
+            console.print(f"simulated tree {budget}: {committed / steps:.2f} tokens per target call (the chain at the "
+                          f"same steps: {1 + c.chain_accepted / max(c.steps, 1):.2f}), {c.nodes / max(c.steps, 1):.1f} "
+                          f"nodes, outputs = plain: {same}")
 
 
 if __name__ == "__main__":

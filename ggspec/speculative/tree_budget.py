@@ -15,8 +15,10 @@ Learning A(b) costs nothing extra once trees are verified: a tree of the largest
 trees of every smaller one (DDTree adds nodes best-first: its first b nodes are the budget-b tree),
 so scoring the tree against the text the target commits gives A(b) for every b at once, A(0) too
 (its first n nodes are the chain). While the rule verifies chains it grows a tree every
-SCORE_EVERY drafting steps only to score it (reading candidates costs ~3 ms for 7 rows of a 150k
-vocabulary on this CPU), and not at all where even the best tree could not pay: a budget whose
+SCORE_EVERY drafting steps only to score it, twice as long after each choice of the chain (up to
+SCORE_MAX: reading candidates costs ~3 ms for 7 rows of a 150k vocabulary on this CPU, and on the
+tiny pair, whose steps take 1.4 ms, scoring every fourth step cost 20 % of the speed), and not at
+all where even the best tree could not pay: a budget whose
 verify costs more than (1 + GAIN_MAX) times the chain's, for every budget, is hopeless (a tree
 accepts at most GAIN_MAX more per call than the chain: DDTree's best reported gain is +65 %).
 Costs of row counts not measured yet are read off the line through those measured, so a tree
@@ -43,7 +45,8 @@ BUDGETS = (8, 16, 32, 64)  # the budgets `auto` chooses among (from 2 n_max up t
 AUTO_MAX = 64  # `auto`'s largest budget
 TOP_K = 8  # candidates per draft position a tree grows from
 GAIN_MAX = 0.65  # the most a tree is believed to add to the chain's tokens per target call
-SCORE_EVERY = 4  # drafting steps per scored tree while the rule verifies chains
+SCORE_EVERY = 4  # drafting steps per scored tree while the rule verifies chains, at first
+SCORE_MAX = 256  # ... and at most, after choices of the chain in a row (each doubles the wait)
 REPLAN = 16  # steps between two choices
 DECAY = 0.98  # per scored tree: the acceptance follows the text's current kind
 
@@ -104,6 +107,7 @@ class TreeBudget:
         self._counts = {b: [0.0, 0.0] for b in [0, *self.budgets]}  # budget -> [weight, accepted sum]
         self._pending: dict[int, list[_Scored]] = {}
         self.budget = cap if not auto else 0  # this step's
+        self.score_every = SCORE_EVERY
         self._steps = 0
         self._since = REPLAN
         self.last_grow = 0.0  # seconds growing this step's trees
@@ -115,7 +119,7 @@ class TreeBudget:
         one, every SCORE_EVERY drafting steps where some budget could pay."""
         if self.budget:
             return True
-        return self.auto and (self._steps + 1) % SCORE_EVERY == 0 and not self.hopeless(n_drafting)
+        return self.auto and (self._steps + 1) % self.score_every == 0 and not self.hopeless(n_drafting)
 
     def grow(self, proposer, seqs: list, n: int, drafts: list[Draft], eligible) -> list[Draft]:
         """The drafts with a tree each, for the sequences `eligible(seq)` allows (greedy, no
@@ -203,6 +207,7 @@ class TreeBudget:
         rates = {b: (1.0 + a.get(b, a[0])) / self._seconds(b, n_live, n_drafting)
                  for b in [0, *self._reachable(n_live, n_drafting)]}
         self.budget = max(rates, key=lambda b: (rates[b], -b))
+        self.score_every = SCORE_EVERY if self.budget else min(2 * self.score_every, SCORE_MAX)
         return self.budget
 
     def _reachable(self, n_live: int, n_drafting: int) -> list[int]:
@@ -253,8 +258,9 @@ def plan_trees(cfg, plan, recurrent: bool, n_max: int) -> int:
         return refuse(f"grow from a draft's per-position candidates: plain DFlash, draft-simple and EAGLE3 drafts only for "
                       f"now, and {plan.spec_type} drafts chains", "spec_type")
     if recurrent:
-        return refuse("need a recurrent state per node on a target with recurrent layers, which is not built "
-                      "yet: trees run on dense targets")
+        return refuse("run on dense targets only for now: on recurrent layers every branch needs a recurrent state "
+                      "of its own (19 MiB each on Qwen3.5-0.8B's shape), the tree's decode costs 1.7-1.8x a chain of "
+                      "as many rows, and the accepted path's state would have to be replayed")
     if cfg.inject != "pruned":
         return refuse(f"give the draft their accepted path's features by pruned injection, not {cfg.inject}",
                       "inject")
