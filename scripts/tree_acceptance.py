@@ -157,9 +157,10 @@ def simulate(models: Models, cfg: PairConfig, prompts, n: int, budgets: list[int
                 steps += seq.stats.spec_steps
                 committed += seq.stats.committed_spec
             c = engine.proposer.counts
-            console.print(f"simulated tree {budget}: {committed / steps:.2f} tokens per target call (the chain at the "
-                          f"same steps: {1 + c.chain_accepted / max(c.steps, 1):.2f}), {c.nodes / max(c.steps, 1):.1f} "
-                          f"nodes, outputs = plain: {same}")
+            k = max(c.steps, 1)
+            console.print(f"simulated tree {budget}: {committed / steps:.2f} tokens per target call; at the {c.steps} "
+                          f"steps with a tree, {c.accepted / k:.2f} accepted (the chain alone {c.chain_accepted / k:.2f}), "
+                          f"{c.nodes / k:.1f} nodes; outputs = plain: {same}")
 
 
 if __name__ == "__main__":

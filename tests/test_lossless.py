@@ -35,6 +35,22 @@ def _open(pair) -> Engine:
     return Engine.open(PairConfig(target=pair.target, draft=pair.draft, dflash=True, n_max=N_MAX, ctx=EXACT))
 
 
+def test_token_trees_equal_greedy_on_the_converter_shaped_pair(dense_pair, build_info):
+    """The dense converter-shaped pair with its DFlash draft verifying token trees of 16 nodes
+    (tree_verify.py): every prompt's output equals plain greedy but for near-ties (F16 rounding),
+    and trees were verified."""
+    cfg = PairConfig(target=dense_pair.target, draft=dense_pair.draft, dflash=True, n_max=N_MAX, ctx=EXACT,
+                     tree_budget=16, tree_auto=False)
+    with Engine.open(cfg) as sp:
+        assert sp.tree_rule is not None and sp.target.kv_unified
+        runs = list(run_prompts(sp, PROMPTS, N_PREDICT))
+    diverged = [(i, r.divergence) for i, r in enumerate(runs) if r.divergence]
+    report = "\n".join(f"prompt {i}: {d.describe()}" for i, d in diverged)
+    assert all(d.benign for _, d in diverged), report
+    assert len(diverged) <= len(PROMPTS) // 4, f"too many near-ties for F16 rounding:\n{report}"
+    assert sum(r.spec_stats.tree_steps for r in runs) > 0
+
+
 def _forced(sp: Engine, offsets):
     """A proposer factory forcing acceptance lengths 0..n_max, each prompt starting elsewhere."""
     def make(prompt, plain):

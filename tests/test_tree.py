@@ -319,7 +319,7 @@ def test_trees_are_refused_where_they_cannot_run(build_info, hybrid_pair, dense_
     cases = [
         (PairConfig(**{**hybrid.__dict__, "tree_budget": 16, "tree_auto": False}), "recurrent"),
         (_tiny_cfg(16, sampling=SamplerSettings(temp=0.8)), "greedily"),
-        (_tiny_cfg(16, spec_type="ngram-simple"), "plain DFlash, draft-simple and EAGLE3"),
+        (_tiny_cfg(16, spec_type="ngram-simple"), "plain DFlash and the model drafters"),
         (_tiny_cfg(64, parallel=4), "256"),
         (_tiny_cfg(16, inject="immediate"), "pruned"),
     ]
@@ -363,3 +363,85 @@ def test_auto_chooses_trees_where_rows_are_cheap_and_chains_where_they_are_dear(
     cpu = rule({1: 1.0, 8: 1.69, 9: 2.07, 17: 3.3, 33: 5.72, 65: 10.81})
     assert cpu.choose(1, 1) == 0 and cpu.hopeless(1)
     assert rule({1: 1.0, 8: 8.0, 33: 33.0}).hopeless(1)  # rows in proportion
+
+
+class _TruthAmongCandidates:
+    """A test drafter (wraps one that grows trees): its own drafts, but at every drafted position the
+    target's true next token joins the candidates as the second best (unless it is the best), so
+    the tree holds the target's continuation on a path off the chain: every step then commits an
+    off-chain path, and `drafts` records the drafter's own chains step by step."""
+
+    def __init__(self, inner, reference) -> None:
+        self.inner, self.reference = inner, reference
+        self.name, self.max_draft, self.grows_trees = inner.name, inner.max_draft, True
+        self.drafts: list[list[int]] = []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def propose(self, seqs, n):
+        made = self.inner.propose(seqs, n)
+        self.drafts += [d.tokens.tolist() for d in made]
+        return made
+
+    def marginals(self, seqs, n, k):
+        out = []
+        for seq, cand in zip(seqs, self.inner.marginals(seqs, n, k)):
+            if cand is None:
+                out.append(None)
+                continue
+            tokens, logprobs = cand[0].copy(), cand[1].copy()
+            truth = self.reference[seq.pos + 1:seq.pos + 1 + n]
+            for d, t in enumerate(truth):
+                if tokens[d, 0] != t:
+                    tokens[d, 1], logprobs[d, 1] = t, logprobs[d, 0] - 0.01
+            out.append((tokens, logprobs))
+        return out
+
+
+def test_an_mtp_drafter_follows_a_trees_off_chain_paths(fixture_dir, build_info):
+    """The Gemma 4 assistant (an MTP drafter on a dense target, reading the target's cells) with the
+    target's continuation planted among its candidates: every tree step commits a path off the
+    chain, and the drafter's chains after each step equal those of the chain engine made to commit
+    the same paths (TreeCommit): the accepted path's cells are the sequence's. (This random-weight
+    drafter's drafts do not depend on the carried h, so the h of the path's last row is not
+    what this checks.)"""
+    from ggspec.bench.trees import TreeCommit
+    from ggspec.fixtures.gemma4 import ensure_gemma4_pair
+    from ggspec.runtime import ContextParams
+    from ggspec.speculative.engine import Engine
+    from ggspec.speculative.loop import decode_one
+    from ggspec.speculative.models import Models, PairConfig
+
+    pair = ensure_gemma4_pair(fixture_dir)
+    ctx, n = ContextParams(n_ctx=1024, n_threads=1), 40
+
+    def cfg(budget):
+        return PairConfig(target=pair.target, draft=pair.drafter, ctx=ctx, n_max=3, calibrate=False,
+                          tree_budget=budget, tree_auto=False)
+
+    with Models(cfg(0)) as models:
+        with Engine(models, cfg(0), plain=True) as plain:
+            ids = plain.target_model.tokenize("def fibonacci(n):\n    if n < 2:")
+            reference = [*ids.tolist(), *decode_one(plain, ids, n + 8, speculate=False, ignore_eos=True).tokens]
+        planted = {}
+
+        def simulated(p):
+            planted["sim"] = _TruthAmongCandidates(p, reference)
+            return TreeCommit(planted["sim"], 16, 8, models.target.n_vocab)
+
+        with Engine(models, cfg(0), wrap_proposer=simulated) as e:
+            e.proposer.reference = lambda _seq: reference
+            decode_one(e, ids, n, ignore_eos=True)
+            depths = e.proposer.counts.depths
+
+        def real(p):
+            planted["real"] = _TruthAmongCandidates(p, reference)
+            return planted["real"]
+
+        with Engine(models, cfg(16), wrap_proposer=real) as e:
+            seq = decode_one(e, ids, n, ignore_eos=True)
+            assert seq.tokens == reference[len(ids):len(ids) + n]
+            assert seq.stats.tree_steps > 0 and seq.stats.accepted > 0
+    assert sum(depths) > 0
+    assert planted["real"].drafts == planted["sim"].drafts[:len(planted["real"].drafts)]

@@ -469,7 +469,8 @@ class Engine:
             if tree is not None and len(tree) > tree.n_chain:  # (a tree that is only its chain verifies as one)
                 placed[seq] = self.tree_verify.add(batch, seq, tree, row)
                 blocks.append(None)
-                spans.append(Span(seq.seq_id, row, 1 + len(tree), seq.pos))
+                spans.append(Span(seq.seq_id, row, 1 + len(tree), seq.pos,
+                                  np.concatenate([[seq.id_last], tree.tokens]).astype(np.int32)))
                 row += 1 + len(tree)
                 continue
             block = verify_span(seq.id_last, drafts[seq].tokens, width)

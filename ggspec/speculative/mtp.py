@@ -50,10 +50,10 @@ from ggspec.runtime import Batch, Context
 from ggspec.runtime.gguf_meta import GGUFMeta
 from ggspec.runtime.preflight import check_model
 from ggspec.speculative.archs import DRAFTER_ARCHS, is_mtp_drafter
-from ggspec.speculative.autoregressive import draft_tokens
+from ggspec.speculative.autoregressive import RowCandidates, draft_tokens
 from ggspec.speculative.draft_type import Build, DraftPlan, DraftType, Traits, option
 from ggspec.speculative.draft_vocab import DraftVocabOptions, give_draft_vocab
-from ggspec.speculative.proposer import Draft, Proposer, Span, capture_rows, model_draft
+from ggspec.speculative.proposer import Draft, Proposer, Span, capture_rows, model_draft, row_runs
 
 # The architectures whose graph, in the pinned llama.cpp, has an MTP head (LLM_GRAPH_TYPE_DECODER_MTP);
 # ggspec runs those with one nextn block (llama.cpp's single-head mode: the same calls for all of
@@ -127,7 +127,7 @@ def has_mtp_head(meta) -> bool:
     return meta.n_nextn > 0 and f"blk.{meta.n_layer - 1}.nextn.eh_proj.weight" in meta.tensors
 
 
-class MTPProposer(Proposer):
+class MTPProposer(RowCandidates, Proposer):
     """Drafts with the target's MTP head (see the module docstring)."""
 
     name = "draft-mtp"
@@ -152,6 +152,7 @@ class MTPProposer(Proposer):
         # (first batch row, first position, tokens); read from the target's nextn buffer at flush,
         # so they must be flushed before the target decodes again (the engine does)
         self._rows: dict[int, tuple[int, int, np.ndarray]] = {}
+        self._paths: dict[int, list[int]] = {}  # a token tree's committed rows (offsets from row0), per sequence
 
     # --- catching up with the target --------------------------------------------------------------
 
@@ -162,13 +163,18 @@ class MTPProposer(Proposer):
             self.mtp.drop_sequence(seq.seq_id)
         self._pending[seq.seq_id] = np.zeros(self.n_embd, dtype=np.float32)
         self._rows.pop(seq.seq_id, None)
+        self._paths.pop(seq.seq_id, None)
 
     def observe(self, spans: list[Span]) -> None:
         capture_rows(self._rows, spans, "rows", "caught up", keep=lambda sp: sp.tokens[:sp.n_rows])
 
-    def commit(self, seq, pos0: int, n_committed: int, other: bool = False) -> None:
+    def commit(self, seq, pos0: int, n_committed: int, other: bool = False, rows: list[int] | None = None) -> None:
         if seq.seq_id in self._rows:
             row0, first, tokens = self._rows[seq.seq_id]
+            if rows is not None:  # a token tree's accepted path: its rows' tokens, in order
+                self._paths[seq.seq_id] = rows[:n_committed]
+                self._rows[seq.seq_id] = (row0, first, np.asarray(tokens)[rows[:n_committed]])
+                return
             self._rows[seq.seq_id] = (row0, first, tokens[:max(0, pos0 + n_committed - first)])
 
     def flush(self) -> None:
@@ -177,27 +183,35 @@ class MTPProposer(Proposer):
         sequence's last committed row is kept (SP:1496 skips the decode, SP:1562-1576)."""
         if not self._rows:
             return
-        pending = [(seq_id, row0, pos0, tokens) for seq_id, (row0, pos0, tokens) in self._rows.items() if len(tokens)]
+        pending = [(seq_id, row_runs(row0, pos0, len(tokens), self._paths.pop(seq_id, None)), pos0, tokens)
+                   for seq_id, (row0, pos0, tokens) in self._rows.items() if len(tokens)]
         self._rows.clear()
+        self._paths.clear()
         if not pending:
             return
         if self.shared_kv:
-            for seq_id, row0, _, tokens in pending:
-                last = row0 + len(tokens) - 1
+            for seq_id, runs, _, _ in pending:
+                last = runs[-1][0] + runs[-1][2] - 1
                 self._pending[seq_id] = self.target.nextn_view(last + 1)[last].copy()
             return
         base, row_bytes = self.target.nextn_ptr(), self.n_embd * 4
         self._batch.clear()
-        for seq_id, row0, pos0, tokens in pending:
-            carried = self._pending[seq_id]
-            for off in range(0, len(tokens), self.mtp.n_batch):
-                part = tokens[off:off + self.mtp.n_batch]
-                if self._batch.n_tokens + len(part) > self.mtp.n_batch:
-                    self._decode()
-                first = carried.ctypes.data if off == 0 else base + (row0 + off - 1) * row_bytes
-                self._batch.add_tokens_h(part, first, base + (row0 + off) * row_bytes, pos0 + off, seq_id,
-                                         self.n_embd, outputs=False)
-            last = row0 + len(tokens) - 1
+        for seq_id, runs, pos0, tokens in pending:
+            # each token pairs with the h of the committed row before it (the carried h for the first);
+            # a tree's path is runs of consecutive rows (row_runs), each run's first token paired
+            # with the last row of the run before it
+            before = self._pending[seq_id].ctypes.data
+            for row0, first_pos, count in runs:
+                for off in range(0, count, self.mtp.n_batch):
+                    i = first_pos - pos0 + off
+                    part = tokens[i:i + min(self.mtp.n_batch, count - off)]
+                    if self._batch.n_tokens + len(part) > self.mtp.n_batch:
+                        self._decode()
+                    first = before if off == 0 else base + (row0 + off - 1) * row_bytes
+                    self._batch.add_tokens_h(part, first, base + (row0 + off) * row_bytes, first_pos + off, seq_id,
+                                             self.n_embd, outputs=False)
+                before = base + (row0 + count - 1) * row_bytes
+            last = runs[-1][0] + runs[-1][2] - 1
             self._pending[seq_id] = self.target.nextn_view(last + 1)[last].copy()
         self._decode()
 
@@ -215,8 +229,8 @@ class MTPProposer(Proposer):
         cells before that position only)."""
         if not seqs:
             return []
-        if self.chain and all(seq.sampling.greedy for seq in seqs):
-            return self._propose_chained(seqs, n)
+        if self.chain and all(seq.sampling.greedy for seq in seqs) and not (self._wanted and self.trees):
+            return self._propose_chained(seqs, n)  # (a step that grows a token tree reads each step's row)
         self._batch.clear()
         for seq in seqs:
             h = self._pending[seq.seq_id].ctypes.data
@@ -234,7 +248,9 @@ class MTPProposer(Proposer):
             h = base + r * row_bytes
             self._batch.add_tokens_h([token], h, h, seq.pos + advance * (i + 1), seq.seq_id, self.n_embd, outputs=True)
 
-        made = draft_tokens(seqs, n, self.p_min, step, feed)
+        kept = self._keeping(seqs)
+        made = draft_tokens(seqs, n, self.p_min, step, feed, kept=kept)
+        self._kept(seqs, kept)
         self._batch.clear()
         if not self.shared_kv:
             for seq in seqs:
@@ -284,6 +300,7 @@ class MTPProposer(Proposer):
         recurrent: no prompt cache). A drafter sharing the target's cache holds no positions at
         all: the prompt's last row, always decoded, gives the next sequence its h."""
         self._rows.pop(seq.seq_id, None)
+        self._paths.pop(seq.seq_id, None)
         self._pending.pop(seq.seq_id, None)
         if self.shared_kv:
             return keep
@@ -292,6 +309,7 @@ class MTPProposer(Proposer):
 
     def reset(self) -> None:
         self._rows.clear()
+        self._paths.clear()
         self._pending.clear()
         if not self.shared_kv:  # a shared drafter's cells are the target's
             self.mtp.clear()
@@ -353,10 +371,12 @@ def _plan(cfg, target, draft, warnings: list[str]) -> DraftPlan:
             raise InputError(f"the draft is a {draft.arch} MTP drafter: its spec type is draft-mtp", field="spec_type")
         check_model(draft, "draft")
         check_drafter(target, draft)
-        return DraftPlan(DRAFT_MTP, reads_draft=True, shares_cells=True)
+        return DraftPlan(DRAFT_MTP, reads_draft=True, shares_cells=True, grows_trees=True)
     if draft is not None:
         warnings.append("draft-mtp drafts with the target's own MTP head: the draft model is not used")
     check_mtp(target)
+    # (a target's own MTP block: only hybrid targets carry one here, on which trees do not run yet;
+    # its catch-up pairs a tree path's tokens by row_runs, untested without a dense such target)
     return DraftPlan(DRAFT_MTP, target_mtp=True)
 
 
