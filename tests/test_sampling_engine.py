@@ -163,3 +163,42 @@ def test_each_sequence_samples_with_its_own_settings(coder):
     assert all(s.stats.spec_steps > 0 for s in together)
     with Engine(models, cfg) as eng, pytest.raises(InputError, match="top-p"):
         eng.add(prompt, 4, sampling=SamplerSettings(temp=1.0, top_p=1.5))
+
+
+@pytest.mark.parametrize("kind, name", [("draft-dflash", "t1.0-plain"), ("draft-dflash", "t0.7-defaults"),
+                                        ("draft-simple", "t1.0-topk-topp")])
+def test_token_trees_keep_the_distribution(kind, name, coder):
+    """Sampling sequences verifying token trees of 16 nodes (tree_verify.TreeVerify.sample: a draw
+    from the target's distribution at each node, then the child holding it): the first two tokens
+    are distributed as plain sampling's, and trees were verified."""
+    models, cfg = coder
+    if kind == "draft-simple":
+        files = resolve(get_entry("tiny-coder-simple"))
+        cfg = replace(cfg, draft=files.draft)
+    cfg = replace(cfg, sampling=SETTINGS[name], tree_budget=16, tree_auto=False, spec_type=kind)
+
+    def trees_verified(eng: Engine) -> None:
+        assert eng.tree_rule is not None and eng.tree_rule.stats.verified > 0
+
+    with Models(cfg) as own:
+        prompt = own.target.tokenize(PROMPT)
+        plain, spec = plain_and_spec_draws(own, cfg, prompt, check=trees_verified)
+    assert p_value(plain, spec) > 0.01, (plain.most_common(5), spec.most_common(5))
+
+
+def test_the_test_rejects_a_greedy_walk_of_a_sampled_tree(coder, monkeypatch):
+    """The same test's power on trees: a walk that follows the target's argmax child (right for
+    greedy sequences) on sampled ones is told apart from plain sampling."""
+    from ggspec.speculative import tree_verify
+
+    models, cfg = coder
+    cfg = replace(cfg, sampling=SETTINGS["t1.0-plain"], tree_budget=16, tree_auto=False)
+
+    def argmax_walk(rows, placed, seq):
+        out, offsets = tree_verify.TreeVerify.accept(rows.argmax(axis=1).tolist(), replace(placed, row0=0))
+        return out, offsets
+
+    monkeypatch.setattr(tree_verify.TreeVerify, "sample", staticmethod(argmax_walk))
+    prompt = models.target.tokenize(PROMPT)
+    plain, wrong = plain_and_spec_draws(models, cfg, prompt)
+    assert p_value(plain, wrong) < 0.01

@@ -312,13 +312,11 @@ def test_trees_are_refused_where_they_cannot_run(build_info, hybrid_pair, dense_
     from ggspec.runtime import ContextParams
     from ggspec.speculative.engine import Engine
     from ggspec.speculative.models import PairConfig
-    from ggspec.speculative.sampling import SamplerSettings
 
     ctx = ContextParams(n_ctx=1024, n_threads=1)
     hybrid = PairConfig(hybrid_pair.target, hybrid_pair.draft, dflash=True, n_max=7, calibrate=False, ctx=ctx)
     cases = [
         (PairConfig(**{**hybrid.__dict__, "tree_budget": 16, "tree_auto": False}), "recurrent"),
-        (_tiny_cfg(16, sampling=SamplerSettings(temp=0.8)), "greedily"),
         (_tiny_cfg(16, spec_type="ngram-simple"), "plain DFlash and the model drafters"),
         (_tiny_cfg(64, parallel=4), "256"),
         (_tiny_cfg(16, inject="immediate"), "pruned"),

@@ -128,8 +128,8 @@ def draft_tokens(seqs: Sequence, n: int, p_min: float, step: Callable[[int], tup
     each sequence's tokens and, where they were drawn, their distributions (proposer.model_draft
     makes the Draft). `ids`: the token of each logits column when the head scores a reduced
     vocabulary (None: column = token). `p_min`: the proposer's cut-off, where a sequence has none
-    of its own (Sequence.p_min). `kept`: per sequence, a list that gets each greedy drafted
-    position's `top` candidates (row_candidates), for a token tree."""
+    of its own (Sequence.p_min). `kept`: per sequence, a list that gets each drafted position's
+    `top` candidates (row_candidates), for a token tree."""
     cuts = [seq.p_min(p_min) for seq in seqs]
     tokens: list[list[int]] = [[] for _ in seqs]
     dists: list[list[Candidates]] = [[] for _ in seqs]
@@ -155,6 +155,8 @@ def draft_tokens(seqs: Sequence, n: int, p_min: float, step: Callable[[int], tup
                     q = q.of_tokens(ids)
                 token = int(q.sample(np.array([draws[k].random()]))[0])
                 dists[k].append(q)
+                if kept is not None:
+                    kept[k].append(row_candidates(rows, r, top, ids))
             tokens[k].append(token)
             if i + 1 < n:
                 feed(r, seq, token, i, extra)

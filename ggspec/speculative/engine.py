@@ -559,8 +559,11 @@ class Engine:
         for seq in live:
             if seq in placed:
                 tree = placed[seq]
-                argmax = logits[tree.row0:tree.row0 + 1 + len(tree.tree)].argmax(axis=1).tolist()
-                out, paths[seq] = TreeVerify.accept(argmax, replace(tree, row0=0))
+                rows = logits[tree.row0:tree.row0 + 1 + len(tree.tree)]
+                if seq.sampling.greedy:
+                    out, paths[seq] = TreeVerify.accept(rows.argmax(axis=1).tolist(), replace(tree, row0=0))
+                else:
+                    out, paths[seq] = TreeVerify.sample(rows, tree, seq)
                 outcomes.append(out)
             else:
                 outcomes.append(next(by_chain))
@@ -568,10 +571,10 @@ class Engine:
 
     @staticmethod
     def _grows_tree(seq: Sequence) -> bool:
-        """Whether a sequence's drafts may be verified as a tree: greedy trees only (a sampled
-        sequence's rejection sampling over siblings is not built), nothing that judges rows by
-        their history (a grammar, penalties, bias) and no per-token probabilities asked for."""
-        return seq.sampling.greedy and not row_by_row(seq) and not seq.n_probs
+        """Whether a sequence's drafts may be verified as a tree: nothing that judges rows by their
+        history (a grammar, penalties, bias: their rows would each need the path's history) and no
+        per-token probabilities asked for (they are read from a chain's consecutive rows)."""
+        return not row_by_row(seq) and not seq.n_probs
 
     def _stop_speculating(self, seq: Sequence) -> None:
         """The adaptive rule gave up on this sequence's drafts: it decodes plainly from now on (its

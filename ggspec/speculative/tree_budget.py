@@ -25,8 +25,9 @@ Costs of row counts not measured yet are read off the line through those measure
 is tried where that line says it could pay, one budget beyond the largest measured at a time, and
 its measured cost corrects the line.
 
-Every choice is made from the past only and the tree's accepted path is the target's greedy
-continuation: the output equals plain greedy whatever the budget.
+Every choice is made from the past only, and the tree's walk commits what the target would
+(tree_verify.py): greedy output equals plain greedy, sampled output keeps the target's
+distribution, whatever the budget.
 """
 
 from __future__ import annotations
@@ -122,8 +123,8 @@ class TreeBudget:
         return self.auto and (self._steps + 1) % self.score_every == 0 and not self.hopeless(n_drafting)
 
     def grow(self, proposer, seqs: list, n: int, drafts: list[Draft], eligible) -> list[Draft]:
-        """The drafts with a tree each, for the sequences `eligible(seq)` allows (greedy, no
-        grammar), where this step verifies trees or scores one. The candidates are read from the
+        """The drafts with a tree each, for the sequences `eligible(seq)` allows (no grammar,
+        penalties or bias), where this step verifies trees or scores one. The candidates are read from the
         draft's last call (or what it kept of its rows), so this runs right after propose."""
         grows = self.wants(len(seqs))
         self._steps += 1
@@ -140,14 +141,17 @@ class TreeBudget:
                 continue
             seq = seqs[i]
             tree = ddtree(*candidates, self.cap if self.auto else min(self.cap, seq.limit - seq.pos - 1))
-            if not np.array_equal(tree.tokens[:tree.n_chain], drafts[i].tokens[:tree.n_chain]):
+            if seq.sampling.greedy and not np.array_equal(tree.tokens[:tree.n_chain], drafts[i].tokens[:tree.n_chain]):
                 continue  # (a draft picked otherwise than the candidates' best: keep the chain)
             self.stats.grown += 1
             if self.auto:
                 self._pending.setdefault(seq.seq_id, []).append(_Scored(seq.pos, tree, n))
             if not score_only:
                 room = seq.limit - seq.pos - 1  # cells for the tree's nodes
-                out[i] = Draft(drafts[i].tokens, drafts[i].probs, tree.within(n, min(self.budget, room)))
+                tree = tree.within(n, min(self.budget, room))
+                # a sampling sequence's drafts were drawn: the tree's nodes (point masses) replace them
+                chain = drafts[i] if seq.sampling.greedy else Draft(tree.tokens[:tree.n_chain])
+                out[i] = Draft(chain.tokens, chain.probs, tree)
         self.last_grow = time.perf_counter() - t0
         self.grow_cost = ema(self.grow_cost, self.last_grow)
         return out
@@ -243,7 +247,7 @@ def plan_trees(cfg, plan, recurrent: bool, n_max: int) -> int:
     that cannot run here is refused in one line; `auto` allows trees only where they run and
     allowing them costs nothing: one sequence (several would share one unified cache, every
     verify row attending over every sequence's cells: 22 % of the aggregate speed at -np 4 on
-    the tiny pair), greedy by default."""
+    the tiny pair)."""
     cap = AUTO_MAX if cfg.tree_budget is None else cfg.tree_budget
     if cap == 0 or not plan.types:
         return 0
@@ -264,9 +268,6 @@ def plan_trees(cfg, plan, recurrent: bool, n_max: int) -> int:
     if cfg.inject != "pruned":
         return refuse(f"give the draft their accepted path's features by pruned injection, not {cfg.inject}",
                       "inject")
-    if not cfg.sampling.greedy:
-        return refuse("are verified greedily: sampling (temperature > 0) over a tree's siblings is not built yet",
-                      "temp")
     if not fixed and cfg.parallel > 1:
         return 0
     from ggspec.speculative.tree_verify import MAX_SEQ, tree_seq_ids  # noqa: PLC0415

@@ -9,7 +9,16 @@ cells are then exactly its ancestors, at positions prefix + depth. This needs no
 costs what a chain of as many rows costs, plus 0.1-0.2 ms of bookkeeping
 (scripts/tree_verify_probe.py; a parent-index mask patch would save only that).
 
-After the greedy walk, the accepted path's cells are given to the sequence (they carry the ids of
+Acceptance. Greedy: the walk along the target's argmax (Tree.walk). Sampling (T > 0): a tree's
+nodes are point masses (DDTree takes each position's likeliest tokens, it does not draw them), and
+for point masses the exact rule is to draw the token from the target's distribution at the node's
+row and move to the child holding it, if one does: each committed token is then a draw from the
+target's own distribution after the text before it, as plain sampling's (lossless in distribution),
+and a node's children are accepted with the whole probability the target gives them together, the
+most any exact rule can accept (SpecInfer's multi-draft rejection with point-mass drafts reduces to
+it: accept sibling x with p(x), else renormalise p without x and try the next).
+
+After the walk, the accepted path's cells are given to the sequence (they carry the ids of
 the branch through the path's last node) and every branch is dropped, which frees the other
 nodes' cells: the sequence then holds prompt + path, as if a chain had accepted it.
 
@@ -25,8 +34,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ggspec.runtime import Batch, Context
+from ggspec.speculative.sampling import candidates
 from ggspec.speculative.tree import Tree, branch_sequences
-from ggspec.speculative.verifier import Outcome
+from ggspec.speculative.verifier import VERIFY, Outcome
 
 MAX_SEQ = 256  # LLAMA_MAX_SEQ
 
@@ -79,6 +89,24 @@ class TreeVerify:
         path, token = placed.tree.walk(lambda r: argmax[row0 + r])
         tokens = placed.tree.tokens
         return Outcome(len(path), [int(tokens[i]) for i in path] + [token]), [0, *(i + 1 for i in path)]
+
+    @staticmethod
+    def sample(rows: np.ndarray, placed: Placed, seq) -> tuple[Outcome, list[int]]:
+        """The walk of a sampling sequence over its tree's rows (rows[0]: the root's): at each node a
+        token drawn from the target's distribution there under the sequence's sampler (a draw of
+        its own, keyed by its seed and position), then the child holding it; the first drawn token
+        no child holds is the target's own. Returns what accept() does."""
+        tree = placed.tree
+        children, path = tree.children(), []
+        draws = seq.rng(VERIFY)
+        while True:
+            p = candidates(rows[path[-1] + 1 if path else 0][None], seq.sampling)
+            token = int(p.sample(np.array([draws.random()]))[0])
+            child = children.get(path[-1] if path else -1, {}).get(token)
+            if child is None:
+                tokens = tree.tokens
+                return Outcome(len(path), [int(tokens[i]) for i in path] + [token]), [0, *(i + 1 for i in path)]
+            path.append(child)
 
     def commit(self, seq, placed: Placed, offsets: list[int]) -> None:
         """The accepted path's cells become the sequence's next positions; every branch goes."""
