@@ -76,6 +76,10 @@ def stats_line(s, sp) -> str:
              f"inject {100 * sh['inject']:.0f}% overhead {100 * sh['overhead']:.0f}%")
     if s.k_hist:
         line += f"  auto: {s.k_summary} of steps"
+    if sp.tree_rule is not None and s.spec_steps:
+        budget = "auto" if sp.tree_rule.auto else str(sp.tree_rule.cap)
+        line += (f"  trees ({budget}): {100 * s.tree_steps / s.spec_steps:.0f}% of steps, "
+                 f"{s.nodes / s.spec_steps:.1f} nodes/step")
     if sp.target_model.is_recurrent:
         line += (f"  replay {100 * s.replay_share:.0f}% of steps ({100 * sh['replay']:.0f}% of time)  "
                  f"planes: {sp.plane_layout}, {sp.recurrent_bytes() / 1024:.0f} KiB recurrent state")

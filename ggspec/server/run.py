@@ -55,6 +55,7 @@ def build_service(engine: Engine, options: ServeOptions):
             "speculative": engine.speculative, "spec_type": engine.plan.spec_type,
             "request_types": list(engine.request_types), "n_max": engine.n_max,
             "adaptive": engine.draft_length is not None, "plain_by_cost": engine.plain_by_cost,
+            "tree_budget": None if engine.tree_rule is None else ("auto" if engine.tree_rule.auto else engine.tree_rule.cap),
             "parallel": engine.parallel, "n_ctx_slot": engine.capacity, "n_vocab": engine.target_model.n_vocab,
             "prompt_cache": engine.prompt_cache, "cache_ram_mib": options.cache_ram_mib if engine.store is not None else 0,
             "chat_template": template.source, "build": build_info()}

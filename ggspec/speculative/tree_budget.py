@@ -103,7 +103,6 @@ class TreeBudget:
         self.verify = ShapeCosts() if verify_costs is None else verify_costs
         self.other: float | None = None  # seconds of a drafting step besides its verify and growing
         self.grow_cost: float | None = None  # seconds to grow the trees of one step
-        self.tried: dict[int, float] = {}  # seconds of steps per budget (0: the chain)
         self.stats = TreeStats()
         self._counts = {b: [0.0, 0.0] for b in [0, *self.budgets]}  # budget -> [weight, accepted sum]
         self._pending: dict[int, list[_Scored]] = {}
@@ -117,44 +116,46 @@ class TreeBudget:
 
     def wants(self, n_drafting: int) -> bool:
         """Whether the next step grows trees: to verify them, or (auto, verifying chains) to score
-        one, every SCORE_EVERY drafting steps where some budget could pay."""
+        one, every `score_every` drafting steps where some budget could pay."""
         if self.budget:
             return True
         return self.auto and (self._steps + 1) % self.score_every == 0 and not self.hopeless(n_drafting)
 
     def grow(self, proposer, seqs: list, n: int, drafts: list[Draft], eligible) -> list[Draft]:
         """The drafts with a tree each, for the sequences `eligible(seq)` allows (no grammar,
-        penalties or bias), where this step verifies trees or scores one. The candidates are read from the
-        draft's last call (or what it kept of its rows), so this runs right after propose."""
+        penalties or bias), where this step verifies trees or scores one. The candidates are read
+        from the draft's last call (or what it kept of its rows), so this runs right after propose."""
         grows = self.wants(len(seqs))
         self._steps += 1
         self.last_grow = 0.0
-        score_only = self.budget == 0
         mine = [i for i, seq in enumerate(seqs) if eligible(seq) and len(drafts[i]) == n] if grows else []
         if not mine:
             return drafts
         t0 = time.perf_counter()
-        grown = proposer.marginals([seqs[i] for i in mine], n, TOP_K)
         out = list(drafts)
-        for i, candidates in zip(mine, grown):
-            if candidates is None or len(candidates[0]) != n:
-                continue
-            seq = seqs[i]
-            tree = ddtree(*candidates, self.cap if self.auto else min(self.cap, seq.limit - seq.pos - 1))
-            if seq.sampling.greedy and not np.array_equal(tree.tokens[:tree.n_chain], drafts[i].tokens[:tree.n_chain]):
-                continue  # (a draft picked otherwise than the candidates' best: keep the chain)
-            self.stats.grown += 1
-            if self.auto:
-                self._pending.setdefault(seq.seq_id, []).append(_Scored(seq.pos, tree, n))
-            if not score_only:
-                room = seq.limit - seq.pos - 1  # cells for the tree's nodes
-                tree = tree.within(n, min(self.budget, room))
-                # a sampling sequence's drafts were drawn: the tree's nodes (point masses) replace them
-                chain = drafts[i] if seq.sampling.greedy else Draft(tree.tokens[:tree.n_chain])
-                out[i] = Draft(chain.tokens, chain.probs, tree)
+        for i, candidates in zip(mine, proposer.marginals([seqs[i] for i in mine], n, TOP_K)):
+            if candidates is not None and len(candidates[0]) == n:
+                out[i] = self._grown(seqs[i], drafts[i], candidates, n)
         self.last_grow = time.perf_counter() - t0
         self.grow_cost = ema(self.grow_cost, self.last_grow)
         return out
+
+    def _grown(self, seq, draft: Draft, candidates: tuple[np.ndarray, np.ndarray], n: int) -> Draft:
+        """One sequence's draft with its tree (auto: the largest budget's, kept to be scored; the
+        step verifies its first `budget` nodes, or the chain while the budget is 0)."""
+        room = seq.limit - seq.pos - 1  # cells for the tree's nodes
+        tree = ddtree(*candidates, self.cap if self.auto else min(self.cap, room))
+        if seq.sampling.greedy and not np.array_equal(tree.tokens[:tree.n_chain], draft.tokens[:tree.n_chain]):
+            return draft  # (a draft picked otherwise than the candidates' best: keep the chain)
+        self.stats.grown += 1
+        if self.auto:
+            self._pending.setdefault(seq.seq_id, []).append(_Scored(seq.pos, tree, n))
+        if not self.budget:
+            return draft
+        tree = tree.within(n, min(self.budget, room))
+        # a sampling sequence's drafts were drawn: the tree's nodes (point masses) replace them
+        chain = draft if seq.sampling.greedy else Draft(tree.tokens[:tree.n_chain])
+        return Draft(chain.tokens, chain.probs, tree)
 
     # --- learning --------------------------------------------------------------------------------
 
