@@ -305,6 +305,7 @@ class DFlashProposer(Proposer):
             raise InputError(f"{len(seqs)} noise blocks of {rows} rows do not fit the draft's physical batch size "
                              f"{self.draft.n_ubatch}", field="n_ubatch")
         self._batch.clear()
+        self._proposed = [seq.seq_id for seq in seqs]  # the order of the blocks' rows (marginals)
         for seq, block in zip(seqs, blocks):
             self._batch.add_tokens(block, seq.pos, seq.seq_id, outputs=self._outputs)
         self.draft.decode(self._batch)
@@ -382,12 +383,13 @@ class DFlashProposer(Proposer):
         self.trees = True
 
     def marginals(self, seqs, n: int, k: int) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Per sequence of the last propose(seqs, n): each block position's k likeliest tokens and
+        """Per sequence (any of the last propose(seqs, n)'s): each block position's k likeliest tokens and
         their log-probabilities: from the full rows, or where the device picked a row's top
         logits (pick_on_device with a top-k), from those, normalised among themselves."""
         rows = len(self._blocks(seqs[:1], n)[0])
         out = []
-        for s, seq in enumerate(seqs):
+        for seq in seqs:
+            s = self._proposed.index(seq.seq_id)  # its block in the last draft call
             if self.draft.picked_on_device(seq.seq_id):
                 tops = [self.draft.picked_top(r) for r in range(s * rows + rows - n, (s + 1) * rows)]
                 cols, logprobs = zip(*(picked_ranked(c, v, k) for c, v in tops))

@@ -118,7 +118,7 @@ class Engine:
                 self.notes.append("no draft length pays on this machine for this pair (measured: a draft of k "
                                   "tokens and its verify cost more than the plain steps they save, even with 95 % "
                                   "of the drafted tokens right): decoding plainly, the draft model unused")
-        if parts.tree_rule is not None and not self.plain_by_cost:
+        if parts.tree_rule is not None and not self.plain_by_cost and self.proposer.grows_trees:
             self.tree_rule = parts.tree_rule
             self.tree_verify = TreeVerify(self.target, self.parallel, parts.tree_leaves)
             self.proposer.keep_candidates()
@@ -229,7 +229,7 @@ class Engine:
         seq = Sequence(slot, prompt, n_predict, ignore_eos=ignore_eos, tag=tag, plain_by_cost=by_cost,
                        speculate=speculate and self.proposer is not None and not by_cost,
                        record_margins=record_margins, limits=limits, grammar=constraint, n_probs=n_probs,
-                       sampling=sampling, seed=concrete_seed(sampling.seed if seed is None else seed))
+                       sampling=sampling, seed=concrete_seed(sampling.seed if seed is None else seed), seeded=fixed)
         seq.limit = self.slots.limit(len(prompt), n_predict)  # positions it may use
         seq.n_cached = cached
         self.active.append(seq)

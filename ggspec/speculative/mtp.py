@@ -229,8 +229,12 @@ class MTPProposer(RowCandidates, Proposer):
         cells before that position only)."""
         if not seqs:
             return []
-        if self.chain and all(seq.sampling.greedy for seq in seqs) and not (self._wanted and self.trees):
-            return self._propose_chained(seqs, n)  # (a step that grows a token tree reads each step's row)
+        # a step that grows a token tree reads each draft step's row: unchained, unless the chain scores
+        # a reduced vocabulary (its drafts differ from the unchained loop's: no tree then)
+        unchained = self._wanted and self.trees and not self.draft_vocab
+        self._candidates = {}  # (none from an earlier step: a chained one keeps none)
+        if self.chain and all(seq.sampling.greedy for seq in seqs) and not unchained:
+            return self._propose_chained(seqs, n)
         self._batch.clear()
         for seq in seqs:
             h = self._pending[seq.seq_id].ctypes.data

@@ -60,6 +60,9 @@ class Sequence:
     stats: RunStats = field(default_factory=RunStats)
     sampling: SamplerSettings = GREEDY  # how its tokens are chosen (temperature 0: greedy)
     seed: int = 0  # sampling: every random draw derives from (seed, purpose, position)
+    # sampled with a seed given: its text must not depend on timings (no choice made from costs
+    # changes how its tokens are drawn)
+    seeded: bool = False
 
     def __post_init__(self) -> None:
         self.prompt = np.ascontiguousarray(self.prompt, dtype=np.int32)

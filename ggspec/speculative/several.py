@@ -86,7 +86,7 @@ class SeveralProposer(Proposer):
         for p in self.proposers:
             p.flush()
 
-    def commit(self, seq, pos0: int, n_committed: int, other: bool = False) -> None:
+    def commit(self, seq, pos0: int, n_committed: int, other: bool = False, rows: list[int] | None = None) -> None:
         if self._t_proposed is not None:  # the first commit after a propose: the verify just ran
             self.t_verify = ema(self.t_verify, time.perf_counter() - self._t_proposed)
             self._t_proposed = None
@@ -102,7 +102,36 @@ class SeveralProposer(Proposer):
         allowed = self._allowed(seq)
         alone = allowed.count(True) == 1  # its one type is never someone else's
         for i, p in enumerate(self.proposers):
-            p.commit(seq, pos0, n_committed, other=other or not allowed[i] or (i != last and not alone))
+            theirs = other or not allowed[i] or (i != last and not alone)
+            if rows is not None and p.grows_trees:  # (the others read the committed text, not rows)
+                p.commit(seq, pos0, n_committed, other=theirs, rows=rows)
+            else:
+                p.commit(seq, pos0, n_committed, other=theirs)
+
+    # --- token trees: from the drafter whose draft each sequence verifies ----------------------------
+
+    @property
+    def grows_trees(self) -> bool:
+        return any(p.grows_trees for p in self.proposers)
+
+    def keep_candidates(self) -> None:
+        for p in self.proposers:
+            p.keep_candidates()
+
+    def want_candidates(self, on: bool) -> None:
+        for p in self.proposers:
+            p.want_candidates(on)
+
+    def marginals(self, seqs, n: int, k: int) -> list:
+        """Each sequence's candidates from the proposer whose draft it verifies this step (None
+        where that one grows no trees: an n-gram type's)."""
+        out: list = [None] * len(seqs)
+        for i, p in enumerate(self.proposers):
+            mine = [s for s, seq in enumerate(seqs) if self.last.get(seq.seq_id) == i]
+            if mine and p.grows_trees:
+                for s, cand in zip(mine, p.marginals([seqs[s] for s in mine], n, k)):
+                    out[s] = cand
+        return out
 
     def _score_unused(self, seq) -> None:
         """Drafts made but not verified, against the tokens committed after them."""

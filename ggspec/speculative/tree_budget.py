@@ -128,7 +128,10 @@ class TreeBudget:
         grows = self.wants(len(seqs))
         self._steps += 1
         self.last_grow = 0.0
-        mine = [i for i, seq in enumerate(seqs) if eligible(seq) and len(drafts[i]) == n] if grows else []
+        # (a seeded sampled sequence's draws walk its tree: under `auto`, whose choice follows timings,
+        # it verifies chains, so the same seed gives the same text on any machine and batch)
+        mine = [i for i, seq in enumerate(seqs)
+                if eligible(seq) and len(drafts[i]) == n and not (self.auto and seq.seeded)] if grows else []
         if not mine:
             return drafts
         t0 = time.perf_counter()
