@@ -443,3 +443,28 @@ def test_an_mtp_drafter_follows_a_trees_off_chain_paths(fixture_dir, build_info)
             assert seq.stats.tree_steps > 0 and seq.stats.accepted > 0
     assert sum(depths) > 0
     assert planted["real"].drafts == planted["sim"].drafts[:len(planted["real"].drafts)]
+
+
+def test_a_tree_beside_a_sequence_that_verifies_chains(build_info):
+    """Two sequences drafting in one DFlash call, the first asking for token probabilities (it
+    verifies chains): the second's tree is grown from its own block (found by sequence, not by its
+    place among those that grow trees), verified, and both texts are plain greedy's."""
+    from helpers.pairs import STACK
+
+    from conftest import PROMPTS
+    from ggspec.speculative.engine import Engine
+    from ggspec.speculative.loop import decode_one
+    from ggspec.speculative.models import Models
+
+    cfg = _tiny_cfg(16, parallel=2)
+    n = 48
+    with Models(cfg) as models:
+        prompts = [models.target.tokenize(p) for p in (PROMPTS[0], STACK)]
+        with Engine(models, cfg, plain=True) as plain:
+            want = [decode_one(plain, ids, n, speculate=False, ignore_eos=True).tokens for ids in prompts]
+        with Engine(models, cfg) as e:
+            chain = e.add(prompts[0], n, ignore_eos=True, n_probs=1)
+            tree = e.add(prompts[1], n, ignore_eos=True)
+            list(e.run())
+        assert [chain.tokens, tree.tokens] == want
+        assert chain.stats.tree_steps == 0 and tree.stats.tree_steps >= tree.stats.spec_steps - 1  # (the last: cut)
