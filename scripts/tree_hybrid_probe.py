@@ -27,9 +27,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ggspec.runtime import Batch, Context, ContextParams, Model
-from ggspec.speculative.tree import branch_sequences, ddtree, top_k
-
-PROMPT = "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n"
+from ggspec.speculative.tree import branch_sequences
+from tree_verify_probe import probe_tree  # (this script's folder is on the path)
 
 
 def main() -> None:
@@ -42,14 +41,9 @@ def main() -> None:
     args = ap.parse_args()
     model = Model(args.model)
     lc = model.lc
-    ids = model.tokenize(PROMPT).tolist()
+    ids, ref, batch, tree = probe_tree(model, args.threads, args.top_k, args.budget)
     prefix, root = ids[:-1], ids[-1]
     pos = len(prefix)
-    ref = Context(model, ContextParams(n_ctx=1024, n_threads=args.threads))
-    batch = Batch(ref)
-    ref.decode(batch.clear().add_tokens(ids, 0, outputs="all"))
-    cols, lp = top_k(ref.logits()[-8:], args.top_k)
-    tree = ddtree(cols, lp, args.budget)
     branches, n_leaves = branch_sequences(tree, first=1)
     spare = 1 + n_leaves  # a sequence id for the chain's timing
     ctx = Context(model, ContextParams(n_ctx=1024, n_threads=args.threads, n_seq_max=2 + n_leaves, kv_unified=True))

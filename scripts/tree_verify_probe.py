@@ -33,6 +33,17 @@ from ggspec.speculative.tree import branch_sequences, ddtree, top_k
 PROMPT = "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n"
 
 
+def probe_tree(model: Model, threads: int, k: int, budget: int):
+    """The prompt's tokens, a reference context that decoded them all (its batch) and a DDTree from
+    the target's own distributions at the prompt's last 8 rows (any tree would do for the checks)."""
+    ids = model.tokenize(PROMPT).tolist()
+    ref = Context(model, ContextParams(n_ctx=1024, n_threads=threads))
+    batch = Batch(ref)
+    ref.decode(batch.clear().add_tokens(ids, 0, outputs="all"))
+    cols, lp = top_k(ref.logits()[-8:], k)
+    return ids, ref, batch, ddtree(cols, lp, budget)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pair", default="tiny-coder")
@@ -44,16 +55,10 @@ def main() -> None:
     target = resolve(get_entry(args.pair)).target
     model = Model(target)
     lc = model.lc
-    ids = model.tokenize(PROMPT).tolist()
+    ids, ref, batch, tree = probe_tree(model, args.threads, args.top_k, args.budget)
     prefix, root = ids[:-1], ids[-1]
     pos = len(prefix)
-    # a tree from the target's own distributions a few tokens ahead (any tree would do for the check)
-    ref = Context(model, ContextParams(n_ctx=1024, n_threads=args.threads))
-    batch = Batch(ref)
-    ref.decode(batch.clear().add_tokens(ids, 0, outputs="all"))
     rows = ref.logits()[-8:]
-    cols, lp = top_k(rows, args.top_k)
-    tree = ddtree(cols, lp, args.budget)
     branches, n_leaves = branch_sequences(tree, first=1)
 
     ctx = Context(model, ContextParams(n_ctx=1024, n_threads=args.threads, n_seq_max=1 + n_leaves, kv_unified=True))

@@ -195,7 +195,7 @@ def test_the_test_rejects_a_greedy_walk_of_a_sampled_tree(coder, monkeypatch):
     cfg = replace(cfg, sampling=SETTINGS["t1.0-plain"], tree_budget=16, tree_auto=False)
 
     def argmax_walk(rows, placed, seq):
-        out, offsets = tree_verify.TreeVerify.accept(rows.argmax(axis=1).tolist(), replace(placed, row0=0))
+        out, offsets = tree_verify.TreeVerify.accept(rows.argmax(axis=1).tolist(), placed)
         return out, offsets
 
     monkeypatch.setattr(tree_verify.TreeVerify, "sample", staticmethod(argmax_walk))

@@ -42,8 +42,8 @@ from ggspec.speculative.sampling import DEFAULT_SEED, SamplerSettings, concrete_
 from ggspec.speculative.sequence import DraftLimits, Sequence
 from ggspec.speculative.slots import CapacityError, Slots
 from ggspec.speculative.stats import EngineStats, Step, token_probs, top2_margin
-from ggspec.speculative.tree_verify import Placed, TreeVerify, chain_accepted
-from ggspec.speculative.verifier import SequenceVerifier, Verifier, row_by_row
+from ggspec.speculative.tree_verify import Placed, TreeVerify
+from ggspec.speculative.verifier import SequenceVerifier, Verifier, accept_greedy, row_by_row
 
 
 class Engine:
@@ -534,7 +534,10 @@ class Engine:
             if auto is not None and seq.speculate:
                 step.k = d
                 m = made.get(seq)
-                right = chain_accepted(drafts[seq].tokens, out.tokens) if seq in placed else out.accepted
+                # a tree's chain: how far a chain verify would have accepted it (the committed tokens
+                # are the target's own, so the chain is right as long as it agrees with them)
+                right = accept_greedy(drafts[seq].tokens[:out.accepted].tolist(), out.tokens) if seq in placed \
+                    else out.accepted
                 auto.committed(seq, seq.pos, None if m is None else m.tokens, d, right)
                 if auto.gave_up(seq):
                     self._stop_speculating(seq)
@@ -561,7 +564,7 @@ class Engine:
                 tree = placed[seq]
                 rows = logits[tree.row0:tree.row0 + 1 + len(tree.tree)]
                 if seq.sampling.greedy:
-                    out, paths[seq] = TreeVerify.accept(rows.argmax(axis=1).tolist(), replace(tree, row0=0))
+                    out, paths[seq] = TreeVerify.accept(rows.argmax(axis=1).tolist(), tree)
                 else:
                     out, paths[seq] = TreeVerify.sample(rows, tree, seq)
                 outcomes.append(out)

@@ -57,10 +57,6 @@ class Draft:
         return Draft(self.tokens[:k], None if self.probs is None else self.probs[:k],
                      None if self.tree is None else self.tree.within(k))
 
-    def chain(self) -> "Draft":
-        """The draft without its tree."""
-        return self if self.tree is None else Draft(self.tokens, self.probs)
-
 
 @dataclass(slots=True)
 class Span:

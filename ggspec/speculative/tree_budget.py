@@ -41,6 +41,7 @@ from ggspec.errors import InputError
 from ggspec.speculative.costs import ShapeCosts, ema
 from ggspec.speculative.proposer import Draft
 from ggspec.speculative.tree import Tree, ddtree
+from ggspec.speculative.tree_verify import MAX_SEQ, tree_seq_ids
 
 BUDGETS = (8, 16, 32, 64)  # the budgets `auto` chooses among (from 2 n_max up to its cap), and 0: the chain
 AUTO_MAX = 64  # `auto`'s largest budget
@@ -274,8 +275,6 @@ def plan_trees(cfg, plan, recurrent: bool, n_max: int) -> int:
                       "inject")
     if not fixed and cfg.parallel > 1:
         return 0
-    from ggspec.speculative.tree_verify import MAX_SEQ, tree_seq_ids  # noqa: PLC0415
-
     if tree_seq_ids(cfg.parallel, cap) > MAX_SEQ:
         return refuse(f"with {cfg.parallel} parallel sequences need {tree_seq_ids(cfg.parallel, cap)} sequence ids "
                       f"(a branch per leaf), and llama.cpp holds {MAX_SEQ}: lower the budget or the parallel sequences")

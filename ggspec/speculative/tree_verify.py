@@ -82,11 +82,10 @@ class TreeVerify:
 
     @staticmethod
     def accept(argmax: list[int], placed: Placed) -> tuple[Outcome, list[int]]:
-        """The greedy walk over the tree's rows: the accepted path's tokens and the target's own
-        next token, and the offsets of the rows that hold the committed positions (the root's,
-        then the path's nodes')."""
-        row0 = placed.row0
-        path, token = placed.tree.walk(lambda r: argmax[row0 + r])
+        """The greedy walk over the tree's rows (`argmax`: the target's choice after each of them,
+        the root's first): the accepted path's tokens and the target's own next token, and the
+        offsets of the rows that hold the committed positions (the root's, then the path's nodes')."""
+        path, token = placed.tree.walk(argmax.__getitem__)
         tokens = placed.tree.tokens
         return Outcome(len(path), [int(tokens[i]) for i in path] + [token]), [0, *(i + 1 for i in path)]
 
@@ -117,11 +116,3 @@ class TreeVerify:
         for b in placed.branches:
             self.target.drop_sequence(b)
 
-
-def chain_accepted(chain: np.ndarray, committed: list[int]) -> int:
-    """How many leading tokens of the tree's top-1 chain the committed tokens hold (what a chain
-    verify would have accepted: the adaptive draft length learns from the chain's drafts)."""
-    a = 0
-    while a < len(chain) and a < len(committed) - 1 and int(chain[a]) == committed[a]:
-        a += 1
-    return a
