@@ -317,7 +317,7 @@ def test_trees_are_refused_where_they_cannot_run(build_info, hybrid_pair, dense_
     hybrid = PairConfig(hybrid_pair.target, hybrid_pair.draft, dflash=True, n_max=7, calibrate=False, ctx=ctx)
     cases = [
         (PairConfig(**{**hybrid.__dict__, "tree_budget": 16, "tree_auto": False}), "recurrent"),
-        (_tiny_cfg(16, spec_type="ngram-simple"), "plain DFlash and the model drafters"),
+        (_tiny_cfg(16, spec_type="ngram-simple"), "ngram-simple drafts do not give"),
         (_tiny_cfg(64, parallel=4), "256"),
         (_tiny_cfg(16, inject="immediate"), "pruned"),
     ]
@@ -468,3 +468,22 @@ def test_a_tree_beside_a_sequence_that_verifies_chains(build_info):
             list(e.run())
         assert [chain.tokens, tree.tokens] == want
         assert chain.stats.tree_steps == 0 and tree.stats.tree_steps >= tree.stats.spec_steps - 1  # (the last: cut)
+
+
+def test_the_tree_budget_flag_rejects_nonsense_in_one_line(hybrid_pair):
+    """`--spec-tree-budget` values that mean nothing, and a fixed budget where trees cannot run: one
+    line naming the flag, a non-zero exit, no traceback."""
+    from helpers.pairs import DFLASH, TARGET
+
+    from conftest import run_cli
+
+    pair = ["-m", str(TARGET), "-md", str(DFLASH), "-p", "x", "-n", "4", "-t", "1"]
+    hybrid = ["-m", str(hybrid_pair.target), "-md", str(hybrid_pair.draft), "-p", "x", "-n", "4", "-t", "1"]
+    for args, says in ((pair + ["--spec-tree-budget", "many"], "--spec-tree-budget: many: expected"),
+                       (pair + ["--spec-tree-budget", "300"], "--spec-tree-budget: the tree budget must be"),
+                       (pair + ["--spec-tree-budget", "auto:-1"], "--spec-tree-budget: the tree budget must be"),
+                       (hybrid + ["--spec-tree-budget", "16"], "--spec-tree-budget: token trees")):
+        proc = run_cli("run", *args)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode != 0 and len(lines) == 1 and says in lines[0], (args, proc.stderr)
+        assert "Traceback" not in proc.stderr

@@ -264,8 +264,8 @@ def plan_trees(cfg, plan, recurrent: bool, n_max: int) -> int:
         return 0
 
     if not plan.grows_trees:
-        return refuse(f"grow from a draft's per-position candidates: plain DFlash and the model drafters' (draft-simple, "
-                      f"EAGLE3, an MTP assistant) only for now, and {plan.spec_type} drafts chains", "spec_type")
+        return refuse(f"grow from a draft's per-position candidates, which {plan.spec_type} drafts do not give here "
+                      "(docs/concepts/trees.md lists the drafters that do)", "spec_type")
     if recurrent:
         return refuse("run on dense targets only for now: on recurrent layers every branch needs a recurrent state "
                       "of its own (19 MiB each on Qwen3.5-0.8B's shape), the tree's decode costs 1.7-1.8x a chain of "
