@@ -18,7 +18,6 @@ from __future__ import annotations
 import itertools
 import re
 import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -34,6 +33,7 @@ from ggspec.speculative.oracle import run_prompts
 from ggspec.speculative.mtp import MTPOptions
 from ggspec.speculative.ngram_mod import NgramModOptions
 from helpers.drafts import ggspec_drafts
+from helpers.gdn_map import SKIP_EXIT, compile_map_test
 from helpers.pairs import MTP_PROMPT
 
 N_PREDICT = 64
@@ -42,23 +42,12 @@ GPU_PROMPTS = PROMPTS[:6]
 # F32 caches and no flash attention: the same numerics for a one-token decode and a verify batch
 EXACT = ContextParams(n_ctx=1024, n_batch=256, n_ubatch=256, n_threads=2, type_k="f32", type_v="f32",
                       flash_attn="off")
-MAP_TEST = Path(__file__).parent / "native" / "test_gdn_map_cuda.c"
-SKIP_EXIT = 77  # the C test's "no GPU device"
-
-
-def _compile_map_test(build_info, tmp_path: Path) -> Path:
-    tree = Path(build_info.root) / "llama.cpp"
-    lib = build_info.lib_dir
-    exe = tmp_path / "test_gdn_map_cuda"
-    subprocess.run(["cc", "-O2", "-std=c11", str(MAP_TEST), f"-I{tree}/ggml/include", f"-L{lib}", "-lggml",
-                    "-lggml-base", "-lm", f"-Wl,-rpath,{lib}", "-o", str(exe)], check=True)
-    return exe
 
 
 def test_map_test_harness_runs_without_a_gpu(build_info, tmp_path):
     """The C test compiles against any build; CPU against CPU it finds no difference, and without
     a GPU device it says skip (77) rather than pass."""
-    exe = _compile_map_test(build_info, tmp_path)
+    exe = compile_map_test(build_info, tmp_path)
     proc = subprocess.run([str(exe), "--self-check", "--quick"], capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0 and " 0 failed" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert re.search(r" [1-9]\d* skipped slots checked", proc.stdout), proc.stdout
@@ -70,7 +59,7 @@ def test_map_test_harness_runs_without_a_gpu(build_info, tmp_path):
 @pytest.mark.gpu
 def test_delta_net_map_op_gpu_equals_cpu(gpu_build, tmp_path):
     """Every plane count 2..9 and 28, every lead, S_v 16..128, KDA on/off, hand-made maps."""
-    exe = _compile_map_test(gpu_build, tmp_path)
+    exe = compile_map_test(gpu_build, tmp_path)
     proc = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600, check=False)
     print(proc.stdout)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]

@@ -59,7 +59,9 @@ class BuildOptions:
         args = [
             "-DCMAKE_BUILD_TYPE=Release",
             "-DBUILD_SHARED_LIBS=ON",
-            "-DLLAMA_BUILD_TESTS=OFF",
+            # a Vulkan build compiles llama.cpp's test-backend-ops: it checks the patched kernels
+            # against the CPU backend on the machine's own device
+            f"-DLLAMA_BUILD_TESTS={on(self.vulkan)}",
             # tools, examples and server are always configured (one configuration serves plain and
             # --tools builds); only the targets below are compiled
             "-DLLAMA_BUILD_EXAMPLES=ON",
@@ -88,12 +90,15 @@ class BuildOptions:
 
     def targets(self) -> list[str]:
         targets = list(LIBRARY_TARGETS)
+        if self.vulkan:
+            targets.append(BACKEND_OPS_TEST)
         if self.tools:
             targets += TOOL_TARGETS
         return targets
 
 
 LIBRARY_TARGETS = ("llama", "ggml-rpc-server", "ggspec-common")  # ggspec-common: patch 0017
+BACKEND_OPS_TEST = "test-backend-ops"  # llama.cpp's op test: every backend against the CPU one
 TOOL_TARGETS = ("llama-server", "llama-cli", "llama-speculative-simple", "llama-completion", "llama-quantize")
 
 
@@ -434,13 +439,24 @@ def mark_current(info: BuildInfo) -> None:
     _write_json(paths.current_build_file(), {"key": info.key, "options": info.options})
 
 
+SELECT_ENV = "GGSPEC_BUILD"  # a build key: this process uses that build instead of the current one
+
+
 def current_options() -> BuildOptions | None:
-    """The options of the build `ggspec build` last produced or selected, if any. A damaged
-    current.json is ignored with a warning: the newest finished build that matches the current
-    patches takes its place (and is recorded again, when $GGSPEC_HOME is writable)."""
+    """The options of the build `ggspec build` last produced or selected, if any, or of the build
+    `$GGSPEC_BUILD` names (a key under builds/: one process on, say, the Vulkan build while the
+    current one stays the CPU build). A damaged current.json is ignored with a warning: the newest
+    finished build that matches the current patches takes its place (and is recorded again, when
+    $GGSPEC_HOME is writable)."""
     problem = paths.home_problem()
     if problem:
         raise BuildError(problem)
+    selected = os.environ.get(SELECT_ENV)
+    if selected:
+        info = _read_info(selected) if re.fullmatch(r"[0-9a-f]{16}", selected) else None
+        if info is None:
+            raise BuildError(f"{SELECT_ENV}={selected}: no finished build of that key in {paths.builds_dir()}")
+        return _options(info.options)
     f = paths.current_build_file()
     try:
         raw = json.loads(f.read_bytes())
@@ -509,6 +525,10 @@ def check_options(options: BuildOptions) -> None:
         raise BuildError("--cuda-arch needs --cuda")
     if not options.cuda_fa and not options.cuda:
         raise BuildError("--no-cuda-fa needs --cuda")
+    if options.vulkan:
+        from ggspec.native import vulkan  # only Vulkan builds need its SDK
+
+        vulkan.find_sdk()  # the missing packages are named now, not by cmake minutes later
     if options.cuda and not options.cuda_arch and shutil.which("nvidia-smi") is None:
         raise BuildError(
             "--cuda without --cuda-arch detects the GPU architecture, but no NVIDIA GPU is visible "
@@ -516,8 +536,11 @@ def check_options(options: BuildOptions) -> None:
         )
 
 
-def build(options: BuildOptions, force: bool = False, reporter: Reporter | None = None) -> BuildInfo:
-    """The build for `options`: cached, extended by the missing targets, or made from scratch."""
+def build(options: BuildOptions, force: bool = False, reporter: Reporter | None = None,
+          mark: bool = True) -> BuildInfo:
+    """The build for `options`: cached, extended by the missing targets, or made from scratch.
+    It becomes the current build unless `mark` is False (a test building the Vulkan library
+    beside the CPU one selects it per process with `$GGSPEC_BUILD`)."""
     reporter = reporter or Reporter()
     check_options(options)
     problem = paths.home_problem()
@@ -528,6 +551,8 @@ def build(options: BuildOptions, force: bool = False, reporter: Reporter | None 
     existing = None if force else _read_info(key)
     if existing is not None and existing.has(options):
         existing.cached = True
+        if not mark:
+            return existing
         try:
             mark_current(existing)
         except OSError as exc:  # a read-only $GGSPEC_HOME still serves its builds
@@ -572,5 +597,6 @@ def build(options: BuildOptions, force: bool = False, reporter: Reporter | None 
         targets=done + missing,
     )
     _write_info(root, info)
-    mark_current(info)
+    if mark:
+        mark_current(info)
     return info

@@ -1,9 +1,10 @@
-// ggml-level test of ggml_gated_delta_net with snapshot maps on a GPU backend (patch 0010).
+// ggml-level test of ggml_gated_delta_net with snapshot maps on a GPU backend (CUDA: patch 0010,
+// Vulkan: patch 0020).
 //
 // The op runs on the first GPU device of the ggml-backend registry and on the CPU backend, on the
 // same random inputs, for every plane layout llama.cpp makes (llama_rs_slot_map in patch 0002's
 // src/llama-memory-recurrent.cpp: 2..9 and 28 planes, every lead) at several token counts, with the
-// scalar and the KDA gate, for every head size the CUDA kernel has, plus hand-made maps. The GPU
+// scalar and the KDA gate, for every head size the CUDA and Vulkan kernels have, plus hand-made maps. The GPU
 // device must accept the op (supports_op), and its attention output and every written slot must
 // match the CPU op's (max |diff| <= 1e-4 of the largest value); slots the map skips must keep the
 // sentinel they held before; slots of the input state must hold it exactly. The op without a map
@@ -13,7 +14,7 @@
 // with itself (1 thread and several) instead, so the harness can run on a machine without a GPU;
 // `--quick` keeps S_v = 16 only (the same maps, a fraction of the CPU time).
 //
-// build: cc -O2 -std=c11 test_gdn_map_cuda.c -I<llama.cpp>/ggml/include -L<build>/bin
+// build: cc -O2 -std=c11 test_gdn_map_gpu.c -I<llama.cpp>/ggml/include -L<build>/bin
 //           -lggml -lggml-base -lm -Wl,-rpath,<build>/bin
 #define _POSIX_C_SOURCE 200809L // sysconf
 
