@@ -126,6 +126,34 @@ def test_gpu_options_produce_the_ggml_flags():
     assert "-DCMAKE_CUDA_ARCHITECTURES=90" in nb.BuildOptions(cuda=True, cuda_arch="90").cmake_args()
 
 
+def test_a_vulkan_build_adds_the_op_test_and_keeps_the_cpu_key():
+    vulkan, cpu = nb.BuildOptions(vulkan=True), nb.BuildOptions()
+    assert "-DLLAMA_BUILD_TESTS=ON" in vulkan.cmake_args() and nb.BACKEND_OPS_TEST in vulkan.targets()
+    assert "-DLLAMA_BUILD_TESTS=OFF" in cpu.cmake_args() and nb.BACKEND_OPS_TEST not in cpu.targets()
+
+
+def test_vulkan_without_its_packages_is_one_line_naming_them(monkeypatch):
+    from ggspec.native import vulkan
+
+    monkeypatch.setattr(vulkan, "_glslc", lambda: None)
+    monkeypatch.setattr(vulkan, "_spirv_headers", lambda: None)
+    with pytest.raises(nb.BuildError) as exc:
+        nb.check_options(nb.BuildOptions(vulkan=True))
+    text = str(exc.value)
+    assert "glslc" in text and "spirv-headers" in text and "apt-get install" in text and "\n" not in text
+
+
+def test_a_build_selected_by_key_that_does_not_exist_is_one_line(monkeypatch, build_info, tiny_coder_pair):
+    from conftest import run_cli
+
+    proc = run_cli("run", "-m", str(tiny_coder_pair.target), "-p", "hi", "--no-spec",
+                   env={nb.SELECT_ENV: "0123456789abcdef"})
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"{nb.SELECT_ENV}=0123456789abcdef: no finished build" in proc.stderr.strip().splitlines()[-1]
+    monkeypatch.setenv(nb.SELECT_ENV, build_info.key)
+    assert nb.current_options() == nb._options(build_info.options)  # the named build, whatever is current
+
+
 def test_cuda_without_a_gpu_needs_an_arch(monkeypatch):
     monkeypatch.setattr(nb.shutil, "which", lambda name: None)
     with pytest.raises(nb.BuildError, match="--cuda-arch"):
