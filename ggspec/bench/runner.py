@@ -39,7 +39,7 @@ from ggspec.speculative.tree_budget import parse_tree_budget
 from ggspec.speculative.engine import Engine
 from ggspec.speculative.loop import generate_greedy
 from ggspec.speculative.models import Models, PairConfig
-from ggspec.speculative.oracle import Divergence, compare
+from ggspec.speculative.oracle import Divergence, byte_exact, compare, engine_models
 from ggspec.speculative.planes import PlaneOptions
 from ggspec.speculative.sampling import SamplerSettings
 from ggspec.speculative.stats import RunStats, Step
@@ -231,7 +231,8 @@ class Runner:
         """The first difference of `got` from plain greedy `want`, with the target's top-2 margin
         there (from the prompt's solo reference run): a benign near-tie or a real divergence."""
         self._reference(cfg, i, 0)
-        return compare(want, self._margins[(cfg.solo().key, i)], got)
+        exact = byte_exact(engine_models(self._baseline(cfg.solo())))
+        return compare(want, self._margins[(cfg.solo().key, i)], got, exact)
 
     def _mark(self, run: Run, cfg: BenchConfig, i: int, want: list[int], got: list[int]) -> None:
         """Set run.identical / divergence / margin from its tokens against plain greedy `want`."""

@@ -106,11 +106,11 @@ def plain_divergence(sp, prompt: list[int], spec: list[int], n_predict: int, ign
     """Decode `prompt` plain greedy with the target's top-2 margins recorded and compare it with the
     speculative output: (the plain tokens, the first difference or None; a near-tie is benign)."""
     from ggspec.speculative.loop import generate_greedy
-    from ggspec.speculative.oracle import compare
+    from ggspec.speculative.oracle import byte_exact, compare, engine_models
 
     steps = list(generate_greedy(sp, prompt, n_predict, record_margins=True, ignore_eos=ignore_eos, grammar=grammar))
     plain = [t for st in steps for t in st.tokens]
-    return plain, compare(plain, [m for st in steps for m in st.margins], spec)
+    return plain, compare(plain, [m for st in steps for m in st.margins], spec, byte_exact(engine_models(sp)))
 
 
 def what_to_try(sp) -> str:
@@ -129,20 +129,30 @@ def what_to_try(sp) -> str:
 
 def check_lossless(sp, prompts: list[list[int]], outputs: dict[int, list[int]], n_predict: int,
                    ignore_eos: bool, grammar: str | None = None) -> bool:
-    """--check: each prompt decoded plain greedy on the same engine, compared token for token with
-    the speculative output; one line per prompt saying which kind any difference is. Whether one
-    was a REAL divergence."""
+    """--check: each prompt decoded plain greedy by a plain engine on the same models, configured as
+    `--no-spec` configures it (so the comparison is with what `--no-spec` prints, not with the
+    speculative engine's own contexts), compared token for token with the speculative output; one
+    line per prompt saying which kind any difference is, and by which rule. Whether one was a REAL
+    divergence."""
+    from dataclasses import replace
+
+    from ggspec.speculative.engine import Engine
+    from ggspec.speculative.oracle import GATE_RULE, IDENTITY_RULE, byte_exact, engine_models
+
+    rule = IDENTITY_RULE if byte_exact(engine_models(sp)) else GATE_RULE
     counts = {"identical": 0, "near-tie": 0, "REAL": 0}
-    for i, prompt in enumerate(prompts):
-        plain, div = plain_divergence(sp, prompt, outputs[i], n_predict, ignore_eos, grammar)
-        which = f"prompt {i + 1}: " if len(prompts) > 1 else ""
-        if div is None:
-            counts["identical"] += 1
-            err.print(f"check: {which}identical to plain greedy ({len(plain)} tokens)", soft_wrap=True)
-        else:
-            counts["near-tie" if div.benign else "REAL"] += 1
-            err.print(f"check: {which}{div.describe()}", soft_wrap=True)
+    with Engine(sp.models, replace(sp.cfg, draft=None, dflash=False, spec_type=None), plain=True) as plain_engine:
+        for i, prompt in enumerate(prompts):
+            plain, div = plain_divergence(plain_engine, prompt, outputs[i], n_predict, ignore_eos, grammar)
+            which = f"prompt {i + 1}: " if len(prompts) > 1 else ""
+            if div is None:
+                counts["identical"] += 1
+                err.print(f"check: {which}identical to plain greedy (--no-spec), {len(plain)} tokens ({rule})",
+                          soft_wrap=True)
+            else:
+                counts["near-tie" if div.benign else "REAL"] += 1
+                err.print(f"check: {which}{div.describe()}", soft_wrap=True)
     if len(prompts) > 1:
         err.print(f"check: {counts['identical']}/{len(prompts)} identical, {counts['near-tie']} benign near-ties, "
-                  f"{counts['REAL']} REAL divergences", soft_wrap=True)
+                  f"{counts['REAL']} REAL divergences ({rule})", soft_wrap=True)
     return counts["REAL"] > 0

@@ -195,6 +195,32 @@ def load() -> types.ModuleType:
 
 
 @cache
+@cache
+def _ggml_cpu_library() -> ctypes.CDLL:
+    """libggml-cpu, the CPU backend libllama loaded (the same handle: its state is shared)."""
+    load()
+    path = library_path() / "libggml-cpu.so"
+    try:
+        lib = ctypes.CDLL(str(path))
+        _declare(lib, "ggml_cpu_batch_invariant", [], c_bool)
+        _declare(lib, "ggml_cpu_set_batch_invariant", [c_bool], None)
+    except (OSError, AttributeError) as exc:
+        raise NotBuiltError(f"the llama.cpp build has no batch-invariant CPU backend ({path.name}): run `ggspec build`") from exc
+    return lib
+
+
+def batch_invariant() -> bool:
+    """Whether the CPU backend computes every row alone-or-batched alike (patch 0021; on unless
+    GGML_CPU_BATCH_INVARIANT=0 or set_batch_invariant(False))."""
+    return bool(_ggml_cpu_library().ggml_cpu_batch_invariant())
+
+
+def set_batch_invariant(on: bool) -> None:
+    """Switch the CPU backend's batch invariance for this process (what GGML_CPU_BATCH_INVARIANT
+    sets for a whole run, llama.cpp's tools included); it takes effect at the next decode."""
+    _ggml_cpu_library().ggml_cpu_set_batch_invariant(bool(on))
+
+
 def common_library() -> ctypes.CDLL:
     """libggspec-common (patch 0017): llama.cpp's own chat code (templates, tool-call grammars and
     parsers, the JSON-schema converter) behind a C ABI of JSON texts, its reasoning budget sampler,

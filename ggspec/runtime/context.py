@@ -92,9 +92,11 @@ class Context(OwnedHandle):
     """A llama.cpp context. Logits and feature rows returned by its methods are copies."""
 
     def __init__(self, model: Model, params: ContextParams, ctx_other: "Context | None" = None,
-                 what: str = "model", mtp: bool = False) -> None:
+                 what: str = "model", mtp: bool = False, eval_callback=None) -> None:
         """`mtp`: a context of type MTP on a target loaded with its MTP blocks: its cache holds
-        only those blocks' layers, and a decode runs the MTP head (token + hidden-state rows)."""
+        only those blocks' layers, and a decode runs the MTP head (token + hidden-state rows).
+        `eval_callback`: llama.cpp's `cb_eval` (a `ggml_backend_sched_eval_callback`), called for
+        every graph node as it is computed (the batch-variance probe reads nodes with it)."""
         params.validate()
         # (an MTP context's cache holds one layer: the target's check covers it)
         if (model.n_gpu_layers == 0 and not model.placement.multi_device and not mtp and not model.dry
@@ -120,6 +122,9 @@ class Context(OwnedHandle):
         self.flash_attn = resolve_flash_attn(params.flash_attn, model.n_gpu_layers, params.type_v, params.batched)
         cp.flash_attn_type = FLASH_ATTN[self.flash_attn]
         cp.no_perf = True
+        self._eval_callback = eval_callback  # held: llama.cpp calls it as long as the context lives
+        if eval_callback is not None:
+            cp.cb_eval = eval_callback
         if ctx_other is not None:
             cp.ctx_other = ctx_other.ptr
         if mtp:

@@ -36,13 +36,15 @@ class Model(OwnedHandle):
 
     def __init__(self, path: str | Path, n_gpu_layers: int = 0, what: str = "model",
                  placement: Placement | None = None, load_mtp: bool = False, dry: bool = False,
-                 mmap: bool = True) -> None:
+                 mmap: bool = True, repack: bool = True) -> None:
         """n_gpu_layers: layers offloaded to the devices (-1: all); placement: split mode, RPC
         workers, proportions, mirrored head (see ggspec.runtime.devices); load_mtp: load the
         multi-token-prediction (nextn) blocks too, which llama.cpp skips by default; dry: read
         the metadata only and simulate every allocation (llama.cpp's no_alloc, what its fit
         measures with): its contexts can be measured (runtime.footprint), never decoded; mmap:
-        map the file (llama.cpp's default) rather than read it into buffers of its own."""
+        map the file (llama.cpp's default) rather than read it into buffers of its own; repack:
+        let the CPU backend repack weights for its own kernels (llama.cpp's default; its tools'
+        `--no-repack` is False)."""
         self.lc = load_bindings()
         self.meta: GGUFMeta = read_meta(path, what)  # validates the file before llama.cpp reads it
         check_model(self.meta, what)  # ... and every value llama.cpp would abort on
@@ -53,6 +55,7 @@ class Model(OwnedHandle):
         params = self.lc.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
         params.load_mtp = load_mtp
+        params.use_extra_bufts = repack
         self.load_mtp = load_mtp
         self.dry = dry
         if dry:

@@ -1,8 +1,13 @@
 """The losslessness oracle: speculative greedy output must equal plain greedy output.
 
-At the first divergence we report the target's own top-2 logit margin there (from the plain
-run). Only a tiny margin can make a batched verify flip an argmax by rounding (a benign
-near-tie); any larger margin means a real bug.
+Two rules judge a difference, and every report names the one that did:
+- **byte identity** where every model runs on the CPU backend with its batch invariance (patch
+  0021, on by default): a verified row computes exactly what a one-token decode computes, so any
+  difference at all is a REAL divergence;
+- **the 0.2-nat gate** elsewhere (CUDA, Vulkan, RPC workers, or GGML_CPU_BATCH_INVARIANT=0): at
+  the first divergence we read the target's own top-2 logit margin there (from the plain run);
+  only a tiny margin can make a batched verify flip an argmax by rounding (a benign near-tie), any
+  larger margin means a real bug.
 """
 
 from __future__ import annotations
@@ -17,6 +22,20 @@ from ggspec.speculative.stats import RunStats
 # The gap between two logits is the gap between their log-probabilities, so this is seed 002's
 # gate of 0.2 nat.
 TIE_MARGIN = 0.2
+IDENTITY_RULE = "byte identity"
+GATE_RULE = "0.2-nat gate"
+
+
+def byte_exact(models) -> bool:
+    """Whether byte identity judges runs of these models: all on the CPU backend (no layer
+    offloaded, no RPC worker or other device) with its batch invariance on."""
+    from ggspec.native.bindings import batch_invariant
+    return all(m.n_gpu_layers == 0 and not m.placement.multi_device for m in models) and batch_invariant()
+
+
+def engine_models(engine) -> list:
+    """The models an engine decodes with (its target, and its draft where it has one)."""
+    return [m for m in (engine.target_model, getattr(engine, "draft_model", None)) if m is not None]
 
 
 @dataclass(frozen=True)
@@ -25,24 +44,33 @@ class Divergence:
     expected: int | None  # plain greedy token (None: the plain run ended earlier)
     got: int | None  # speculative token (None: the speculative run ended earlier)
     margin: float | None  # the target's top-2 logit margin at `index` in the plain run
+    exact: bool = True  # judged by byte identity (else by the 0.2-nat gate)
+
+    @property
+    def rule(self) -> str:
+        return IDENTITY_RULE if self.exact else GATE_RULE
 
     @property
     def benign(self) -> bool:
-        return self.margin is not None and self.margin < TIE_MARGIN
+        return not self.exact and self.margin is not None and self.margin < TIE_MARGIN
 
     def describe(self) -> str:
         kind = "benign near-tie" if self.benign else "REAL divergence"
-        return (f"{kind} at token {self.index}: plain {self.expected}, speculative {self.got}, "
+        return (f"{kind} ({self.rule}) at token {self.index}: plain {self.expected}, speculative {self.got}, "
                 f"target top-2 margin {self.margin if self.margin is None else f'{self.margin:.5f}'}")
 
 
-def compare(plain: list[int], margins: list[float], spec: list[int]) -> Divergence | None:
-    """None when the two token streams are identical."""
+def compare(plain: list[int], margins: list[float], spec: list[int], exact: bool | None = None) -> Divergence | None:
+    """None when the two token streams are identical. `exact`: judged by byte identity (None: where
+    the CPU backend is batch invariant; pass byte_exact(models) for runs that may use a device)."""
+    if exact is None:
+        from ggspec.native.bindings import batch_invariant
+        exact = batch_invariant()
     for i in range(max(len(plain), len(spec))):
         a = plain[i] if i < len(plain) else None
         b = spec[i] if i < len(spec) else None
         if a != b:
-            return Divergence(i, a, b, margins[i] if i < len(margins) else None)
+            return Divergence(i, a, b, margins[i] if i < len(margins) else None, exact)
     return None
 
 
@@ -55,10 +83,11 @@ class PromptRun:
     spec: list[int]
     plain_stats: RunStats
     spec_stats: RunStats
+    exact: bool = True  # byte identity judges it (see byte_exact)
 
     @property
     def divergence(self) -> Divergence | None:
-        return compare(self.plain, self.margins, self.spec)
+        return compare(self.plain, self.margins, self.spec, self.exact)
 
 
 def run_prompts(engine, prompts: list[str], n_predict: int, make_proposer=None,
@@ -78,4 +107,4 @@ def run_prompts(engine, prompts: list[str], n_predict: int, make_proposer=None,
         for step in generate_spec(engine, prompt, n_predict, ignore_eos=ignore_eos, proposer=proposer):
             spec_stats.add(step)
             spec += step.tokens
-        yield PromptRun(plain, margins, spec, plain_stats, spec_stats)
+        yield PromptRun(plain, margins, spec, plain_stats, spec_stats, byte_exact(engine_models(engine)))

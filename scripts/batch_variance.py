@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""Localise batch variance: a token's logits decoded alone vs as row i of a k-row batch.
+
+For each model, attention setting and repack setting, with the CPU backend's batch invariance
+(patch 0021) on and off in the same process: every row of k-row decodes (k = 2 ... 64, each row
+compared) after several cache fills against the same tokens decoded one at a time, a prompt
+prefilled whole vs in chunks, and where a row differs the first graph node that differs and its op
+(the kernel behind it). Prints a markdown table; -o saves the JSON.
+
+    python scripts/batch_variance.py --pair gemma-3-270m --pair qwen2.5-coder-1.5b -t 2
+    python scripts/batch_variance.py -m model.gguf --fa on --fa off --repack on --repack off
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from ggspec.bench.invariance import kernel_behind, probe
+from ggspec.catalogue.pairs import get_entry, resolve
+from ggspec.native.bindings import batch_invariant, set_batch_invariant
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--pair", action="append", default=[], help="a pair of models.toml (its target is probed)")
+    ap.add_argument("-m", "--model", action="append", default=[], type=Path, help="a GGUF file")
+    ap.add_argument("--fa", action="append", choices=("on", "off"), help="attention setting(s) (default both)")
+    ap.add_argument("--repack", action="append", choices=("on", "off"), help="repack setting(s) (default both)")
+    ap.add_argument("--invariant", action="append", choices=("on", "off"),
+                    help="the CPU backend's batch invariance (default both, off first)")
+    ap.add_argument("--rows", default="2,4,8,16,64", help="batch sizes k (every row of each is compared)")
+    ap.add_argument("--fills", default="3,40,600", help="cache cells before the batch (>= 512: the KV split)")
+    ap.add_argument("-t", "--threads", type=int, default=1)
+    ap.add_argument("-o", "--output", type=Path, help="save the JSON here")
+    args = ap.parse_args()
+    paths = [resolve(get_entry(name)).target for name in args.pair] + list(args.model)
+    if not paths:
+        ap.error("name a model with --pair or -m")
+    ks = tuple(int(k) for k in args.rows.split(","))
+    fills = tuple(int(f) for f in args.fills.split(","))
+    initial = batch_invariant()
+    reports = []
+    print("| model | invariant | fa | repack | rows identical | chunks identical | worst diff | first differing node: kernel |")
+    print("|---|---|---|---|---|---|---|---|")
+    try:
+        for path in paths:
+            for inv in args.invariant or ("off", "on"):
+                set_batch_invariant(inv == "on")
+                for fa in args.fa or ("on", "off"):
+                    for repack in args.repack or ("on", "off"):
+                        r = probe(path, fa, repack == "on", fills=fills, ks=ks, n_threads=args.threads)
+                        reports.append(r)
+                        same = sum(x.identical for x in r.rows)
+                        chunks = sum(d == 0.0 for _c, d in r.chunks)
+                        worst = next((x for x in r.rows if not x.identical), None)
+                        node = (f"{r.node.name} ({r.node.op}, {r.node.src0_type}): "
+                                f"{kernel_behind(r.node, worst.k, r.repack)}") if r.node and worst else "-"
+                        print(f"| {path.name} | {inv} | {fa} | {repack} | {same}/{len(r.rows)} | "
+                              f"{chunks}/{len(r.chunks)} | {r.worst():.3g} | {node} |", flush=True)
+    finally:
+        set_batch_invariant(initial)
+    if args.output:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(json.dumps({"threads": args.threads, "rows": ks, "fills": fills,
+                                           "reports": [asdict(r) for r in reports]}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
