@@ -61,7 +61,7 @@ def main() -> None:
                         print(f"| {path.name} | {inv} | {fa} | {repack} | {same}/{len(r.rows)} | "
                               f"{chunks}/{len(r.chunks)} | {r.worst():.3g} | {node} |", flush=True)
     finally:
-        set_batch_invariant(initial)
+        set_batch_invariant(initial > 0, initial or None)
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(json.dumps({"threads": args.threads, "rows": ks, "fills": fills,

@@ -119,10 +119,9 @@ def test_a_cache_of_another_key_or_unreadable_is_measured_again(cache_dir):
 @pytest.mark.parametrize("flash_attn", ["off", "auto"])
 def test_where_no_length_can_pay_the_draft_model_is_never_called(cache_dir, flash_attn):
     """Tables whose draft calls cost a second each (a draft model far dearer than its target):
-    every sequence decodes plainly, the draft context makes no call, the user is told why. With
-    flash attention left to ggspec, the engine then runs on a plain engine's contexts: no draft
-    context, and the target's flash attention llama.cpp's choice (it was off for verify batches);
-    the draft's own options (a reduced vocabulary here) are no error for that plain engine."""
+    every sequence decodes plainly, the draft context makes no call, the user is told why. The
+    engine then runs on a plain engine's contexts (no draft context), whatever the attention
+    setting; the draft's own options (a reduced vocabulary here) are no error for that plain engine."""
     cfg = PairConfig(TARGET, DRAFT, ctx=replace(CTX, flash_attn=flash_attn),
                      spec_options={"draft-simple": DraftVocabOptions(vocab=300)})
     path, doc = _measured(cfg, cache_dir)
@@ -131,12 +130,8 @@ def test_where_no_length_can_pay_the_draft_model_is_never_called(cache_dir, flas
     with Engine.open(cfg) as e:
         assert not e.calibration.measured and e.plain_by_cost
         assert any("decoding plainly" in n for n in e.notes)
-        if flash_attn == "auto":
-            assert e.draft_ctx is None and e.proposer is None and e.target.flash_attn == "auto"
-        calls = e.draft_ctx.n_decodes if e.draft_ctx is not None else 0
+        assert e.draft_ctx is None and e.proposer is None and e.target.flash_attn == flash_attn
         seqs = [decode_one(e, e.target_model.tokenize(STACK), N) for _ in range(2)]
-        if e.draft_ctx is not None:
-            assert e.draft_ctx.n_decodes == calls  # never called
         assert all(s.stats.drafted == 0 and s.plain_by_cost and len(s.stats.k_hist) == 1 for s in seqs)
         out = [s.tokens for s in seqs]
     assert out == [_plain(STACK)] * 2

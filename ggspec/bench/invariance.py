@@ -9,8 +9,9 @@ makes every row take the same arithmetic (`GGML_CPU_BATCH_INVARIANT`, on by defa
 The probe compares, from the same cache:
 - **rows**: tokens t[B], t[B+1], ... decoded one at a time (what plain decoding does) against the
   same tokens as rows 0..k-1 of one k-row decode with logits on every row (what a verify does);
-- **chunks**: a prompt prefilled in one batch against the same prompt in chunks (what a cached
-  prompt's last token decoded alone, or another `-ub`, does), then one token decoded after each;
+- **chunks**: a prompt prefilled one token at a time against the same prompt in chunks of up to
+  128 rows (what a cached prompt's last token decoded alone, or another `-ub`, does), then one
+  token decoded after each;
 - **node**: where a row differs, the first graph node (in compute order) whose row differs, read
   through llama.cpp's eval callback, with its op: the kernel behind the difference.
 """
@@ -67,7 +68,7 @@ class ProbeReport:
     model: str
     flash_attn: str
     repack: bool
-    invariant: bool  # the CPU backend's batch invariance (patch 0021) during the probe
+    invariant_rows: int  # the CPU backend's batch invariance (patch 0021) during the probe: its row limit, 0 off
     rows: list[RowDiff] = field(default_factory=list)
     chunks: list[tuple[int, float]] = field(default_factory=list)  # (chunk size, max abs diff)
     node: NodeDiff | None = None
@@ -156,8 +157,7 @@ class Probe:
         self.flash_attn, self.repack = flash_attn, repack
         self.recorder = _NodeRecorder()
         self.model = Model(path, repack=repack)
-        self.ctx = Context(self.model, ContextParams(n_ctx=n_ctx, n_threads=n_threads, flash_attn=flash_attn,
-                                                     batched=False), eval_callback=self.recorder.callback)
+        self.ctx = Context(self.model, ContextParams(n_ctx=n_ctx, n_threads=n_threads, flash_attn=flash_attn), eval_callback=self.recorder.callback)
         self.batch = Batch(self.ctx)
         rng = np.random.default_rng(seed)
         n_vocab = self.model.n_vocab
@@ -191,8 +191,9 @@ class Probe:
         return out
 
     def chunks(self, n: int, sizes: tuple[int, ...]) -> list[tuple[int, float]]:
-        """A prompt of n tokens prefilled whole vs in chunks, then one token decoded after it."""
-        self._prefill(n)
+        """A prompt of n tokens prefilled one token at a time vs in chunks of each size, then one
+        token decoded after it (chunks past the invariance's row limit take the fast kernels)."""
+        self._prefill(n, 1)
         whole = self._one(n)
         out = []
         for size in sizes:
@@ -230,15 +231,15 @@ class Probe:
         return None
 
 
-def probe(path, flash_attn: str, repack: bool, fills=(3, 40), ks=(2, 4, 8, 16), chunk_sizes=(1, 7, 64),
-          n_threads: int = 1, locate: bool = True) -> ProbeReport:
+def probe(path, flash_attn: str, repack: bool, fills=(3, 40), ks=(2, 4, 8, 16), chunk_sizes=(7, 64, 128),
+          n_threads: int = 1, locate: bool = True, prompt: int = 200) -> ProbeReport:
     """Rows, chunks and (where a row differs) the first differing node, for one model and setting."""
     p = Probe(path, flash_attn=flash_attn, repack=repack, n_threads=n_threads)
     try:
         report = ProbeReport(str(path), flash_attn, repack, batch_invariant())
         for fill in fills:
             report.rows += p.rows(fill, ks)
-        report.chunks = p.chunks(max(fills) + 8, chunk_sizes)
+        report.chunks = p.chunks(prompt, chunk_sizes)
         worst = next((r for r in report.rows if not r.identical), None)
         if locate and worst is not None:
             report.node = p.first_node(worst.fill, worst.k, worst.row)

@@ -202,6 +202,16 @@ def _lossless(runs: list[Run]) -> dict:
             "real_divergences": sum(r.divergence == "real" for r in runs)}
 
 
+def lossless_rule(settings) -> str:
+    """Which rule judged the outputs: byte identity where every model ran on the CPU backend with
+    its batch invariance (any difference is REAL), else the 0.2-nat gate (ggspec.speculative.oracle)."""
+    from ggspec.native.bindings import batch_invariant
+    from ggspec.speculative.oracle import GATE_RULE, IDENTITY_RULE
+
+    on_cpu = not getattr(settings, "n_gpu_layers", 0) and not getattr(settings, "rpc", None)
+    return IDENTITY_RULE + " (CPU, batch-invariant kernels)" if on_cpu and batch_invariant() > 0 else GATE_RULE
+
+
 def identical_cell(r: dict) -> str:
     """The table's identical column: n/m, then what the differences were."""
     if not r["identical"]:
@@ -519,6 +529,7 @@ def to_markdown(rows: list[dict], settings: Settings) -> str:
             + (" and parallel level; decode t/s (aggregate) = tokens of all sequences / the engine's transaction "
                "time, per-seq t/s = one sequence's tokens / the time of the steps it was in; identical = every "
                "output equals the prompt's solo plain greedy output" if par else ""))
+    note += f"; identical judged by {lossless_rule(settings)}"
     if any(r.get("near_ties") or r.get("real_divergences") for r in rows):
         note += ("; a near-tie is an output that first differs where the target's own top-2 margin is below the "
                  "0.2-nat gate (batched rounding flipped a tie: benign), REAL one that differs anywhere else")

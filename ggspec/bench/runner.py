@@ -292,9 +292,8 @@ class Runner:
         return self._tools[name]
 
     def _native(self, cfg: BenchConfig, i: int, n: int) -> tuple[RunStats, str]:
-        # as ggspec's own contexts: off on the CPU for the loop that verifies batches, llama.cpp's
-        # choice for plain decoding (ggspec's plain rows decode the same way)
-        flash_attn = resolve_flash_attn("auto", self.s.n_gpu_layers, cfg.ctv, batched=cfg.kind != "native-baseline")
+        # as ggspec's own contexts: llama.cpp's choice, for every row (one attention setting)
+        flash_attn = resolve_flash_attn("auto")
         sampling = replace(self.s.sampling(cfg.temp), seed=self.s.prompt_seed(i))
         if cfg.kind == "native-baseline":
             res = run_plain(self._tool(PLAIN_TOOL), local_path(self.s.target), self.s.prompts[i].text, n, n_ctx=cfg.n_ctx,

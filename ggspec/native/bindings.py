@@ -202,23 +202,25 @@ def _ggml_cpu_library() -> ctypes.CDLL:
     path = library_path() / "libggml-cpu.so"
     try:
         lib = ctypes.CDLL(str(path))
-        _declare(lib, "ggml_cpu_batch_invariant", [], c_bool)
-        _declare(lib, "ggml_cpu_set_batch_invariant", [c_bool], None)
+        _declare(lib, "ggml_cpu_batch_invariant_rows", [], c_int64)
+        _declare(lib, "ggml_cpu_set_batch_invariant_rows", [c_int64], None)
     except (OSError, AttributeError) as exc:
         raise NotBuiltError(f"the llama.cpp build has no batch-invariant CPU backend ({path.name}): run `ggspec build`") from exc
     return lib
 
 
-def batch_invariant() -> bool:
-    """Whether the CPU backend computes every row alone-or-batched alike (patch 0021; on unless
-    GGML_CPU_BATCH_INVARIANT=0 or set_batch_invariant(False))."""
-    return bool(_ggml_cpu_library().ggml_cpu_batch_invariant())
+def batch_invariant() -> int:
+    """The most rows (tokens) a CPU op may have and still compute every row as it computes that row
+    alone (patch 0021; 0: off). On by default up to 128 rows: verify batches; prompt chunks beyond
+    keep the faster kernels. GGML_CPU_BATCH_INVARIANT=0 turns it off for a whole run (llama.cpp's
+    tools included), GGML_CPU_BATCH_INVARIANT_ROWS=N moves the limit."""
+    return int(_ggml_cpu_library().ggml_cpu_batch_invariant_rows())
 
 
-def set_batch_invariant(on: bool) -> None:
-    """Switch the CPU backend's batch invariance for this process (what GGML_CPU_BATCH_INVARIANT
-    sets for a whole run, llama.cpp's tools included); it takes effect at the next decode."""
-    _ggml_cpu_library().ggml_cpu_set_batch_invariant(bool(on))
+def set_batch_invariant(on: bool, rows: int | None = None) -> None:
+    """Switch the CPU backend's batch invariance for this process (`rows`: its limit, None: the
+    default); it takes effect at the next decode."""
+    _ggml_cpu_library().ggml_cpu_set_batch_invariant_rows((-1 if rows is None else int(rows)) if on else 0)
 
 
 def common_library() -> ctypes.CDLL:

@@ -26,21 +26,16 @@ FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}
 UNQUANTIZED = ("f32", "f16", "bf16")
 
 
-def resolve_flash_attn(requested: str, n_gpu_layers: int, type_v: str, batched: bool = True) -> str:
-    """`auto` means off for a model that runs on the CPU and decodes batches of drafts (`batched`;
-    unless a quantized V cache needs it); else llama.cpp's own `auto`.
+def resolve_flash_attn(requested: str) -> str:
+    """One attention setting for every context, plain or verifying: `auto` is llama.cpp's own
+    (flash attention on wherever the backend has it, the CPU included), as llama-completion runs.
 
-    llama.cpp's `auto` turns flash attention on for the CPU too, where its multi-token path is
-    slow: on the tiny dense pair a verify batch of 8 tokens costs 4.1x a single-token decode
-    with it and 1.35x without it, which decides whether speculation can pay off at all. One-token
-    decodes are faster with it (Gemma 3 270M 0.89x, the tiny pair 0.84x, Qwen2.5-Coder 1.5B the
-    same), so a context that never verifies drafts keeps llama.cpp's choice, as llama-completion does.
-    """
-    if requested != "auto":
-        return requested
-    if batched and n_gpu_layers == 0 and type_v in UNQUANTIZED:
-        return "off"
-    return "auto"
+    Plain and speculative contexts must compute alike for speculative text to equal plain text,
+    and with the CPU backend's batch invariance (patch 0021) flash attention is the faster of the
+    two there for decodes and verifies alike (scripts/invariance_cost.py, 2-core Xeon, ms with it on
+    vs off: Gemma 3 270M decode 10.9 vs 12.0, an 8-row verify 41.0 vs 44.5; Qwen2.5-Coder 1.5B
+    decode 30.0 vs 34.9, 8 rows 158 vs 150)."""
+    return requested
 
 
 @dataclass
@@ -55,7 +50,6 @@ class ContextParams:
     n_rs_seq: int = 0  # recurrent-state planes per sequence kept for rollback
     n_seq_max: int = 1  # sequences decoded together (one per parallel slot)
     kv_unified: bool = False  # one cache shared by all sequences (else n_ctx / n_seq_max each)
-    batched: bool = True  # it decodes batches of drafts (verifies them): see resolve_flash_attn
     picks_per_seq: int = 1  # output rows of one sequence a decode may pick on the device (pick_on_device)
     # the memory fit (speculative/fit.py) measured this configuration as llama.cpp allocates it:
     # the metadata estimate (runtime.memory.check_memory) has nothing to add
@@ -119,7 +113,7 @@ class Context(OwnedHandle):
         cp.n_threads_batch = params.n_threads
         cp.type_k = CACHE_TYPES[params.type_k]
         cp.type_v = CACHE_TYPES[params.type_v]
-        self.flash_attn = resolve_flash_attn(params.flash_attn, model.n_gpu_layers, params.type_v, params.batched)
+        self.flash_attn = resolve_flash_attn(params.flash_attn)
         cp.flash_attn_type = FLASH_ATTN[self.flash_attn]
         cp.no_perf = True
         self._eval_callback = eval_callback  # held: llama.cpp calls it as long as the context lives

@@ -169,7 +169,7 @@ def _standby_plans(plan: DraftPlan) -> list[DraftPlan]:
 def _target_params(models: Models, cfg: PairConfig, plan: DraftPlan, n_max: int, speculative: bool,
                    warnings: list[str]) -> ContextParams:
     model = models.target
-    params = replace(cfg.ctx, n_seq_max=cfg.parallel, batched=speculative)
+    params = replace(cfg.ctx, n_seq_max=cfg.parallel)
     for part in plan.parts or (plan,):  # what a type needs of the target's context
         if part.type is not None and part.type.target_params is not None:
             part.type.target_params(cfg, part, params, warnings)

@@ -245,7 +245,7 @@ def plain_step_params(target: ContextParams, n_seqs: int, n_prompt: int = PROMPT
     the prompt and the steps of every slot, and batches no larger than a prompt or a step (its
     compute buffers, transient memory beside the engine's, stay small: the memory fit counts them)."""
     rows = max(n_prompt, n_seqs)
-    return replace(target, batched=False, n_rs_seq=0, n_seq_max=n_seqs, kv_unified=True,
+    return replace(target, n_rs_seq=0, n_seq_max=n_seqs, kv_unified=True,
                    n_ctx=n_seqs * (n_prompt + PHASE_STEPS + 1), n_batch=rows, n_ubatch=rows)
 
 

@@ -135,11 +135,8 @@ class Engine:
 
     def _reopen_plain(self) -> None:
         """An engine that will never verify a draft (plain_by_cost) runs on a plain engine's
-        contexts: the draft context goes (its memory with it), and the target's is made again
-        where its flash attention was off only for verify batches (one-token decodes are faster
-        with it on the CPU: see resolve_flash_attn)."""
-        if self.cfg.ctx.flash_attn != "auto" or self.target.flash_attn != "off":
-            return
+        contexts: the draft context goes (its memory with it), and the target's is made again as
+        `--no-spec` makes it (no recurrent planes, no tree cells), so it decodes what that prints."""
         for obj in (self._batch, self.proposer, self.draft_ctx, self.target):
             if obj is not None:
                 obj.close()

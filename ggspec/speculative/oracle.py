@@ -30,7 +30,7 @@ def byte_exact(models) -> bool:
     """Whether byte identity judges runs of these models: all on the CPU backend (no layer
     offloaded, no RPC worker or other device) with its batch invariance on."""
     from ggspec.native.bindings import batch_invariant
-    return all(m.n_gpu_layers == 0 and not m.placement.multi_device for m in models) and batch_invariant()
+    return all(m.n_gpu_layers == 0 and not m.placement.multi_device for m in models) and batch_invariant() > 0
 
 
 def engine_models(engine) -> list:
@@ -65,7 +65,7 @@ def compare(plain: list[int], margins: list[float], spec: list[int], exact: bool
     the CPU backend is batch invariant; pass byte_exact(models) for runs that may use a device)."""
     if exact is None:
         from ggspec.native.bindings import batch_invariant
-        exact = batch_invariant()
+        exact = batch_invariant() > 0
     for i in range(max(len(plain), len(spec))):
         a = plain[i] if i < len(plain) else None
         b = spec[i] if i < len(spec) else None
