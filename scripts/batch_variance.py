@@ -34,6 +34,9 @@ def main() -> None:
     ap.add_argument("--rows", default="2,4,8,16,64", help="batch sizes k (every row of each is compared)")
     ap.add_argument("--fills", default="3,40,600", help="cache cells before the batch (>= 512: the KV split)")
     ap.add_argument("-t", "--threads", type=int, default=1)
+    ap.add_argument("-ngl", "--n-gpu-layers", type=int, default=0,
+                    help="layers on the GPU (-1: all): the probe of a device backend (the first differing node "
+                         "is read on the CPU side only)")
     ap.add_argument("-o", "--output", type=Path, help="save the JSON here")
     args = ap.parse_args()
     paths = [resolve(get_entry(name)).target for name in args.pair] + list(args.model)
@@ -51,7 +54,8 @@ def main() -> None:
                 set_batch_invariant(inv == "on")
                 for fa in args.fa or ("on", "off"):
                     for repack in args.repack or ("on", "off"):
-                        r = probe(path, fa, repack == "on", fills=fills, ks=ks, n_threads=args.threads)
+                        r = probe(path, fa, repack == "on", fills=fills, ks=ks, n_threads=args.threads,
+                                  n_gpu_layers=args.n_gpu_layers, locate=args.n_gpu_layers == 0)
                         reports.append(r)
                         same = sum(x.identical for x in r.rows)
                         chunks = sum(d == 0.0 for _c, d in r.chunks)

@@ -14,6 +14,7 @@
 #      F16, written by ggspec on this machine while the library compiles) with its DFlash draft,
 #      planes x lead under the seed-000 acceptance profile, on the GPU, ggspec next to llama.cpp's
 #      own loop of the same build (--native, -ngl all for both),
+#   2b. the batch-variance probe (scripts/batch_variance.py) on the GPU: how a row differs alone vs batched,
 #   3. `ggspec bench`: planes x lead on the tiny hybrid pair with the same profile, on the GPU
 #      (-ngl -1) and, as time allows, on the CPU (-ngl 0),
 # logging each stage and its wall time into RESULTS_DIR (summary.txt first). Every stage has a
@@ -207,6 +208,10 @@ main() {
     stage pytest-gpu 150 python3 -m pytest -m gpu -v -rA -p no:cacheprovider --continue-on-collection-errors \
         --junitxml="$RESULTS/pytest-gpu.xml" tests
     say "  $(tail -1 "$RESULTS/pytest-gpu.log")"
+    # batch variance on the device (issue 55): a token alone vs as row i of k-row batches, CUDA has
+    # no invariant path yet (mmvq's bands): the table says where and how much
+    stage invariance-gpu 40 python3 scripts/batch_variance.py -m models/tiny/tiny-coder.gguf -ngl -1 \
+        --invariant on --fa on --repack on --fills 3,40 --rows 2,4,8,16 -o "$RESULTS/batch-variance.json"
     write_prompts
     if [ -n "$make_pid" ]; then
         wait "$make_pid"

@@ -91,6 +91,14 @@ def test_every_row_equals_the_token_alone_per_weight_type(qtype, fa, requantized
         _assert_identical(probe(path, fa, repack, fills=(3, 600), ks=(*ROWS, 64), n_threads=2))
 
 
+@pytest.mark.parametrize("fa", ["on", "off"])
+def test_an_f32_cache_keeps_every_row_equal(fa, tiny_coder_pair):
+    """An F32 KV cache: attention's q (permuted) is contiguous only while it holds one row, which
+    once sent a lone row down llamafile's path and its batch down vec_dot's."""
+    _assert_identical(probe(tiny_coder_pair.target, fa, True, fills=(3, 300), ks=(2, 4, 8), cache_type="f32",
+                            n_threads=2))
+
+
 @pytest.mark.real
 def test_without_invariance_the_probe_finds_the_kernel(real_target, invariance):
     set_batch_invariant(False)

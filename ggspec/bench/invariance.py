@@ -152,12 +152,13 @@ class Probe:
     """One model, one attention setting, one repack setting; decodes from a fixed token stream."""
 
     def __init__(self, path, flash_attn: str = "on", repack: bool = True, n_threads: int = 1,
-                 n_ctx: int = 2048, seed: int = 0) -> None:
+                 n_ctx: int = 2048, seed: int = 0, n_gpu_layers: int = 0, cache_type: str = "f16") -> None:
         self.path = path
         self.flash_attn, self.repack = flash_attn, repack
         self.recorder = _NodeRecorder()
-        self.model = Model(path, repack=repack)
-        self.ctx = Context(self.model, ContextParams(n_ctx=n_ctx, n_threads=n_threads, flash_attn=flash_attn), eval_callback=self.recorder.callback)
+        self.model = Model(path, repack=repack, n_gpu_layers=n_gpu_layers)
+        self.ctx = Context(self.model, ContextParams(n_ctx=n_ctx, n_threads=n_threads, flash_attn=flash_attn,
+                                                     type_k=cache_type, type_v=cache_type), eval_callback=self.recorder.callback)
         self.batch = Batch(self.ctx)
         rng = np.random.default_rng(seed)
         n_vocab = self.model.n_vocab
@@ -232,9 +233,11 @@ class Probe:
 
 
 def probe(path, flash_attn: str, repack: bool, fills=(3, 40), ks=(2, 4, 8, 16), chunk_sizes=(7, 64, 128),
-          n_threads: int = 1, locate: bool = True, prompt: int = 200) -> ProbeReport:
+          n_threads: int = 1, locate: bool = True, prompt: int = 200, n_gpu_layers: int = 0,
+          cache_type: str = "f16") -> ProbeReport:
     """Rows, chunks and (where a row differs) the first differing node, for one model and setting."""
-    p = Probe(path, flash_attn=flash_attn, repack=repack, n_threads=n_threads)
+    p = Probe(path, flash_attn=flash_attn, repack=repack, n_threads=n_threads, n_gpu_layers=n_gpu_layers,
+              cache_type=cache_type)
     try:
         report = ProbeReport(str(path), flash_attn, repack, batch_invariant())
         for fill in fills:

@@ -141,7 +141,8 @@ def check_lossless(sp, prompts: list[list[int]], outputs: dict[int, list[int]], 
 
     rule = IDENTITY_RULE if byte_exact(engine_models(sp)) else GATE_RULE
     counts = {"identical": 0, "near-tie": 0, "REAL": 0}
-    with Engine(sp.models, replace(sp.cfg, draft=None, dflash=False, spec_type=None), plain=True) as plain_engine:
+    plain_cfg = replace(sp.cfg, draft=None, dflash=False, spec_type=None, spec_options={})  # as --no-spec makes it
+    with Engine(sp.models, plain_cfg, plain=True) as plain_engine:
         for i, prompt in enumerate(prompts):
             plain, div = plain_divergence(plain_engine, prompt, outputs[i], n_predict, ignore_eos, grammar)
             which = f"prompt {i + 1}: " if len(prompts) > 1 else ""
