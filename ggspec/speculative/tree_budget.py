@@ -247,16 +247,29 @@ class TreeBudget:
         return all(self._seconds(b, n_drafting, n_drafting) > (1.0 + GAIN_MAX) * chain for b in self.budgets)
 
 
+def _byte_exact(cfg) -> bool:
+    """Whether the pair runs where the oracle is byte identity (ggspec.speculative.oracle)."""
+    from ggspec.native.bindings import batch_invariant
+
+    on_cpu = not cfg.n_gpu_layers and not cfg.n_gpu_layers_draft and not cfg.placement.multi_device
+    return on_cpu and batch_invariant() > 0
+
+
 def plan_trees(cfg, plan, recurrent: bool, n_max: int) -> int:
     """The largest tree budget an engine may verify (0: chains only). A budget given as a number
     that cannot run here is refused in one line; `auto` allows trees only where they run and
     allowing them costs nothing: one sequence (several would share one unified cache, every
     verify row attending over every sequence's cells: 22 % of the aggregate speed at -np 4 on
-    the tiny pair)."""
+    the tiny pair), and not where outputs are byte-exact (every model on the CPU backend with its
+    batch invariance): a tree step keeps its accepted path's cells among freed branch cells, which
+    later rows fill, so attention then sums over cells out of position order and a near-tie can flip
+    (seen once in 12 prompts on the Qwen2.5-Coder pair at n_max 15; docs/concepts/losslessness.md)."""
     cap = AUTO_MAX if cfg.tree_budget is None else cfg.tree_budget
     if cap == 0 or not plan.types:
         return 0
     fixed = not cfg.tree_auto
+    if not fixed and _byte_exact(cfg):
+        return 0
 
     def refuse(why: str, field: str = "tree_budget") -> int:
         if fixed:
