@@ -231,16 +231,17 @@ def _fit_context(cfg: PairConfig, n_ctx_given: bool, room: dict[str, int] | None
         return result
     floor, low = _smallest(cfg)
     n_ctx = _fits_at(cfg, result, floor, low)
+    if n_ctx is not None:  # the estimate, measured (and stepped down) so the refusal's hint is exact too
+        shrunk = replace(result.cfg, ctx=replace(result.cfg.ctx, n_ctx=n_ctx))
+        fp = measure(shrunk)
+        while result.over(fp) and n_ctx - CTX_STEP >= floor:  # (nearly affine: this rarely loops)
+            n_ctx -= CTX_STEP
+            shrunk = replace(shrunk, ctx=replace(shrunk.ctx, n_ctx=n_ctx))
+            fp = measure(shrunk)
+        if result.over(fp):
+            n_ctx = None
     if n_ctx_given or n_ctx is None:
         raise DoesNotFit(_refusal(result, over, n_ctx), _where(result, over))
-    shrunk = replace(result.cfg, ctx=replace(result.cfg.ctx, n_ctx=n_ctx))
-    fp = measure(shrunk)
-    while result.over(fp) and n_ctx - CTX_STEP >= floor:  # (affine in practice: this rarely loops)
-        n_ctx -= CTX_STEP
-        shrunk = replace(shrunk, ctx=replace(shrunk.ctx, n_ctx=n_ctx))
-        fp = measure(shrunk)
-    if result.over(fp):
-        raise DoesNotFit(_refusal(result, over, None), _where(result, over))
     note = (f"context size {cfg.ctx.n_ctx} does not fit ({_where(result, over)}): "
             f"using {n_ctx}, which needs {_summary(fp)}")
     return Fit(shrunk, fp, result.available, [note], ["n_ctx"])
