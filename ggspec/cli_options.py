@@ -20,9 +20,9 @@ from typing import Annotated, Any, Optional
 import typer
 
 from ggspec.errors import InputError
-from ggspec.speculative import registry
+from ggspec.speculative.types import registry
 from ggspec.speculative.models import DEFAULT_N_MAX, PairConfig
-from ggspec.speculative.registry import SPEC_TYPES, options_from_flat
+from ggspec.speculative.types.registry import SPEC_TYPES, options_from_flat
 from ggspec.speculative.sampling import DEFAULT_SEED, SamplerSettings
 
 # the defaults when neither a flag nor a named pair's recommendation (models.toml) gives one
@@ -315,7 +315,7 @@ class Shared:
         names its field) before any model is read."""
         from ggspec.runtime import ContextParams
 
-        from ggspec.speculative.tree_budget import parse_tree_budget
+        from ggspec.speculative.rules.tree_budget import parse_tree_budget
 
         placement, ngl = self.placement()
         settings.setdefault("ctx", ContextParams(n_threads=self.threads))

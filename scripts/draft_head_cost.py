@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 from ggspec.runtime import Batch, Context, ContextParams, Model
-from ggspec.speculative.draft_vocab import draft_vocab_ids
+from ggspec.speculative.types.draft_vocab import draft_vocab_ids
 
 PROMPT = "def quicksort(items):\n    if len(items) <= 1:\n        return items\n    pivot = items[0]\n"
 

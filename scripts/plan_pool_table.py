@@ -22,7 +22,7 @@ from ggspec.bench.prompts import load_prompts
 from ggspec.catalogue.pairs import get_entry, resolve
 from ggspec.runtime import ContextParams
 from ggspec.speculative.engine import Engine
-from ggspec.speculative.loop import generate_spec
+from ggspec.speculative.driver import generate_spec
 from ggspec.speculative.models import PairConfig
 
 

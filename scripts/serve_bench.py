@@ -46,7 +46,7 @@ from ggspec.bench.native import find_tool
 from ggspec.bench.prompts import BUILTIN
 from ggspec.bench.serving import NotReady, free_port, run_load, solo, wait_ready
 from ggspec.catalogue.pairs import get_entry, resolve
-from ggspec.speculative import registry
+from ggspec.speculative.types import registry
 
 console = Console(stderr=True)
 
@@ -137,9 +137,9 @@ def divergence_kinds(target: Path, prompts: list[str], refs: list[str], replies,
     which llama.cpp's arithmetic depends on, may tip it either way)."""
     from ggspec.runtime import ContextParams
     from ggspec.speculative.engine import Engine
-    from ggspec.speculative.loop import generate_greedy
+    from ggspec.speculative.driver import generate_greedy
     from ggspec.speculative.models import PairConfig
-    from ggspec.speculative.oracle import TIE_MARGIN
+    from ggspec.speculative.lossless import TIE_MARGIN
 
     differ = {(r.index, r.text) for r in replies if r.text != refs[r.index]}
     if not differ:

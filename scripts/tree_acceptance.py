@@ -34,10 +34,10 @@ from ggspec.bench.prompts import BUILTIN
 from ggspec.catalogue.pairs import get_entry, resolve
 from ggspec.runtime import ContextParams
 from ggspec.speculative.engine import Engine
-from ggspec.speculative.loop import decode_one, generate_greedy
+from ggspec.speculative.driver import decode_one, generate_greedy
 from ggspec.speculative.models import Models, PairConfig
-from ggspec.speculative.oracle import compare
-from ggspec.speculative.tree_budget import parse_tree_budget
+from ggspec.speculative.lossless import compare
+from ggspec.speculative.rules.tree_budget import parse_tree_budget
 
 
 def run_once(models: Models, cfg: PairConfig, prompts, n: int) -> dict:

@@ -5,7 +5,7 @@ A draft position whose target token lies outside the N tokens the chained head s
 whatever the head predicts, so the share of a model's own greedy tokens outside them is the most
 acceptance the cut can cost (a trained head also loses less, since it rarely predicts those
 tokens well). This decodes the built-in bench prompts plainly and reports that share for each N,
-with ggspec's choice of the N tokens (ggspec.speculative.draft_vocab: the N most common in the
+with ggspec's choice of the N tokens (ggspec.speculative.types.draft_vocab: the N most common in the
 standard library's source, plus the end-of-generation tokens) and, for comparison, the N lowest ids.
 
     python scripts/vocab_coverage.py --pair gemma-3-270m [-n 128] [--sizes 8192,16384,32768,65536]
@@ -22,9 +22,9 @@ from ggspec.bench.prompts import load_prompts
 from ggspec.catalogue.pairs import get_entry, resolve
 from ggspec.runtime import ContextParams
 from ggspec.speculative.engine import Engine
-from ggspec.speculative.loop import generate_greedy
+from ggspec.speculative.driver import generate_greedy
 from ggspec.speculative.models import PairConfig
-from ggspec.speculative.draft_vocab import draft_vocab_ids
+from ggspec.speculative.types.draft_vocab import draft_vocab_ids
 
 
 def main() -> None:

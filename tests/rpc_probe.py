@@ -22,7 +22,7 @@ import numpy as np
 
 from ggspec.runtime import Batch, Context, ContextParams, Model
 from ggspec.runtime.devices import Placement
-from ggspec.speculative.dflash import DFlashProposer, dflash_info
+from ggspec.speculative.types.dflash import DFlashProposer, dflash_info
 from ggspec.speculative.proposer import Span
 from ggspec.speculative.sequence import Sequence
 

@@ -31,9 +31,23 @@ def test_the_script_finds_a_cycle(tmp_path):
     assert ic.main(["import_cycles.py", str(pkg)]) == 1
 
 
+def test_the_script_sees_import_module(tmp_path):
+    """A literal import_module is an edge like an import; a computed one is reported."""
+    ic = _import_cycles()
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from importlib import import_module\nimport_module('pkg.b')\n")
+    (pkg / "b.py").write_text("import importlib\ndef f():\n    importlib.import_module('pkg.a')\n")
+    (pkg / "c.py").write_text("from importlib import import_module\nfor m in ('a',):\n    import_module(f'pkg.{m}')\n")
+    assert ic.cycles(ic.import_graph(pkg)) == [["pkg.a", "pkg.b"]]
+    assert ic.hidden_imports(pkg) == ["pkg/c.py:3"]
+
+
 def test_no_import_cycles():
     ic = _import_cycles()
     assert ic.cycles(ic.import_graph(PACKAGE)) == []
+    assert ic.hidden_imports(PACKAGE) == []
 
 
 def test_no_product_module_imports_the_test_fixtures():

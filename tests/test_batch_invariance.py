@@ -22,8 +22,8 @@ from ggspec.native.bindings import batch_invariant, set_batch_invariant
 from ggspec.runtime import ContextParams
 from ggspec.speculative.engine import Engine
 from ggspec.speculative.models import PairConfig
-from ggspec.speculative.loop import generate_greedy
-from ggspec.speculative.oracle import IDENTITY_RULE, run_prompts
+from ggspec.speculative.driver import generate_greedy
+from ggspec.speculative.lossless import IDENTITY_RULE, run_prompts
 
 ROWS = (2, 4, 8, 16)
 
@@ -149,7 +149,7 @@ def test_four_sequences_together_equal_each_alone_byte_for_byte(real_target):
 
 @pytest.mark.real
 def test_a_divergence_is_real_under_byte_identity(real_target):
-    from ggspec.speculative.oracle import compare
+    from ggspec.speculative.lossless import compare
 
     div = compare([1, 2, 3], [5.0, 0.01, 5.0], [1, 9, 3], exact=True)
     assert div.rule == IDENTITY_RULE and not div.benign and "REAL" in div.describe()

@@ -197,8 +197,8 @@ def test_an_acceptance_profile_beside_an_engine_plain_by_cost(build_info, monkey
     engine has no proposer to arm (it decodes plainly), so its row is plain decoding (k 0 on every
     step) beside the fixed length's forced row, not a traceback (it was: 'NoneType' has no 'arm')."""
     import ggspec.cli
-    from ggspec.speculative import calibration
-    from ggspec.speculative.draft_length import DraftLength
+    from ggspec.speculative.rules import calibration
+    from ggspec.speculative.rules.draft_length import DraftLength
 
     monkeypatch.setattr(calibration, "cache_dir", lambda: tmp_path / "calibration")
     monkeypatch.setattr(DraftLength, "hopeless", lambda self, n_live: True)

@@ -61,7 +61,7 @@ def test_shim_functions_resolve(lc):
 
 def test_target_layer_ids_through_the_shim(lc, dense_pair):
     from ggspec.runtime import Model
-    from ggspec.speculative.dflash import dflash_info
+    from ggspec.speculative.types.dflash import dflash_info
 
     with Model(dense_pair.draft) as m:
         n = lc._lib.ggspec_model_target_layer_ids_n(m.ptr)

@@ -1,4 +1,4 @@
-"""Costs known before the first step (ggspec/speculative/calibration.py), on the real build.
+"""Costs known before the first step (ggspec/speculative/rules/calibration.py), on the real build.
 
 An engine with the adaptive draft length (the default: no draft length given) measures what its
 steps cost before the first prompt, by running a short schedule of draft lengths through itself,
@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 
 from ggspec.runtime import ContextParams
-from ggspec.speculative import calibration
-from ggspec.speculative.draft_vocab import DraftVocabOptions
+from ggspec.speculative.rules import calibration
+from ggspec.speculative.types.draft_vocab import DraftVocabOptions
 from ggspec.speculative.engine import Engine
-from ggspec.speculative.loop import decode_one, decode_plain
+from ggspec.speculative.driver import decode_one, decode_plain
 from ggspec.speculative.models import PairConfig
 from helpers.pairs import DFLASH, DRAFT, STACK, TARGET
 

@@ -220,7 +220,7 @@ def test_the_verdict_times_warm_runs_in_turn_plain_first(build_info):
     from ggspec.console.verdict import PAIRS, timed_pairs
     from ggspec.runtime import ContextParams
     from ggspec.speculative.engine import Engine
-    from ggspec.speculative.loop import decode_plain
+    from ggspec.speculative.driver import decode_plain
     from ggspec.speculative.models import PairConfig
 
     cfg = PairConfig(target=TARGET, draft=DFLASH, n_max=7, ctx=ContextParams(n_ctx=1024, n_threads=1))
@@ -275,8 +275,8 @@ def test_what_to_try_leaves_out_the_setting_in_use():
     from types import SimpleNamespace
 
     from ggspec.console.verdict import what_to_try as _what_to_try
-    from ggspec.speculative import registry
-    from ggspec.speculative.draft_type import DraftPlan
+    from ggspec.speculative.types import registry
+    from ggspec.speculative.types.draft_type import DraftPlan
 
     def engine(spec_type, n_max, auto):
         return SimpleNamespace(plan=DraftPlan(registry.get(spec_type)), n_max=n_max,

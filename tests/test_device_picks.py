@@ -17,7 +17,7 @@ import pytest
 
 from conftest import PROMPTS
 from ggspec.runtime import Batch, Context
-from ggspec.speculative.draft_vocab import DraftVocabOptions, draft_vocab_ids
+from ggspec.speculative.types.draft_vocab import DraftVocabOptions, draft_vocab_ids
 from ggspec.speculative.engine import Engine
 from ggspec.speculative.models import Models, PairConfig
 from ggspec.speculative.sampling import SamplerSettings

@@ -212,7 +212,7 @@ def test_distill_on_gemma_3_270m(real_target, tmp_path):
     from ggspec.runtime import ContextParams
     from ggspec.speculative.engine import Engine
     from ggspec.speculative.models import PairConfig
-    from ggspec.speculative.oracle import run_prompts
+    from ggspec.speculative.lossless import run_prompts
 
     prompts = ["The history of the printing press begins in the fifteenth century, when",
                "def merge_sorted(a, b):\n    \"\"\"Merge two sorted lists into one sorted list.\"\"\"\n"]

@@ -1,4 +1,4 @@
-"""The adaptive draft length (`--spec-draft-n-max auto`, ggspec/speculative/draft_length.py).
+"""The adaptive draft length (`--spec-draft-n-max auto`, ggspec/speculative/rules/draft_length.py).
 
 Costs read off measured shapes and acceptance by position; then the rule driven the way the
 engine's step drives it (before, after, measured, committed) with made-up costs and drafts: the k
@@ -25,13 +25,13 @@ from ggspec.errors import InputError
 from ggspec.fixtures.mtp_head import ensure_fitted
 from ggspec.catalogue.tiny import ensure_tiny_pair
 from ggspec.runtime import ContextParams
-from ggspec.speculative.costs import Acceptance, ShapeCosts
-from ggspec.speculative.draft_length import DraftLength
+from ggspec.speculative.rules.costs import Acceptance, ShapeCosts
+from ggspec.speculative.rules.draft_length import DraftLength
 from ggspec.speculative.engine import Engine
-from ggspec.speculative.loop import generate_greedy
+from ggspec.speculative.driver import generate_greedy
 from ggspec.speculative.models import PairConfig, parse_n_max
 from ggspec.speculative.planes import PlaneOptions
-from ggspec.speculative.ngram import NgramSimpleOptions
+from ggspec.speculative.types.ngram import NgramSimpleOptions
 from ggspec.speculative.proposer import Draft
 from helpers.drafts import Recorder
 from helpers.pairs import DFLASH, DRAFT, EAGLE3, STACK, TARGET
@@ -388,7 +388,7 @@ def test_a_sequence_whose_probes_never_pay_gives_up_and_the_next_ones_start_plai
     """Drafts that are always wrong, on costs where only good drafts pay: GIVE_UP failed probes
     and the sequence stops speculating (gave_up); the sequences after it start plain, 1, then 2,
     then 4; one whose drafts paid brings that back to 1."""
-    from ggspec.speculative.draft_length import GIVE_UP
+    from ggspec.speculative.rules.draft_length import GIVE_UP
 
     rule = _rule()
     seq = _Seq(0)

@@ -17,7 +17,7 @@ import pytest
 from conftest import PROMPTS, run_cli
 from ggspec.errors import InputError
 from ggspec.speculative.engine import Engine
-from ggspec.speculative.loop import generate_spec
+from ggspec.speculative.driver import generate_spec
 from ggspec.speculative.models import Models, PairConfig
 from ggspec.speculative.planes import PlaneOptions
 from ggspec.bench.forced import ForcedAcceptance, cycle_lengths

@@ -1,6 +1,6 @@
 """A reduced draft vocabulary for draft-simple and DFlash (patch 0014, `--spec-draft-vocab N`).
 
-The draft's head scores only the rows of the N most common tokens (ggspec.speculative.draft_vocab):
+The draft's head scores only the rows of the N most common tokens (ggspec.speculative.types.draft_vocab):
 its logits are exactly those columns of the full head's, drafts are always among those tokens, and
 greedy output stays equal to plain greedy output (the target verifies against its full
 vocabulary), alone, three at once and sampled; options that cannot apply are refused in one line.
@@ -15,9 +15,9 @@ import pytest
 from conftest import PROMPTS, run_cli
 from ggspec.errors import InputError
 from ggspec.runtime import Batch, Context
-from ggspec.speculative.draft_vocab import DraftVocabOptions, draft_vocab_ids
+from ggspec.speculative.types.draft_vocab import DraftVocabOptions, draft_vocab_ids
 from ggspec.speculative.engine import Engine
-from ggspec.speculative.loop import generate_spec
+from ggspec.speculative.driver import generate_spec
 from ggspec.speculative.models import Models, PairConfig
 from ggspec.speculative.sampling import SamplerSettings
 from helpers.drafts import Recorder, spec_equals_plain, three_at_once_equal_plain

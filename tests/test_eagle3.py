@@ -22,7 +22,7 @@ from ggspec.bench.native import run_cpp
 from ggspec.errors import InputError
 from ggspec.runtime import ContextParams
 from ggspec.speculative.engine import Engine
-from ggspec.speculative.loop import generate_spec
+from ggspec.speculative.driver import generate_spec
 from ggspec.speculative.models import Models, PairConfig
 from ggspec.bench.forced import ForcedAcceptance, cycle_lengths
 from helpers.drafts import Recorder, compare, greedy, unforced_drafts_equal_llama_cpps

@@ -16,11 +16,11 @@ from ggspec.errors import InputError
 from ggspec.catalogue.pairs import get_entry, resolve
 from ggspec.runtime import ContextParams
 from ggspec.speculative.engine import CapacityError, Engine
-from ggspec.speculative.loop import generate_greedy
+from ggspec.speculative.driver import generate_greedy
 from ggspec.speculative.models import Models, PairConfig
 from ggspec.speculative.planes import PlaneOptions
 from ggspec.bench.forced import ForcedAcceptance, cycle_lengths
-from ggspec.speculative.oracle import compare
+from ggspec.speculative.lossless import compare
 
 N_PREDICT = 48
 N_MAX = 7

@@ -1,4 +1,4 @@
-"""The exactness harness: every registered draft type (ggspec.speculative.registry.TYPES) against
+"""The exactness harness: every registered draft type (ggspec.speculative.types.registry.TYPES) against
 llama.cpp's own loop (`llama-speculative-simple --spec-type TYPE`, patch 0009's dump of every
 draft call) and against plain greedy decoding.
 
@@ -29,13 +29,13 @@ import pytest
 from conftest import PROMPTS
 from ggspec.bench.native import run_cpp
 from ggspec.runtime import ContextParams
-from ggspec.speculative.draft_type import Options
+from ggspec.speculative.types.draft_type import Options
 from ggspec.speculative.engine import Engine
 from ggspec.speculative.models import PairConfig
-from ggspec.speculative.ngram import NgramSimpleOptions
-from ggspec.speculative.ngram_map import NgramMapOptions
-from ggspec.speculative.ngram_mod import NgramModOptions
-from ggspec.speculative.registry import TYPES
+from ggspec.speculative.types.ngram import NgramSimpleOptions
+from ggspec.speculative.types.ngram_map import NgramMapOptions
+from ggspec.speculative.types.ngram_mod import NgramModOptions
+from ggspec.speculative.types.registry import TYPES
 from helpers.drafts import assert_drafts_equal, compare, drafts_of, forced_file, ggspec_drafts, greedy
 from helpers.pairs import CPP_CTX, DFLASH, DRAFT, EAGLE3, MTP_CTX, MTP_N, MTP_PROMPT, STACK, TARGET
 

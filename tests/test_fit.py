@@ -13,7 +13,7 @@ import pytest
 from ggspec.errors import InputError
 from ggspec.runtime import ContextParams, footprint
 from ggspec.runtime.footprint import HOST
-from ggspec.speculative import fit
+from ggspec.speculative.rules import memory_fit as fit
 from ggspec.speculative.driver import Request, drive
 from ggspec.speculative.engine import Engine
 from ggspec.speculative.models import PairConfig
@@ -180,7 +180,7 @@ def test_the_calibration_context_is_counted_where_one_is_made(build_info):
     the engine's, when it calibrates: the fit counts it (as llama.cpp reports it once made), and
     nothing where the length is fixed or the types are n-grams."""
     from ggspec.runtime import Context
-    from ggspec.speculative.calibration import plain_step_params
+    from ggspec.speculative.rules.calibration import plain_step_params
     from ggspec.speculative.models import Models
 
     fixed = _configs("draft-simple", {})  # n_max given: a fixed length, no calibration

@@ -29,9 +29,9 @@ from ggspec.speculative.models import PairConfig
 from ggspec.speculative.planes import PlaneOptions
 from ggspec.speculative.stats import merge
 from ggspec.bench.forced import ForcedAcceptance, cycle_lengths
-from ggspec.speculative.oracle import run_prompts
-from ggspec.speculative.mtp import MTPOptions
-from ggspec.speculative.ngram_mod import NgramModOptions
+from ggspec.speculative.lossless import run_prompts
+from ggspec.speculative.types.mtp import MTPOptions
+from ggspec.speculative.types.ngram_mod import NgramModOptions
 from helpers.drafts import ggspec_drafts
 from helpers.gdn_map import SKIP_EXIT, compile_map_test
 from helpers.pairs import MTP_PROMPT
@@ -242,14 +242,14 @@ def test_plan_pool_and_adaptive_length_on_gpu(gpu_build, tiny_coder_pair):
 @pytest.mark.parametrize("draft_layers", [0, -1])
 def test_the_memory_fit_measures_the_gpu_as_llama_cpp_reports_it(gpu_build, tiny_coder_pair, hybrid_pair,
                                                                    draft_layers):
-    """speculative.fit on a GPU: the target (and the draft, or not) on the device, the dense pair
+    """speculative.rules.memory_fit on a GPU: the target (and the draft, or not) on the device, the dense pair
     and the hybrid one with capped planes; what it measures before loading is what llama.cpp's
     breakdown reports once the contexts exist, per device and for the host (weights and caches
     equal, totals within 5 %)."""
     from dataclasses import replace
 
     from ggspec.runtime import footprint
-    from ggspec.speculative import fit
+    from ggspec.speculative.rules import memory_fit as fit
 
     for pair, planes in ((tiny_coder_pair, None), (hybrid_pair, PlaneOptions.parse(3, None))):
         cfg = replace(_gpu_config(pair, planes), n_gpu_layers_draft=draft_layers, mmap=False, calibrate=False)

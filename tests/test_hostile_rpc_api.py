@@ -215,7 +215,7 @@ API_SCRIPT = textwrap.dedent('''
     import json, sys
     from ggspec.errors import ClosedError
     from ggspec.runtime import Batch, Context, ContextParams, Model
-    from ggspec.speculative.loop import generate_greedy, generate_spec
+    from ggspec.speculative.driver import generate_greedy, generate_spec
     from ggspec.speculative.engine import Engine
     from ggspec.speculative.models import PairConfig
 

@@ -10,9 +10,9 @@ import pytest
 
 from conftest import PROMPTS
 from ggspec.runtime import ContextParams
-from ggspec.speculative.dflash import INJECT_MODES
+from ggspec.speculative.types.draft_type import INJECT_MODES
 from ggspec.bench.forced import ForcedAcceptance, cycle_lengths
-from ggspec.speculative.loop import generate_greedy, generate_spec
+from ggspec.speculative.driver import generate_greedy, generate_spec
 from ggspec.speculative.engine import Engine
 from ggspec.speculative.models import PairConfig
 

@@ -7,7 +7,7 @@ equals the prompt's token embedding rows times the graph's embedding scale (sqrt
 Gemma, embedding_scale for Granite); the last layer's input covers every batch row even when
 only the last row has logits; extraction changes no logit; and each row is its own token's (as
 decoding token by token gives). Then a random DFlash draft on gemma3, qwen2 and phi3 gives the
-plain greedy output token for token, and ggspec.speculative.archs matches the patched tree.
+plain greedy output token for token, and ggspec.speculative.types.archs matches the patched tree.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from llama_tree import graph_sources
 
 from ggspec.fixtures.archs import ARCH_SPECS, ensure_arch_pair
 from ggspec.runtime import Batch, Context, ContextParams, Model
-from ggspec.speculative.archs import LAYER_INPUT_ARCHS, PATCHED_LAYER_INPUT_ARCHS, UPSTREAM_LAYER_INPUT_ARCHS
+from ggspec.speculative.types.archs import LAYER_INPUT_ARCHS, PATCHED_LAYER_INPUT_ARCHS, UPSTREAM_LAYER_INPUT_ARCHS
 
 ARCHS = sorted(ARCH_SPECS)
 EXACT = ContextParams(n_ctx=512, n_batch=128, n_ubatch=128, n_threads=1, type_k="f32", type_v="f32",
@@ -126,7 +126,7 @@ def test_dflash_is_lossless(arch, proposer, arch_pairs):
     token for token (up to a rounding near-tie); forced acceptance makes every acceptance length
     0..n_max happen."""
     from ggspec.bench.forced import ForcedAcceptance, cycle_lengths
-    from ggspec.speculative.oracle import run_prompts
+    from ggspec.speculative.lossless import run_prompts
     from ggspec.speculative.engine import Engine
     from ggspec.speculative.models import PairConfig
     from ggspec.speculative.stats import merge
@@ -157,7 +157,7 @@ def test_dflash_is_lossless(arch, proposer, arch_pairs):
 
 
 # ---------------------------------------------------------------------------------------------
-# ggspec.speculative.archs against the trees
+# ggspec.speculative.types.archs against the trees
 # ---------------------------------------------------------------------------------------------
 
 

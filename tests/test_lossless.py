@@ -2,7 +2,7 @@
 
 Run on the real patched build with tiny random-weight pairs (dense qwen3 and hybrid qwen35),
 with the real DFlash draft and with forced acceptance lengths covering 0..n_max.
-At a divergence the report gives the target's own top-2 margin there (see ggspec.speculative.oracle).
+At a divergence the report gives the target's own top-2 margin there (see ggspec.speculative.lossless).
 The hybrid target keeps F32 matrices and wide logit margins: every prompt must match exactly.
 The dense target has F16 matrices like converted files, whose activations are rounded to F16
 inside the matmuls: there, as on real models, a batched verify can flip a genuine near-tie; such
@@ -20,7 +20,7 @@ import pytest
 from conftest import PROMPTS
 from ggspec.runtime import ContextParams
 from ggspec.bench.forced import ForcedAcceptance, cycle_lengths
-from ggspec.speculative.oracle import run_prompts
+from ggspec.speculative.lossless import run_prompts
 from ggspec.speculative.engine import Engine
 from ggspec.speculative.models import PairConfig
 from ggspec.speculative.stats import merge
@@ -131,7 +131,7 @@ def test_capped_planes_are_lossless(planes, lead, proposer, hybrid_pair, build_i
 def test_no_state_leaks_across_prompts(planes, hybrid_pair, build_info):
     """A prompt after an unrelated one on the same contexts runs exactly as it does alone:
     same tokens, same accepted counts and replays at every step (seed 001's contamination)."""
-    from ggspec.speculative.loop import generate_spec
+    from ggspec.speculative.driver import generate_spec
     from ggspec.speculative.planes import PlaneOptions
 
     cfg = PairConfig(target=hybrid_pair.target, draft=hybrid_pair.draft, dflash=True, n_max=N_MAX, ctx=EXACT,

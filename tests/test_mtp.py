@@ -23,15 +23,15 @@ from conftest import PROMPTS, run_cli
 from ggspec.errors import InputError
 from ggspec.fixtures.mtp_head import ensure_fitted
 from ggspec.catalogue.tiny import ensure_tiny_pair
-from ggspec.speculative.draft_vocab import draft_vocab_ids, frequency_order
+from ggspec.speculative.types.draft_vocab import draft_vocab_ids, frequency_order
 from ggspec.speculative.engine import Engine
 from ggspec.speculative.models import Models, PairConfig
 from ggspec.speculative.planes import PlaneOptions
 from ggspec.speculative.sampling import SamplerSettings
 from ggspec.bench.forced import ForcedAcceptance, cycle_lengths
-from ggspec.speculative.oracle import run_prompts
+from ggspec.speculative.lossless import run_prompts
 from ggspec.speculative.stats import merge
-from ggspec.speculative.mtp import MTPOptions
+from ggspec.speculative.types.mtp import MTPOptions
 from helpers.drafts import ggspec_drafts, spec_equals_plain, three_at_once_equal_plain, \
     unforced_drafts_equal_llama_cpps
 from helpers.pairs import MTP_CTX as CTX, MTP_N as N, MTP_PROMPT as PROMPT
@@ -270,7 +270,7 @@ def test_a_reduced_vocabulary_changes_acceptance_never_the_output(head, fitted_t
 
 
 def test_chain_options_are_refused_in_one_line_where_they_cannot_apply(hybrid_pair, mtp_target):
-    from ggspec.speculative.mtp import check_chain
+    from ggspec.speculative.types.mtp import check_chain
 
     with pytest.raises(InputError, match="add --spec-draft-chain"):
         Models(PairConfig(target=mtp_target, spec_options={"draft-mtp": MTPOptions(vocab=100)}))
@@ -305,7 +305,7 @@ def test_the_draft_vocabulary_is_the_most_common_tokens_of_the_reference_text(fi
         assert list((tmp_path / "vocab").glob("*.npy"))  # cached
         assert np.array_equal(frequency_order(model), order)
         text = "".join(f.read_text(encoding="utf-8", errors="replace") for f in __import__(
-            "ggspec.speculative.draft_vocab", fromlist=["corpus_files"]).corpus_files()[:3])
+            "ggspec.speculative.types.draft_vocab", fromlist=["corpus_files"]).corpus_files()[:3])
         counts = np.bincount(model.tokenize(text, add_special=False), minlength=model.n_vocab)
         assert counts[order[0]] > 0 and counts[order[0]] >= np.median(counts)
         ids = draft_vocab_ids(model, 50)

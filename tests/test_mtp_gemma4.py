@@ -24,13 +24,13 @@ from ggspec.errors import InputError
 from ggspec.fixtures.gemma4 import DRAFTER, ensure_gemma4_pair, write_gemma4_drafter
 from ggspec.catalogue.tiny import ensure_tiny_pair
 from ggspec.speculative.engine import Engine
-from ggspec.speculative.draft_vocab import draft_vocab_ids
+from ggspec.speculative.types.draft_vocab import draft_vocab_ids
 from ggspec.speculative.models import Models, PairConfig
 from ggspec.speculative.sampling import SamplerSettings
 from ggspec.speculative.stats import merge
 from ggspec.bench.forced import ForcedAcceptance, cycle_lengths
-from ggspec.speculative.oracle import run_prompts
-from ggspec.speculative.mtp import MTPOptions
+from ggspec.speculative.lossless import run_prompts
+from ggspec.speculative.types.mtp import MTPOptions
 from helpers.drafts import ggspec_drafts, spec_equals_plain, three_at_once_equal_plain, \
     unforced_drafts_equal_llama_cpps
 from helpers.pairs import MTP_CTX as CTX, MTP_N as N, MTP_PROMPT as PROMPT

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from ggspec.errors import InputError
-from ggspec.speculative.ngram import DEFAULT_SIZE_M, DEFAULT_SIZE_N, NgramProposer, ngram_simple_draft
+from ggspec.speculative.types.ngram import DEFAULT_SIZE_M, DEFAULT_SIZE_N, NgramProposer, ngram_simple_draft
 from ggspec.speculative.proposer import Draft, Span
 from ggspec.speculative.sequence import Sequence
 from helpers.drafts import sequence

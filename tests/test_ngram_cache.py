@@ -13,9 +13,9 @@ from __future__ import annotations
 from conftest import run_cli
 from ggspec.bench.native import run_cpp
 from ggspec.speculative.engine import Engine
-from ggspec.speculative.loop import generate_greedy, generate_spec
+from ggspec.speculative.driver import generate_greedy, generate_spec
 from ggspec.speculative.models import PairConfig
-from ggspec.speculative.ngram_cache import N_DRAFT, NgramCache
+from ggspec.speculative.types.ngram_cache import N_DRAFT, NgramCache
 from helpers.drafts import Recorder, compare
 from helpers.pairs import CPP_CTX as CTX, DRAFT, STACK, TARGET
 

@@ -13,8 +13,8 @@ import pytest
 from conftest import run_cli
 from ggspec.errors import InputError
 from ggspec.speculative.models import PairConfig
-from ggspec.speculative.ngram_map import NgramMap, NgramMapProposer, ngram_hash
-from ggspec.speculative.ngram_map import NgramMapOptions
+from ggspec.speculative.types.ngram_map import NgramMap, NgramMapProposer, ngram_hash
+from ggspec.speculative.types.ngram_map import NgramMapOptions
 from helpers.pairs import STACK, TARGET
 
 

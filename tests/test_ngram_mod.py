@@ -14,10 +14,10 @@ import pytest
 from conftest import run_cli
 from ggspec.errors import InputError
 from ggspec.speculative.engine import Engine
-from ggspec.speculative.loop import generate_greedy, generate_spec
+from ggspec.speculative.driver import generate_greedy, generate_spec
 from ggspec.speculative.models import PairConfig
-from ggspec.speculative.ngram_mod import EMPTY, HASH_FACTOR, TABLE_SIZE, NgramModProposer, NgramTable
-from ggspec.speculative.ngram_mod import NgramModOptions
+from ggspec.speculative.types.ngram_mod import EMPTY, HASH_FACTOR, TABLE_SIZE, NgramModProposer, NgramTable
+from ggspec.speculative.types.ngram_mod import NgramModOptions
 from helpers.drafts import sequence
 from helpers.pairs import CPP_CTX as CTX, STACK, TARGET
 

@@ -21,7 +21,7 @@ from ggspec.bench.native import TOOL, find_tool, sampler_args
 from ggspec.errors import InputError
 from ggspec.runtime import Batch, Context, ContextParams
 from ggspec.speculative.engine import Engine
-from ggspec.speculative.loop import generate_greedy, generate_spec
+from ggspec.speculative.driver import generate_greedy, generate_spec
 from ggspec.speculative.models import Models, PairConfig
 from helpers.pairs import DFLASH, DRAFT, TARGET
 

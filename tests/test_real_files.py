@@ -52,7 +52,7 @@ def test_a_draft_reading_the_mtp_block_is_refused(fixture_dir, tmp_path):
 
 def test_mtp_target_runs_lossless(fixture_dir, build_info):
     """The MTP block is loaded but never run: speculation over the trunk equals plain greedy."""
-    from ggspec.speculative.oracle import run_prompts
+    from ggspec.speculative.lossless import run_prompts
     from ggspec.speculative.engine import Engine
     from ggspec.speculative.models import PairConfig
 
@@ -110,7 +110,7 @@ def test_registry_entries_are_wellformed():
 
 def test_a_target_without_layer_inputs_is_refused_before_loading(fixture_dir, tmp_path):
     """Enabling a layer input on a graph that never stores it aborts llama.cpp: the architecture
-    is checked against the patched build's list first (see ggspec.speculative.archs)."""
+    is checked against the patched build's list first (see ggspec.speculative.types.archs)."""
     import gguf
 
     from ggspec.catalogue.tiny import tiny_vocab

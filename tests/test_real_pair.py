@@ -16,7 +16,7 @@ from ggspec.catalogue.pairs import check_files, get_entry, resolve
 from ggspec.runtime import ContextParams
 from ggspec.speculative.engine import Engine
 from ggspec.speculative.models import PairConfig
-from ggspec.speculative.oracle import run_prompts
+from ggspec.speculative.lossless import run_prompts
 
 CODER = "qwen2.5-coder-1.5b"
 # one thread, as llama.cpp's tools run in the comparison (the row split of a matmul follows the threads)

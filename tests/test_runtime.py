@@ -10,7 +10,7 @@ from ggspec.files import file_sha256
 from ggspec.catalogue.tiny import write_tiny_pair
 from ggspec.runtime import Batch, Context, ContextParams, Model
 from ggspec.speculative.verifier import accept_greedy
-from ggspec.speculative.loop import generate_spec
+from ggspec.speculative.driver import generate_spec
 from ggspec.speculative.engine import Engine
 from ggspec.speculative.models import Models, PairConfig
 from ggspec.speculative.sequence import Sequence
@@ -129,7 +129,7 @@ def test_fixtures_are_deterministic(tmp_path, dense_pair):
 def test_draft_cache_holds_exactly_the_committed_positions(kind, request, build_info):
     """Before every draft, the draft cache covers positions 0..P-1 (P = id_last's position)."""
     from ggspec.bench.forced import ForcedAcceptance, cycle_lengths
-    from ggspec.speculative.loop import generate_greedy
+    from ggspec.speculative.driver import generate_greedy
 
     pair = request.getfixturevalue(f"{kind}_pair")
     with Engine.open(PairConfig(target=pair.target, draft=pair.draft, n_max=7)) as sp:

@@ -188,7 +188,7 @@ def _forced_runs(name: str, made, *, planes: str | None = None, n_predict: int =
     from ggspec.speculative.models import PairConfig
     from ggspec.speculative.planes import PlaneOptions
     from ggspec.bench.forced import ForcedAcceptance, cycle_lengths
-    from ggspec.speculative.oracle import run_prompts
+    from ggspec.speculative.lossless import run_prompts
 
     files = made[name]
     cfg = PairConfig(target=files.target, draft=files.draft, n_max=7, ctx=ContextParams(n_ctx=1024, n_threads=2),

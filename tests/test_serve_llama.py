@@ -16,7 +16,7 @@ from ggspec.runtime import ContextParams
 from ggspec.speculative.driver import Request, drive
 from ggspec.speculative.engine import Engine
 from ggspec.speculative.models import PairConfig
-from ggspec.speculative.oracle import compare
+from ggspec.speculative.lossless import compare
 from helpers.pairs import STACK
 from helpers.serving import LiveServer, NativeServer, run_texts, speculating_server
 

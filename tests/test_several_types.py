@@ -19,10 +19,10 @@ from helpers.serving import serve_equals_plain
 from ggspec.bench.native import run_cpp
 from ggspec.errors import InputError
 from ggspec.speculative.engine import Engine
-from ggspec.speculative.loop import generate_greedy, generate_spec
+from ggspec.speculative.driver import generate_greedy, generate_spec
 from ggspec.speculative.models import PairConfig
-from ggspec.speculative.ngram_mod import NgramModProposer
-from ggspec.speculative.registry import options_from_flat, spec_types
+from ggspec.speculative.types.ngram_mod import NgramModProposer
+from ggspec.speculative.types.registry import options_from_flat, spec_types
 from ggspec.speculative.sequence import Sequence
 
 SIZES = dict(ngram_size_n=3, ngram_size_m=8, ngram_map_size_n=3, ngram_map_size_m=8, ngram_mod_n_match=4,
@@ -110,7 +110,7 @@ def test_cli_and_server_run_a_list():
 
 
 def test_acceptance_counts_and_expected_tokens():
-    from ggspec.speculative.several import Acceptance
+    from ggspec.speculative.types.type_list import Acceptance
 
     a = Acceptance(4)
     assert a.expected(0) == 1.0 and a.expected(2) == pytest.approx(1 + 0.5 + 0.25)  # the 1/2 prior

@@ -72,7 +72,7 @@ def test_the_shipped_eagle3_head_drafts_what_its_pytorch_twin_predicts(build_inf
     from helpers.drafts import Recorder
     from ggspec.runtime import ContextParams
     from ggspec.speculative.engine import Engine
-    from ggspec.speculative.loop import generate_spec
+    from ggspec.speculative.driver import generate_spec
     from ggspec.speculative.models import PairConfig
 
     tiny = REPO / "models" / "tiny"

@@ -65,7 +65,7 @@ def test_trees_accept_more_per_target_call_than_the_chain(build_info):
     from ggspec.bench.trees import TreeCommit
     from ggspec.runtime import ContextParams
     from ggspec.speculative.engine import Engine
-    from ggspec.speculative.loop import decode_one
+    from ggspec.speculative.driver import decode_one
     from ggspec.speculative.models import Models, PairConfig
 
     cfg = PairConfig(TARGET, DFLASH, n_max=7, calibrate=False, ctx=ContextParams(n_ctx=2048, n_threads=1))
@@ -238,7 +238,7 @@ def test_the_engine_verifies_trees_as_the_simulation_says(kind, build_info):
 
     from ggspec.bench.trees import TreeCommit
     from ggspec.speculative.engine import Engine
-    from ggspec.speculative.loop import decode_one
+    from ggspec.speculative.driver import decode_one
     from ggspec.speculative.models import Models
 
     n = 96
@@ -282,7 +282,7 @@ def test_trees_of_several_sequences_in_one_verify(build_info):
 
     from conftest import PROMPTS
     from ggspec.speculative.engine import Engine
-    from ggspec.speculative.loop import decode_one
+    from ggspec.speculative.driver import decode_one
     from ggspec.speculative.models import Models
 
     cfg = _tiny_cfg(24, parallel=2)
@@ -348,8 +348,8 @@ def test_auto_chooses_trees_where_rows_are_cheap_and_chains_where_they_are_dear(
     GPU) -> a large tree; the row costs measured on this CPU (8 rows 1.69x a decode, 9 rows 2.07x,
     33 rows 5.72x, 65 rows 10.81x) -> the chain, and no tree is grown even to score it: none
     could pay even at GAIN_MAX."""
-    from ggspec.speculative.costs import ShapeCosts
-    from ggspec.speculative.tree_budget import REPLAN, TreeBudget
+    from ggspec.speculative.rules.costs import ShapeCosts
+    from ggspec.speculative.rules.tree_budget import REPLAN, TreeBudget
 
     accepted = {0: 2.74, 8: 3.02, 16: 3.47, 32: 3.68, 64: 3.92}
     decode = 0.004
@@ -417,7 +417,7 @@ def test_an_mtp_drafter_follows_a_trees_off_chain_paths(fixture_dir, build_info)
     from ggspec.fixtures.gemma4 import ensure_gemma4_pair
     from ggspec.runtime import ContextParams
     from ggspec.speculative.engine import Engine
-    from ggspec.speculative.loop import decode_one
+    from ggspec.speculative.driver import decode_one
     from ggspec.speculative.models import Models, PairConfig
 
     pair = ensure_gemma4_pair(fixture_dir)
@@ -462,7 +462,7 @@ def test_a_tree_beside_a_sequence_that_verifies_chains(build_info):
 
     from conftest import PROMPTS
     from ggspec.speculative.engine import Engine
-    from ggspec.speculative.loop import decode_one
+    from ggspec.speculative.driver import decode_one
     from ggspec.speculative.models import Models
 
     cfg = _tiny_cfg(16, parallel=2)

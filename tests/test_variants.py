@@ -21,9 +21,9 @@ from ggspec.files import file_sha256
 from ggspec.fixtures.variants import base_pair, ensure_variant, write_dflash2_draft, write_dspark_draft
 from ggspec.runtime import Batch, Context, ContextParams, Model
 from ggspec.speculative.engine import Engine
-from ggspec.speculative.loop import generate_greedy, generate_spec
+from ggspec.speculative.driver import generate_greedy, generate_spec
 from ggspec.speculative.models import PairConfig
-from ggspec.speculative.ngram import NgramSimpleOptions
+from ggspec.speculative.types.ngram import NgramSimpleOptions
 
 PROMPT = "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n"
 N = 128

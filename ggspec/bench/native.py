@@ -29,8 +29,8 @@ from pathlib import Path
 
 from ggspec.errors import InputError, LlamaError
 from ggspec.native import build as nb
-from ggspec.speculative import registry
-from ggspec.speculative.draft_type import Options
+from ggspec.speculative.types import registry
+from ggspec.speculative.types.draft_type import Options
 from ggspec.speculative.sampling import SamplerSettings
 
 TOOL = "llama-speculative-simple"

@@ -14,9 +14,9 @@ from pathlib import Path
 from ggspec import cli_options as opts
 from ggspec.bench.session import Plan
 from ggspec.errors import InputError
-from ggspec.speculative import registry
+from ggspec.speculative.types import registry
 from ggspec.speculative.sampling import concrete_seed
-from ggspec.speculative.tree_budget import parse_tree_budget
+from ggspec.speculative.rules.tree_budget import parse_tree_budget
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from ggspec.bench.runner import Run, Settings
 from ggspec.errors import InputError
 from ggspec.files import atomic_write, describe_bad_text, parse_json, read_text
 from ggspec.runtime.devices import Placement, parse_endpoint
-from ggspec.speculative import registry
+from ggspec.speculative.types import registry
 from ggspec.speculative.stats import RunStats, k_shares, merge
 from ggspec.values import is_int, is_number
 
@@ -204,9 +204,9 @@ def _lossless(runs: list[Run]) -> dict:
 
 def lossless_rule(settings) -> str:
     """Which rule judged the outputs: byte identity where every model ran on the CPU backend with
-    its batch invariance (any difference is REAL), else the 0.2-nat gate (ggspec.speculative.oracle)."""
+    its batch invariance (any difference is REAL), else the 0.2-nat gate (ggspec.speculative.lossless)."""
     from ggspec.native.bindings import batch_invariant
-    from ggspec.speculative.oracle import GATE_RULE, IDENTITY_RULE
+    from ggspec.speculative.lossless import GATE_RULE, IDENTITY_RULE
 
     on_cpu = not getattr(settings, "n_gpu_layers", 0) and not getattr(settings, "rpc", None)
     return IDENTITY_RULE + " (CPU, batch-invariant kernels)" if on_cpu and batch_invariant() > 0 else GATE_RULE

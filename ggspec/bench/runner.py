@@ -33,13 +33,13 @@ from ggspec.files import local_path
 from ggspec.runtime import ContextParams
 from ggspec.runtime.context import resolve_flash_attn
 from ggspec.runtime.devices import Placement
-from ggspec.speculative import registry
+from ggspec.speculative.types import registry
 from ggspec.speculative.driver import Request, drive
-from ggspec.speculative.tree_budget import parse_tree_budget
+from ggspec.speculative.rules.tree_budget import parse_tree_budget
 from ggspec.speculative.engine import Engine
-from ggspec.speculative.loop import generate_greedy
+from ggspec.speculative.driver import generate_greedy
 from ggspec.speculative.models import Models, PairConfig
-from ggspec.speculative.oracle import Divergence, byte_exact, compare, engine_models
+from ggspec.speculative.lossless import Divergence, byte_exact, compare, engine_models
 from ggspec.speculative.planes import PlaneOptions
 from ggspec.speculative.sampling import SamplerSettings
 from ggspec.speculative.stats import RunStats, Step

@@ -12,7 +12,7 @@ def pair_config(shared: opts.Shared, *, plain: bool, n_gpu_layers_draft: int | N
                 fit: bool = True, parallel_given: bool = True):
     """The models and the PairConfig of the flags, a flag winning over the pair's recommendation;
     a target-only pair runs plain, with a note. `fit`: measured against free memory first
-    (speculative.fit): what was not given (a context size without -c, rollback planes, parallel
+    (speculative.rules.memory_fit): what was not given (a context size without -c, rollback planes, parallel
     sequences where not `parallel_given`) shrunk to what fits, with a note."""
     from ggspec.runtime import ContextParams
     from ggspec.speculative.models import parse_n_max
@@ -40,7 +40,7 @@ def pair_config(shared: opts.Shared, *, plain: bool, n_gpu_layers_draft: int | N
 
 def fitted(cfg, *, n_ctx_given: bool, parallel_given: bool = True):
     """cfg as the memory fit leaves it, what it changed printed as notes."""
-    from ggspec.speculative.fit import fit
+    from ggspec.speculative.rules.memory_fit import fit
 
     result = fit(cfg, n_ctx_given=n_ctx_given, parallel_given=parallel_given)
     if result.notes:

@@ -6,7 +6,7 @@ first, cold (graphs built, caches touched); the runs timed after it alternate, p
 both kinds are warm and drift hits both alike: the verdict is the median of their paired ratios,
 with their range (how sure it is). `--check`
 decodes every prompt plain greedy and says, per prompt, whether the outputs are identical and, where
-not, whether the difference is a benign near-tie or a REAL divergence (ggspec.speculative.oracle).
+not, whether the difference is a benign near-tie or a REAL divergence (ggspec.speculative.lossless).
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def timed_pairs(sp, prompt: list[int], n: int, ignore_eos: bool, budget: float,
                 grammar: str | None = None) -> tuple[list, list, list[int]]:
     """Plain then speculative decodes of `prompt`, in turn, PAIRS pairs or as many as `budget`
     seconds allow (one at least): their decode speeds, and the first plain run's tokens."""
-    from ggspec.speculative.loop import decode_one
+    from ggspec.speculative.driver import decode_one
 
     spec_tps, plain_tps, plain_tokens = [], [], None
     t0 = time.perf_counter()
@@ -105,8 +105,8 @@ def plain_divergence(sp, prompt: list[int], spec: list[int], n_predict: int, ign
                      grammar: str | None = None):
     """Decode `prompt` plain greedy with the target's top-2 margins recorded and compare it with the
     speculative output: (the plain tokens, the first difference or None; a near-tie is benign)."""
-    from ggspec.speculative.loop import generate_greedy
-    from ggspec.speculative.oracle import byte_exact, compare, engine_models
+    from ggspec.speculative.driver import generate_greedy
+    from ggspec.speculative.lossless import byte_exact, compare, engine_models
 
     steps = list(generate_greedy(sp, prompt, n_predict, record_margins=True, ignore_eos=ignore_eos, grammar=grammar))
     plain = [t for st in steps for t in st.tokens]
@@ -137,7 +137,7 @@ def check_lossless(sp, prompts: list[list[int]], outputs: dict[int, list[int]], 
     from dataclasses import replace
 
     from ggspec.speculative.engine import Engine
-    from ggspec.speculative.oracle import GATE_RULE, IDENTITY_RULE, byte_exact, engine_models
+    from ggspec.speculative.lossless import GATE_RULE, IDENTITY_RULE, byte_exact, engine_models
 
     rule = IDENTITY_RULE if byte_exact(engine_models(sp)) else GATE_RULE
     counts = {"identical": 0, "near-tie": 0, "REAL": 0}

@@ -81,7 +81,7 @@ def draft_vocab_size(requested: int | None, n_vocab: int, n_distinct: int) -> in
 
 def validate(opts: DistillOptions, meta) -> tuple[int, ...]:
     """Refuse what cannot work before any decode; returns the layers to read."""
-    from ggspec.speculative.archs import LAYER_INPUT_ARCHS
+    from ggspec.speculative.types.archs import LAYER_INPUT_ARCHS
 
     if meta.arch not in LAYER_INPUT_ARCHS:
         raise InputError(f"the target's architecture '{meta.arch}' has no layer-input extraction in this llama.cpp "

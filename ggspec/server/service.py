@@ -25,7 +25,7 @@ from ggspec.server.chat import ChatJob, ChatTemplate
 from ggspec.server.metrics import Metrics
 from ggspec.server.scheduler import Done, Failed, JobSpec, Scheduler, Tokens
 from ggspec.server.text import TextStream
-from ggspec.speculative import registry
+from ggspec.speculative.types import registry
 from ggspec.speculative.sampling import SamplerSettings
 from ggspec.speculative.sequence import DraftLimits
 

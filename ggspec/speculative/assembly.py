@@ -11,13 +11,13 @@ from dataclasses import dataclass, replace
 
 from ggspec.errors import InputError
 from ggspec.runtime import Context, ContextParams
-from ggspec.speculative import registry
-from ggspec.speculative.draft_length import DraftLength
-from ggspec.speculative.draft_type import Build, DraftPlan
+from ggspec.speculative.types import registry
+from ggspec.speculative.rules.draft_length import DraftLength
+from ggspec.speculative.types.draft_type import Build, DraftPlan
 from ggspec.speculative.models import Models, PairConfig, resolve_n_max
 from ggspec.speculative.planes import AutoLead, default_lead
 from ggspec.speculative.proposer import Proposer
-from ggspec.speculative.tree_budget import TreeBudget, plan_trees
+from ggspec.speculative.rules.tree_budget import TreeBudget, plan_trees
 from ggspec.speculative.tree_verify import tree_seq_ids
 
 
@@ -151,7 +151,7 @@ def _several(parts: Assembly, models: Models, cfg: PairConfig, plan: DraftPlan, 
              caps: list[int], keep_state: bool) -> Proposer:
     """The proposer of several types: the plan's own (one, or its list, each up to its own
     length) and those on standby (`extra`, within the step's length), in llama.cpp's order."""
-    from ggspec.speculative.several import SeveralProposer  # noqa: PLC0415
+    from ggspec.speculative.types.type_list import SeveralProposer  # noqa: PLC0415
 
     plans = [*(plan.parts or (plan,)), *extra]
     caps = [*(caps or [n_max]), *(min(n_max, _own_n_max(cfg, part, False, [])) for part in extra)]
@@ -203,7 +203,7 @@ def _check_type_options(cfg: PairConfig, plan: DraftPlan, warnings: list[str]) -
     types = plan.types
     for name, options in cfg.spec_options.items():
         if name not in plan.kinds:
-            options.check_unused(plan.spec_type)
+            options.check_unused(types)
     if cfg.n_min and types and not any(t.traits.n_min for t in types):
         warnings.append(f"a shortest draft length applies to the model drafters: it does nothing with {plan.spec_type}")
     if cfg.p_min > 0 and types and not any(t.traits.confidence for t in types):

@@ -33,8 +33,8 @@ from ggspec.errors import ClosedError, InputError
 from ggspec.runtime import Batch
 from ggspec.runtime.grammar import Grammar, GrammarSpec
 from ggspec.speculative.assembly import assemble
-from ggspec.speculative.calibration import Calibration
-from ggspec.speculative.draft_type import DraftPlan
+from ggspec.speculative.rules.calibration import Calibration
+from ggspec.speculative.types.draft_type import DraftPlan
 from ggspec.speculative.models import Models, PairConfig
 from ggspec.speculative.planes import layout_words
 from ggspec.speculative.proposer import Draft, Proposer, Span, verify_span

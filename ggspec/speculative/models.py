@@ -18,9 +18,9 @@ from ggspec.runtime.devices import Placement
 from ggspec.runtime.gguf_meta import GGUFMeta, read_meta
 from ggspec.runtime.memory import check_memory
 from ggspec.runtime.preflight import check_model
-from ggspec.speculative import registry
-from ggspec.speculative.dflash import INJECT_MODES, is_dflash
-from ggspec.speculative.draft_type import DraftPlan, DraftType, Options
+from ggspec.speculative.types import registry
+from ggspec.speculative.types.archs import is_dflash
+from ggspec.speculative.types.draft_type import INJECT_MODES, DraftPlan, DraftType, Options
 from ggspec.speculative.planes import PlaneOptions
 from ggspec.speculative.sampling import SamplerSettings
 

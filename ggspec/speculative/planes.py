@@ -6,7 +6,7 @@ possible accepted count (n_max + 1) and every rollback is a plane switch. Capped
 (patch 0002), one plane keeps the newest state (everything accepted), one the input state
 (before the batch), `lead` planes the states after the first 1..lead tokens, and the rest the
 states after the last tokens. A rollback whose state is not kept restores the input plane and
-replays the committed tokens `[id_last, d1..da]` on the target (see loop.py).
+replays the committed tokens `[id_last, d1..da]` on the target (see engine.py: _replay).
 
 For a verify batch of n tokens the kept token counts k are {0, n} ∪ {1..lead} ∪ {n-1, n-2, ...};
 accepting a drafts needs the state after k = a + 1 tokens.

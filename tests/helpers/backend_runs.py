@@ -26,9 +26,9 @@ from ggspec.bench.forced import ForcedAcceptance, cycle_lengths
 from ggspec.runtime import ContextParams
 from ggspec.speculative.engine import Engine
 from ggspec.speculative.models import PairConfig
-from ggspec.speculative.mtp import MTPOptions
-from ggspec.speculative.ngram_mod import NgramModOptions
-from ggspec.speculative.oracle import run_prompts
+from ggspec.speculative.types.mtp import MTPOptions
+from ggspec.speculative.types.ngram_mod import NgramModOptions
+from ggspec.speculative.lossless import run_prompts
 from ggspec.speculative.planes import PlaneOptions
 from ggspec.speculative.stats import merge
 

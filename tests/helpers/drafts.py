@@ -11,7 +11,7 @@ from conftest import PROMPTS
 from ggspec.bench.native import run_cpp
 from ggspec.speculative.engine import Engine
 from ggspec.speculative.models import PairConfig
-from ggspec.speculative.loop import generate_greedy, generate_spec
+from ggspec.speculative.driver import generate_greedy, generate_spec
 from ggspec.speculative.sequence import Sequence
 from ggspec.bench.forced import ForcedAcceptance, cycle_lengths
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from ggspec.speculative.loop import generate_greedy, generate_spec
+from ggspec.speculative.driver import generate_greedy, generate_spec
 from ggspec.speculative.stats import RunStats
 
 # A divergence at a position whose top-2 logit gap is below this counts as a rounding near-tie.

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ggspec.errors import InputError
-from ggspec.speculative.costs import ShapeCosts, ema
+from ggspec.speculative.rules.costs import ShapeCosts, ema
 from ggspec.speculative.proposer import Draft
 from ggspec.speculative.tree import Tree, ddtree
 from ggspec.speculative.tree_verify import MAX_SEQ, tree_seq_ids
@@ -248,7 +248,7 @@ class TreeBudget:
 
 
 def _byte_exact(cfg) -> bool:
-    """Whether the pair runs where the oracle is byte identity (ggspec.speculative.oracle)."""
+    """Whether the pair runs where the oracle is byte identity (ggspec.speculative.lossless)."""
     from ggspec.native.bindings import batch_invariant
 
     on_cpu = not cfg.n_gpu_layers and not cfg.n_gpu_layers_draft and not cfg.placement.multi_device

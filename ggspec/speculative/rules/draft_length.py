@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ggspec.speculative.costs import Acceptance, ShapeCosts, draft_match, ema
+from ggspec.speculative.rules.costs import Acceptance, ShapeCosts, draft_match, ema
 
 PROBE_FIRST = 4  # steps at k = 0 before a sequence with a model drafter probes its drafts again
 PROBE_SHARE = 0.01  # what probes may cost beyond plain decoding, as a share of its time

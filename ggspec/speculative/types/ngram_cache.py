@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ggspec.speculative.draft_type import TEXT_TRAITS, DraftType
+from ggspec.speculative.types.draft_type import TEXT_TRAITS, DraftType
 from ggspec.speculative.proposer import Draft, Proposer
 from ggspec.speculative.sequence import Sequence
 

@@ -34,16 +34,15 @@ import numpy as np
 from ggspec.errors import InputError
 from ggspec.runtime import Batch, Context
 from ggspec.runtime.gguf_meta import GGUFMeta
-from ggspec.speculative.archs import LAYER_INPUT_ARCHS
-from ggspec.speculative.draft_type import Build, DraftPlan, DraftType, Traits, draft_of_kind
-from ggspec.speculative.draft_vocab import DraftVocabOptions, set_draft_head
+from ggspec.speculative.types.archs import LAYER_INPUT_ARCHS, is_dflash
+from ggspec.speculative.types.confidence import CONFIDENCE_TOP_K, best_picked, pick_mode, picked_ranked, top_k_confidence
+from ggspec.speculative.types.draft_type import Build, DraftPlan, DraftType, Traits, draft_of_kind
+from ggspec.speculative.types.draft_vocab import DraftVocabOptions, set_draft_head
 from ggspec.speculative.proposer import Draft, Proposer, Span, capture_rows, row_runs
 from ggspec.speculative.sampling import candidates
 from ggspec.speculative.tree import top_k
 from ggspec.speculative.verifier import DRAFT
 
-INJECT_MODES = ("pruned", "deferred", "immediate")
-CONFIDENCE_TOP_K = 10  # llama.cpp's DFlash draft sampler: top-10, confidence = softmax over those
 
 
 @dataclass(frozen=True)
@@ -74,9 +73,6 @@ class DFlashInfo:
         # in-place denoising yields block_size - 1 drafts; an anchor-first DSpark block, block_size
         return self.block_size if self.anchor_first else self.block_size - 1
 
-
-def is_dflash(meta: GGUFMeta) -> bool:
-    return meta.arch == "dflash"
 
 
 def is_dspark(meta: GGUFMeta) -> bool:
@@ -143,27 +139,10 @@ def check_compatible(target: GGUFMeta, draft: GGUFMeta, info: DFlashInfo) -> Non
         raise InputError(f"draft block size {info.block_size} leaves no room for a draft token", field="draft")
 
 
-def top_k_confidence(rows: np.ndarray, k: int = CONFIDENCE_TOP_K) -> np.ndarray:
-    """llama.cpp's DFlash draft confidence of each row's argmax: its softmax probability among
-    the row's k largest logits (the draft sampler keeps the top 10 before the softmax)."""
-    k = min(k, rows.shape[1])
-    top = np.partition(rows, -k, axis=1)[:, -k:]
-    return 1.0 / np.exp(top - top.max(axis=1, keepdims=True)).sum(axis=1)
 
 
-def pick_mode(seq, p_min: float) -> int | None:
-    """What a draft context picks on the device for this sequence (Context.pick_on_device): a
-    greedy one's argmax (0), or its top 10 where p_min needs their confidence; a sampled one's
-    rows stay full (None: its draft distribution is needed)."""
-    if not seq.sampling.greedy:
-        return None
-    return CONFIDENCE_TOP_K if p_min > 0 else 0
 
 
-def best_picked(cols: np.ndarray, logits: np.ndarray) -> int:
-    """The argmax column of a row's top logits picked on the device (Context.picked_top, in no
-    order): a tie's lowest column, as numpy's argmax over the whole row."""
-    return int(cols[logits == logits.max()].min())
 
 
 class DFlashProposer(Proposer):
@@ -494,13 +473,6 @@ class DSparkProposer(DFlashProposer):
         return [Draft(_cut(t, c < cut)) for t, c, cut in zip(tokens, conf, cuts)]
 
 
-def picked_ranked(cols: np.ndarray, logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """A row's top logits picked on the device (in no order): the k best columns, best first (a
-    tie's lowest column first), and their log-probabilities among the picked ones."""
-    order = np.lexsort((cols, -logits))[:k]
-    top = logits.max()
-    log_z = top + np.log(np.exp(logits - top).sum())
-    return cols[order].astype(np.int32), (logits[order] - log_z).astype(np.float64)
 
 
 def _cut(tokens: np.ndarray, low: np.ndarray) -> np.ndarray:

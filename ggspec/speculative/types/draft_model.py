@@ -34,11 +34,12 @@ from __future__ import annotations
 from ggspec.errors import InputError
 from ggspec.runtime import Batch, Context
 from ggspec.runtime.preflight import check_model
-from ggspec.speculative.autoregressive import PickedRows, RowCandidates, draft_tokens
-from ggspec.speculative.dflash import CONFIDENCE_TOP_K, is_dflash, pick_mode
-from ggspec.speculative.draft_type import Build, DraftPlan, DraftType, Traits, check_draft_given
-from ggspec.speculative.draft_vocab import DraftVocabOptions, set_draft_head
-from ggspec.speculative.eagle3 import is_eagle3
+from ggspec.speculative.types.autoregressive import PickedRows, RowCandidates, draft_tokens
+from ggspec.speculative.types.archs import is_dflash
+from ggspec.speculative.types.confidence import CONFIDENCE_TOP_K, pick_mode
+from ggspec.speculative.types.draft_type import Build, DraftPlan, DraftType, Traits, check_draft_given
+from ggspec.speculative.types.draft_vocab import DraftVocabOptions, set_draft_head
+from ggspec.speculative.types.eagle3 import is_eagle3
 from ggspec.speculative.proposer import Draft, Proposer, model_draft
 
 # llama.cpp's vocabulary rules (SP:67-132): at most this many more or fewer tokens, and equal

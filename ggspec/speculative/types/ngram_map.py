@@ -34,8 +34,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from ggspec.errors import InputError
-from ggspec.speculative.draft_type import TEXT_TRAITS, DraftType, Options, option
-from ggspec.speculative.ngram import SIZE_LIMIT, _History, split_history
+from ggspec.speculative.types.draft_type import TEXT_TRAITS, DraftType, Options, option
+from ggspec.speculative.types.ngram import SIZE_LIMIT, _History, split_history
 from ggspec.speculative.proposer import Draft, Proposer
 from ggspec.speculative.sequence import Sequence
 

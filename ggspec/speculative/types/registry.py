@@ -4,24 +4,24 @@ Every entry lives at the end of its proposer's module; this module only collects
 llama.cpp's order of preference (common_speculative_init, the pinned common/speculative.cpp:
 2616-2626: the n-gram types first, then the model drafters). Everything that depends on a type
 (the plan, the proposer, the CLI's flags, the bench settings, llama.cpp's command lines, the
-adaptive rule's cost shape) reads it from here: adding a type is its module, its entry in
-`_MODULES` and its tests.
+adaptive rule's cost shape) reads it from here: adding a type is its module, its import and
+entry in `_MODULES`, and its tests.
 """
 
 from __future__ import annotations
 
-from importlib import import_module
 from typing import Any
 
 from ggspec.errors import InputError
-from ggspec.speculative.draft_type import DraftType, OptionField, Options
+from ggspec.speculative.types import dflash, draft_model, eagle3, mtp, ngram, ngram_cache, ngram_map, ngram_mod
+from ggspec.speculative.types.draft_type import DraftType, OptionField, Options
 
 # the modules whose `TYPES` tuple holds their entries
-_MODULES = ("ngram", "ngram_map", "ngram_mod", "ngram_cache", "draft_model", "eagle3", "mtp", "dflash")
+_MODULES = (ngram, ngram_map, ngram_mod, ngram_cache, draft_model, eagle3, mtp, dflash)
 
 
 def _collect() -> dict[str, DraftType]:
-    entries = [t for m in _MODULES for t in import_module(f"ggspec.speculative.{m}").TYPES]
+    entries = [t for m in _MODULES for t in m.TYPES]
     return {t.name: t for t in sorted(entries, key=lambda t: t.priority)}
 
 

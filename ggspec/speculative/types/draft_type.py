@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from ggspec.errors import InputError
 from ggspec.runtime import Context
 from ggspec.runtime.preflight import check_model
-from ggspec.speculative.archs import is_mtp_drafter
+from ggspec.speculative.types.archs import is_mtp_drafter
 
 if TYPE_CHECKING:
     from ggspec.runtime import ContextParams, Model
@@ -32,6 +32,9 @@ SIZE_LIMIT = 1024  # llama.cpp's bounds on the n-gram sizes of its command line
 
 
 # --- options ---------------------------------------------------------------------------------------
+# how target features reach a draft that reads them (DFlash: PairConfig.inject)
+INJECT_MODES = ("pruned", "deferred", "immediate")
+
 
 def option(default: Any, key: str, flags: tuple[str, ...], help: str, low: int | None = 1,
            high: int | None = SIZE_LIMIT) -> Any:
@@ -67,8 +70,9 @@ class Options:
                 what = key.removeprefix("ngram_").replace("_", " ")  # e.g. "mod n match"
                 raise InputError(f"the n-gram {what} must be within {low}..{high} (got {value})", field=key)
 
-    def check_unused(self, spec_type: str | None) -> None:
-        """Called when the options were given but their type does not run (default: ignored)."""
+    def check_unused(self, running: tuple[DraftType, ...]) -> None:
+        """Called when the options were given but their type does not run (default: ignored);
+        `running`: the types that do run."""
 
     @classmethod
     def flat_fields(cls) -> list[OptionField]:
@@ -213,6 +217,11 @@ class DraftType:
 
 
 TEXT_TRAITS = Traits(draft_model="none", target_features=False, fixed_block=False, cheap=True)
+
+
+def type_names(types: tuple[DraftType, ...]) -> str:
+    """A list of types in words ("plain decoding" for none)."""
+    return ",".join(t.name for t in types) or "plain decoding"
 
 
 def check_draft_given(name: str, draft: "GGUFMeta | None") -> "GGUFMeta":

@@ -54,3 +54,8 @@ DRAFTER_ARCHS = {"gemma4-assistant": "gemma4"}
 
 def is_mtp_drafter(meta) -> bool:
     return meta.arch in DRAFTER_ARCHS
+
+
+def is_dflash(meta) -> bool:
+    """A DFlash-family draft file (a GGUFMeta)."""
+    return meta.arch == "dflash"

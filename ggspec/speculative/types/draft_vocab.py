@@ -31,7 +31,7 @@ import numpy as np
 
 from ggspec.errors import InputError
 from ggspec.native.paths import ggspec_home
-from ggspec.speculative.draft_type import Options, option
+from ggspec.speculative.types.draft_type import DraftType, Options, option, type_names
 
 CORPUS_VERSION = 1
 CORPUS_BYTES = 4 << 20  # enough text for the counts to settle; tokenizing it takes seconds
@@ -95,14 +95,11 @@ class DraftVocabOptions(Options):
             raise InputError(f"the draft vocabulary must be at least 0 tokens (got {self.vocab})",
                              field="spec_draft_vocab")
 
-    def check_unused(self, spec_type: str | None) -> None:
+    def check_unused(self, running: tuple[DraftType, ...]) -> None:
         """Given for a type that does not run: refused unless one that runs scores it too."""
-        from ggspec.speculative import registry  # noqa: PLC0415 (the registry imports this module's users)
-
-        types = registry.parse(spec_type) if spec_type else ()
-        if self.vocab and not any(issubclass(t.options, DraftVocabOptions) for t in types):
+        if self.vocab and not any(issubclass(t.options, DraftVocabOptions) for t in running):
             raise InputError(f"a reduced draft vocabulary applies to draft-simple, draft-dflash / dspark and chained "
-                             f"draft-mtp, not to {spec_type or 'plain decoding'}", field="spec_draft_vocab")
+                             f"draft-mtp, not to {type_names(running)}", field="spec_draft_vocab")
 
 
 def give_draft_vocab(head, n: int, counted=None) -> None:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ggspec.errors import InputError
-from ggspec.speculative.draft_type import SIZE_LIMIT, TEXT_TRAITS, DraftType, Options, option
+from ggspec.speculative.types.draft_type import SIZE_LIMIT, TEXT_TRAITS, DraftType, Options, option
 from ggspec.speculative.proposer import Draft, Proposer
 from ggspec.speculative.sequence import Sequence
 

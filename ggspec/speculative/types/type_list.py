@@ -35,8 +35,8 @@ import time
 
 import numpy as np
 
-from ggspec.speculative import registry
-from ggspec.speculative.costs import Acceptance, draft_match, ema
+from ggspec.speculative.types import registry
+from ggspec.speculative.rules.costs import Acceptance, draft_match, ema
 from ggspec.speculative.proposer import Draft, Proposer
 
 SELECT_RULES = ("first", "cost")

@@ -34,7 +34,7 @@ from ggspec.runtime import Context, footprint
 from ggspec.runtime.footprint import HOST, Footprint, Use
 from ggspec.runtime.memory import mem_available
 from ggspec.speculative.assembly import assemble, draft_lengths
-from ggspec.speculative.calibration import calibrates_plain_step, plain_step_params
+from ggspec.speculative.rules.calibration import calibrates_plain_step, plain_step_params
 from ggspec.speculative.models import Models, PairConfig
 from ggspec.speculative.planes import PlaneOptions
 

@@ -34,7 +34,7 @@ Chained (`chain`, seed 001, patch 0011): one decode runs all n draft steps of ev
 one graph (argmax, the next token's embedding and the next h on the device, each step's K/V in its
 own cell), and only (token, confidence) per step comes back: one llama.cpp call per draft however
 long. Same drafts as the unchained loop with the full vocabulary. With a reduced draft vocabulary
-(`Model.set_draft_vocab`, chosen by ggspec.speculative.draft_vocab) the chained head scores only those rows of the output matrix; the target
+(`Model.set_draft_vocab`, chosen by ggspec.speculative.types.draft_vocab) the chained head scores only those rows of the output matrix; the target
 still verifies against all of them, so the output is unchanged, only acceptance may drop. Sequences
 that sample (temperature > 0) draft unchained: the chain takes argmaxes only.
 """
@@ -49,10 +49,10 @@ from ggspec.errors import InputError
 from ggspec.runtime import Batch, Context
 from ggspec.runtime.gguf_meta import GGUFMeta
 from ggspec.runtime.preflight import check_model
-from ggspec.speculative.archs import DRAFTER_ARCHS, is_mtp_drafter
-from ggspec.speculative.autoregressive import RowCandidates, draft_tokens
-from ggspec.speculative.draft_type import Build, DraftPlan, DraftType, Traits, option
-from ggspec.speculative.draft_vocab import DraftVocabOptions, give_draft_vocab
+from ggspec.speculative.types.archs import DRAFTER_ARCHS, is_mtp_drafter
+from ggspec.speculative.types.autoregressive import RowCandidates, draft_tokens
+from ggspec.speculative.types.draft_type import Build, DraftPlan, DraftType, Traits, option, type_names
+from ggspec.speculative.types.draft_vocab import DraftVocabOptions, give_draft_vocab
 from ggspec.speculative.proposer import Draft, Proposer, Span, capture_rows, model_draft, row_runs
 
 # The architectures whose graph, in the pinned llama.cpp, has an MTP head (LLM_GRAPH_TYPE_DECODER_MTP);
@@ -332,10 +332,10 @@ class MTPOptions(DraftVocabOptions):
                          "draft-mtp: run all draft steps in one graph (argmax on the device; patch 0011).",
                          low=None, high=None)
 
-    def check_unused(self, spec_type: str | None) -> None:
-        super().check_unused(spec_type)
+    def check_unused(self, running: tuple[DraftType, ...]) -> None:
+        super().check_unused(running)
         if self.chain:
-            raise InputError(f"chained drafting options apply to draft-mtp, not to {spec_type or 'plain decoding'}",
+            raise InputError(f"chained drafting options apply to draft-mtp, not to {type_names(running)}",
                              field="draft_chain")
 
 

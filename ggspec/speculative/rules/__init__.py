@@ -1,0 +1,1 @@
+"""The rules that choose how to speculate: draft length, costs, calibration, tree budget, memory fit."""

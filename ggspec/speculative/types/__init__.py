@@ -1,0 +1,1 @@
+"""The draft types: the registry, one module per type, what they share."""
