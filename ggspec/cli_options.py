@@ -321,7 +321,7 @@ class Shared:
         settings.setdefault("ctx", ContextParams(n_threads=self.threads))
         if self.tree_budget is not None:
             settings["tree_budget"], settings["tree_auto"] = parse_tree_budget(self.tree_budget)
-        cfg = PairConfig(target=target, draft=None if plain else draft, dflash=False if plain else self.dflash,
+        cfg = PairConfig(target=target, draft=None if plain else draft, use_draft=not plain and self.dflash is not False, fixed_block=not plain and bool(self.dflash),
                          spec_type=None if plain else self.spec_type, spec_select=self.spec_select,
                          plan_pool=self.plan_pool,
                          p_min=self.p_min, n_min=self.n_min,

@@ -217,7 +217,7 @@ def test_distill_on_gemma_3_270m(real_target, tmp_path):
     prompts = ["The history of the printing press begins in the fifteenth century, when",
                "def merge_sorted(a, b):\n    \"\"\"Merge two sorted lists into one sorted list.\"\"\"\n"]
     ctx = ContextParams(n_ctx=1024, n_threads=2)
-    with Engine.open(PairConfig(target=real_target, draft=out, dflash=True, n_max=3, ctx=ctx)) as sp:
+    with Engine.open(PairConfig(target=real_target, draft=out, fixed_block=True, n_max=3, ctx=ctx)) as sp:
         runs = list(run_prompts(sp, prompts, 32))
     # on a real model a batched verify may flip a genuine near-tie; anything else is a bug
     real = [f"prompt {i}: {r.divergence.describe()}" for i, r in enumerate(runs) if r.divergence and not r.divergence.benign]

@@ -69,7 +69,7 @@ def test_delta_net_map_op_gpu_equals_cpu(gpu_build, tmp_path):
 def _gpu_config(pair, planes: PlaneOptions | None = None) -> PairConfig:
     """The target entirely on the GPU; the draft stays on the CPU (its numerics cannot break
     losslessness, only acceptance)."""
-    return PairConfig(target=pair.target, draft=pair.draft, dflash=True, n_max=N_MAX, ctx=EXACT,
+    return PairConfig(target=pair.target, draft=pair.draft, fixed_block=True, n_max=N_MAX, ctx=EXACT,
                       n_gpu_layers=-1, n_gpu_layers_draft=0, planes=planes or PlaneOptions())
 
 

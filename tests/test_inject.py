@@ -38,7 +38,7 @@ class Recording(ForcedAcceptance):
 
 
 def _run(pair, mode: str, texts):
-    cfg = PairConfig(target=pair.target, draft=pair.draft, dflash=True, n_max=N_MAX, ctx=CTX, inject=mode)
+    cfg = PairConfig(target=pair.target, draft=pair.draft, fixed_block=True, n_max=N_MAX, ctx=CTX, inject=mode)
     outputs, proposals = [], []
     with Engine.open(cfg) as sp:
         for i, text in enumerate(texts):

@@ -132,7 +132,7 @@ def test_dflash_is_lossless(arch, proposer, arch_pairs):
     from ggspec.speculative.stats import merge
 
     pair = arch_pairs[arch]
-    cfg = PairConfig(target=pair.target, draft=pair.draft, dflash=True, n_max=N_MAX, ctx=EXACT)
+    cfg = PairConfig(target=pair.target, draft=pair.draft, fixed_block=True, n_max=N_MAX, ctx=EXACT)
     with Engine.open(cfg) as sp:
         assert sp.speculative and list(sp.plan.meta.target_layers) == list(pair.spec.draft_target_layers)
         make = None

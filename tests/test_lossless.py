@@ -32,14 +32,14 @@ EXACT = ContextParams(n_ctx=1024, n_batch=256, n_ubatch=256, n_threads=1, type_k
 
 
 def _open(pair) -> Engine:
-    return Engine.open(PairConfig(target=pair.target, draft=pair.draft, dflash=True, n_max=N_MAX, ctx=EXACT))
+    return Engine.open(PairConfig(target=pair.target, draft=pair.draft, fixed_block=True, n_max=N_MAX, ctx=EXACT))
 
 
 def test_token_trees_equal_greedy_on_the_converter_shaped_pair(dense_pair, build_info):
     """The dense converter-shaped pair with its DFlash draft verifying token trees of 16 nodes
     (tree_verify.py): every prompt's output equals plain greedy but for near-ties (F16 rounding),
     and trees were verified."""
-    cfg = PairConfig(target=dense_pair.target, draft=dense_pair.draft, dflash=True, n_max=N_MAX, ctx=EXACT,
+    cfg = PairConfig(target=dense_pair.target, draft=dense_pair.draft, fixed_block=True, n_max=N_MAX, ctx=EXACT,
                      tree_budget=16, tree_auto=False)
     with Engine.open(cfg) as sp:
         assert sp.tree_rule is not None and sp.target.kv_unified
@@ -114,7 +114,7 @@ def test_capped_planes_are_lossless(planes, lead, proposer, hybrid_pair, build_i
     """Every capped layout gives plain greedy output; forced acceptance makes misses replay."""
     from ggspec.speculative.planes import PlaneOptions
 
-    cfg = PairConfig(target=hybrid_pair.target, draft=hybrid_pair.draft, dflash=True, n_max=N_MAX, ctx=EXACT,
+    cfg = PairConfig(target=hybrid_pair.target, draft=hybrid_pair.draft, fixed_block=True, n_max=N_MAX, ctx=EXACT,
                      planes=PlaneOptions(planes, lead))
     with Engine.open(cfg) as sp:
         make = _forced(sp, itertools.count()) if proposer == "forced" else None
@@ -134,7 +134,7 @@ def test_no_state_leaks_across_prompts(planes, hybrid_pair, build_info):
     from ggspec.speculative.driver import generate_spec
     from ggspec.speculative.planes import PlaneOptions
 
-    cfg = PairConfig(target=hybrid_pair.target, draft=hybrid_pair.draft, dflash=True, n_max=N_MAX, ctx=EXACT,
+    cfg = PairConfig(target=hybrid_pair.target, draft=hybrid_pair.draft, fixed_block=True, n_max=N_MAX, ctx=EXACT,
                      planes=PlaneOptions(planes, "default"))
 
     def steps_of(sp, text):

@@ -56,7 +56,7 @@ def test_a_gemma4_assistant_given_as_the_draft_drafts_draft_mtp(gemma4):
             assert models.plan.spec_type == "draft-mtp" and models.plan.shares_cells
             assert models.draft is not None and models.draft.arch == "gemma4-assistant"
             assert not models.target.load_mtp  # the target has no MTP block: nothing more to load
-    with Models(_cfg(gemma4, dflash=False)) as models:  # --no-dflash: plain
+    with Models(_cfg(gemma4, use_draft=False)) as models:  # --no-draft: plain
         assert models.plan.spec_type is None and models.draft is None
 
 

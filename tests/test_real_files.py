@@ -58,7 +58,7 @@ def test_mtp_target_runs_lossless(fixture_dir, build_info):
 
     pair = ensure_tiny_pair(fixture_dir, "hybrid-mtp")
     ctx = ContextParams(n_ctx=512, n_batch=128, n_ubatch=128, n_threads=1, type_k="f32", type_v="f32", flash_attn="off")
-    with Engine.open(PairConfig(target=pair.target, draft=pair.draft, dflash=True, n_max=7, ctx=ctx)) as sp:
+    with Engine.open(PairConfig(target=pair.target, draft=pair.draft, fixed_block=True, n_max=7, ctx=ctx)) as sp:
         assert sp.target_model.n_layer == 4 and sp.target_model.is_recurrent
         runs = list(run_prompts(sp, PROMPTS[:4], 48, None))
     failures = [f"prompt {i}: {r.divergence.describe()}" for i, r in enumerate(runs) if r.divergence]

@@ -315,7 +315,7 @@ def test_trees_are_refused_where_they_cannot_run(build_info, hybrid_pair, dense_
     from ggspec.speculative.models import PairConfig
 
     ctx = ContextParams(n_ctx=1024, n_threads=1)
-    hybrid = PairConfig(hybrid_pair.target, hybrid_pair.draft, dflash=True, n_max=7, calibrate=False, ctx=ctx)
+    hybrid = PairConfig(hybrid_pair.target, hybrid_pair.draft, fixed_block=True, n_max=7, calibrate=False, ctx=ctx)
     cases = [
         (PairConfig(**{**hybrid.__dict__, "tree_budget": 16, "tree_auto": False}), "recurrent"),
         (_tiny_cfg(16, spec_type="ngram-simple"), "ngram-simple drafts do not give"),
@@ -329,13 +329,13 @@ def test_trees_are_refused_where_they_cannot_run(build_info, hybrid_pair, dense_
         assert e.tree_rule is None and not e.target.kv_unified
     with Engine.open(_tiny_cfg(None, auto=True, parallel=2)) as e:
         assert e.tree_rule is None  # auto: several sequences keep their own caches
-    with Engine.open(PairConfig(dense_pair.target, dense_pair.draft, dflash=True, n_max=7, calibrate=False,
+    with Engine.open(PairConfig(dense_pair.target, dense_pair.draft, fixed_block=True, n_max=7, calibrate=False,
                                 ctx=ctx)) as e:
         assert e.tree_rule is None  # auto: chains where outputs are byte-exact (the CPU, batch-invariant)
     invariant = batch_invariant()
     try:
         set_batch_invariant(False)
-        with Engine.open(PairConfig(dense_pair.target, dense_pair.draft, dflash=True, n_max=7, calibrate=False,
+        with Engine.open(PairConfig(dense_pair.target, dense_pair.draft, fixed_block=True, n_max=7, calibrate=False,
                                     ctx=ctx)) as e:
             assert e.tree_rule is not None and e.tree_rule.auto and e.tree_rule.budget == 0
     finally:

@@ -141,7 +141,7 @@ def check_lossless(sp, prompts: list[list[int]], outputs: dict[int, list[int]], 
 
     rule = IDENTITY_RULE if byte_exact(engine_models(sp)) else GATE_RULE
     counts = {"identical": 0, "near-tie": 0, "REAL": 0}
-    plain_cfg = replace(sp.cfg, draft=None, dflash=False, spec_type=None, spec_options={})  # as --no-spec makes it
+    plain_cfg = replace(sp.cfg, draft=None, use_draft=False, spec_type=None, spec_options={})  # as --no-spec makes it
     with Engine(sp.models, plain_cfg, plain=True) as plain_engine:
         for i, prompt in enumerate(prompts):
             plain, div = plain_divergence(plain_engine, prompt, outputs[i], n_predict, ignore_eos, grammar)

@@ -33,7 +33,8 @@ class PairConfig:
 
     target: Path
     draft: Path | None = None
-    dflash: bool | None = None  # True: draft with the DFlash draft; False: do not use the draft
+    use_draft: bool = True  # False (--no-draft): the draft file is left out (its types refused, none detected)
+    fixed_block: bool = False  # (--dflash) the draft must be a block drafter: DFlash, DFlash2 or DSpark
     spec_type: str | None = None  # llama.cpp's name (or a comma list of them); None: detected from the draft
     spec_select: str = "first"  # several types: whose draft a step verifies (several.SELECT_RULES)
     # draft tokens per step; None: DEFAULT_N_MAX fitted to the draft's block without a warning
@@ -110,20 +111,20 @@ def plan_drafting(cfg: PairConfig, target: GGUFMeta, draft: GGUFMeta | None, war
     """The speculative type from the options and the files: a type given is checked against the
     files by its entry's `plan`; none given, the files decide (registry.detected: llama.cpp's
     auto-detection, plus ordinary draft LLMs, EAGLE3 heads and a target's MTP block).
-    `cfg.dflash` False (--no-dflash) leaves the draft file out."""
+    `cfg.use_draft` False (--no-draft) leaves the draft file out."""
     types = registry.parse(cfg.spec_type) if cfg.spec_type is not None else ()
-    if cfg.dflash is False:
+    if not cfg.use_draft:
         needs = [t.name for t in types if t.traits.draft_model == "required"]
         if needs:
-            raise InputError(f"{needs[0]} drafts with the draft model, which --no-dflash turns off", field="spec_type")
+            raise InputError(f"{needs[0]} drafts with the draft model, which --no-draft turns off", field="spec_type")
         draft = None
     elif not types:
-        found = registry.detected(target, draft, fixed_block=bool(cfg.dflash))
+        found = registry.detected(target, draft, fixed_block=cfg.fixed_block)
         types = (found,) if found is not None else ()
     if not types:
         return DraftPlan(None)
     parts = tuple(t.planned(cfg, target, draft, warnings) for t in types)
-    if cfg.draft is not None and cfg.dflash is not False and all(t.traits.draft_model == "none" for t in types):
+    if cfg.draft is not None and cfg.use_draft and all(t.traits.draft_model == "none" for t in types):
         names = ",".join(t.name for t in types)
         verb = "drafts" if len(types) == 1 else "draft"
         warnings.append(f"{names} {verb} from the text itself: the draft model is not used")
@@ -175,7 +176,7 @@ class Models:
             raise InputError(f"the target is a DFlash draft model, not a target: {cfg.target}", field="target")
         check_model(self.target_meta, "target")
         # (read with draft-mtp too: the draft may be a Gemma 4 drafter)
-        uses_draft = cfg.draft is not None and cfg.dflash is not False and not registry.text_only(cfg.spec_type)
+        uses_draft = cfg.draft is not None and cfg.use_draft and not registry.text_only(cfg.spec_type)
         self.draft_meta = read_meta(cfg.draft, "draft") if uses_draft else None
         self.plan = plan_drafting(cfg, self.target_meta, self.draft_meta, self.warnings)
         if not self.plan.uses_draft_model:

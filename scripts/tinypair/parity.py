@@ -15,7 +15,7 @@ def _llama_side(target_path, draft_path, prompt: np.ndarray):
     from ggspec.speculative.sequence import Sequence
 
     params = ContextParams(n_ctx=512, n_batch=256, n_ubatch=256, type_k="f32", type_v="f32", flash_attn="off")
-    with Engine.open(PairConfig(target=target_path, draft=draft_path, dflash=True, n_max=7, ctx=params)) as sp:
+    with Engine.open(PairConfig(target=target_path, draft=draft_path, fixed_block=True, n_max=7, ctx=params)) as sp:
         with Batch(sp.target) as b:
             b.add_tokens(prompt, 0, outputs="all")
             sp.target.decode(b)

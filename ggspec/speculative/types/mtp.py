@@ -371,7 +371,7 @@ def _plan(cfg, target, draft, warnings: list[str]) -> DraftPlan:
         raise InputError("a reduced draft vocabulary is scored by chained drafts: add --spec-draft-chain",
                          field="spec_draft_vocab")
     if draft is not None and is_mtp_drafter(draft):
-        if cfg.dflash:
+        if cfg.fixed_block:
             raise InputError(f"the draft is a {draft.arch} MTP drafter: its spec type is draft-mtp", field="spec_type")
         check_model(draft, "draft")
         check_drafter(target, draft)
