@@ -18,17 +18,13 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from ggspec.bench.invariance import kernel_behind, probe
-from ggspec.catalogue.pairs import get_entry, resolve
+from ggspec.bench.invariance import kernel_behind, model_arguments, model_paths, probe
 from ggspec.native.bindings import batch_invariant, set_batch_invariant
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--pair", action="append", default=[], help="a pair of models.toml (its target is probed)")
-    ap.add_argument("-m", "--model", action="append", default=[], type=Path, help="a GGUF file")
-    ap.add_argument("--fa", action="append", choices=("on", "off"), help="attention setting(s) (default both)")
-    ap.add_argument("--repack", action="append", choices=("on", "off"), help="repack setting(s) (default both)")
+    model_arguments(ap, "probed", "both")
     ap.add_argument("--invariant", action="append", choices=("on", "off"),
                     help="the CPU backend's batch invariance (default both, off first)")
     ap.add_argument("--rows", default="2,4,8,16,64", help="batch sizes k (every row of each is compared)")
@@ -39,9 +35,7 @@ def main() -> None:
                          "is read on the CPU side only)")
     ap.add_argument("-o", "--output", type=Path, help="save the JSON here")
     args = ap.parse_args()
-    paths = [resolve(get_entry(name)).target for name in args.pair] + list(args.model)
-    if not paths:
-        ap.error("name a model with --pair or -m")
+    paths = model_paths(ap, args)
     ks = tuple(int(k) for k in args.rows.split(","))
     fills = tuple(int(f) for f in args.fills.split(","))
     initial = batch_invariant()

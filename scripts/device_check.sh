@@ -10,9 +10,9 @@
 #   1. the `gpu`-marked tests (CUDA gated delta-net op == CPU op for every plane count and lead;
 #      greedy speculative == plain greedy with the target on the GPU, dense and hybrid; the lead
 #      layout's delta-net placed on the GPU),
-#   2. seed 000's table at scale (issue 26): a real-shape dummy hybrid target (Qwen3.5-4B's shape,
+#   2. the capped-planes table at scale (issue 26): a real-shape dummy hybrid target (Qwen3.5-4B's shape,
 #      F16, written by ggspec on this machine while the library compiles) with its DFlash draft,
-#      planes x lead under the seed-000 acceptance profile, on the GPU, ggspec next to llama.cpp's
+#      planes x lead under the DFlash acceptance profile, on the GPU, ggspec next to llama.cpp's
 #      own loop of the same build (--native, -ngl all for both),
 #   2b. the batch-variance probe (scripts/batch_variance.py) on the GPU: how a row differs alone vs batched,
 #   3. `ggspec bench`: planes x lead on the tiny hybrid pair with the same profile, on the GPU
@@ -147,7 +147,7 @@ make_scale() {
     python3 -m ggspec models make "$SCALE_PAIR"
 }
 
-# seed 000's table at scale, on the GPU, with llama.cpp's loop of the same build beside ggspec's
+# the capped-planes table at scale, on the GPU, with llama.cpp's loop of the same build beside ggspec's
 bench_scale() {
     local native=--native
     [ "${DEVICE_TOOLS:-1}" = 0 ] && native=
@@ -165,7 +165,7 @@ write_prompts() {
 EOF
 }
 
-# planes x lead on the tiny hybrid pair, acceptance replayed from seed 000's DFlash histogram
+# planes x lead on the tiny hybrid pair, acceptance replayed from a real DFlash pair's histogram
 bench_matrix() {
     local ngl=$1 tag=$2
     python3 -m ggspec bench --pair tiny-hybrid --prompts "$PROMPTS_FILE" -n "${DEVICE_BENCH_N:-64}" -r 2 \

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ggspec.catalogue.pairs import get_entry, resolve
+from ggspec.bench.invariance import model_arguments, model_paths
 from ggspec.native.bindings import batch_invariant, set_batch_invariant
 from ggspec.runtime import ContextParams
 from ggspec.runtime.batch import Batch
@@ -73,19 +73,14 @@ def measure(path: Path, fa: str, repack: bool, threads: int, reps: int, rows: tu
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--pair", action="append", default=[], help="a pair of models.toml (its target is timed)")
-    ap.add_argument("-m", "--model", action="append", default=[], type=Path, help="a GGUF file")
-    ap.add_argument("--fa", action="append", choices=("on", "off"), help="attention setting(s) (default on)")
-    ap.add_argument("--repack", action="append", choices=("on", "off"), help="repack setting(s) (default on)")
+    model_arguments(ap, "timed", "on")
     ap.add_argument("--rows", default="4,8,16", help="verify rows to time")
     ap.add_argument("--prefill", type=int, default=512, help="prompt tokens of the timed prefill")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-r", "--reps", type=int, default=7)
     ap.add_argument("-o", "--output", type=Path, help="save the JSON here")
     args = ap.parse_args()
-    paths = [resolve(get_entry(name)).target for name in args.pair] + list(args.model)
-    if not paths:
-        ap.error("name a model with --pair or -m")
+    paths = model_paths(ap, args)
     rows = tuple(int(n) for n in args.rows.split(","))
     initial = batch_invariant()
     results = []

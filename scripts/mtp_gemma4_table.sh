@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The Gemma 4 tables of docs/mtp.md (issue 27): ggspec's draft-mtp loop with a gemma4-assistant
 # drafter beside llama.cpp's own (--native) and both plain decoders,
-#   tiny   the converter-shaped tiny pair of ggspec.fixtures.gemma4 (under $GGSPEC_HOME/fixtures),
+#   tiny   the converter-shaped tiny pair of helpers.fixtures.gemma4 (under $GGSPEC_HOME/fixtures),
 #          -t 1, 12 prompts: compute-bound on a CPU, so only the two loops' ratio means anything;
 #   e2b    the real-shape dummy pair dummy-gemma-4-e2b (Q4_K_M target, Q8_0 assistant), -t 2, the
 #          scale tables' code prompt and prose prompt: unchained, chained (--spec-draft-chain) and
@@ -22,10 +22,10 @@ PARTS=${*:-tiny e2b}
 for part in $PARTS; do
     case $part in
     tiny)
-        read -r target drafter < <(python -c '
+        read -r target drafter < <(PYTHONPATH="$(dirname "$0")/../tests" python -c '
 import os
 from pathlib import Path
-from ggspec.fixtures.gemma4 import ensure_gemma4_pair
+from helpers.fixtures.gemma4 import ensure_gemma4_pair
 home = Path(os.environ.get("GGSPEC_HOME", Path.home() / ".cache/ggspec"))
 p = ensure_gemma4_pair(home / "fixtures")
 print(p.target, p.drafter)')

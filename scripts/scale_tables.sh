@@ -7,7 +7,7 @@
 #
 # Knobs: THREADS (2: both cores pay at these sizes), N (64 tokens per prompt), REPS (1), SIZES
 # ("0.6b 1.7b 4b"), VERIFY_HYBRID ("0.8b 4b": hybrid shapes in the verify-cost table), HYBRID
-# ("0.8b": seed 000's table, short prompts and the 4.3k-token one on the first size only; the 4B
+# ("0.8b": the capped-planes table, short prompts and the 4.3k-token one on the first size only; the 4B
 # hybrid's ten configurations take ~25 minutes here), CACHE_SIZE (1.7b), PARALLEL (1,4).
 OUT=docs/scale
 source "$(dirname "$0")/bench_common.sh"  # strict mode, the repository root, $OUT, N; bench NAME ARGS...
@@ -39,7 +39,7 @@ for table in $TABLES; do
                     --acceptance-profile "$p" --prompts "$OUT/prompts-code.jsonl"
             done
         done ;;
-    seed000)  # seed 000's table: planes x layout on the hybrid target, DFlash profile, n_max 7
+    seed000)  # the capped-planes table: planes x layout on the hybrid target, DFlash profile, n_max 7
         first=1
         for s in $HYBRID; do
             bench "seed000-qwen3.5-$s" --pair "dummy-qwen3.5-$s" --matrix --spec-draft-n-max 7 \

@@ -20,6 +20,7 @@ from ggspec.bench.prompts import BUILTIN
 from ggspec.runtime import ContextParams
 from ggspec.speculative.engine import Engine
 from ggspec.speculative.models import PairConfig
+from ggspec.speculative.request import Request
 
 TINY = Path(__file__).resolve().parent.parent / "models" / "tiny"
 TARGET, DRAFT, DFLASH = TINY / "tiny-coder.gguf", TINY / "tiny-coder-draft.gguf", TINY / "tiny-coder-dflash-b8.gguf"
@@ -38,7 +39,7 @@ def decode(eng: Engine, prompts: list, n: int, together: bool, speculate: bool) 
     steps = 0
     for batch in ([prompts] if together else [[p] for p in prompts]):
         for p in batch:
-            eng.add(p, n, ignore_eos=True, speculate=speculate)
+            eng.add(Request(p, n, ignore_eos=True, speculate=speculate))
         while eng.active:
             eng.step()
             steps += 1

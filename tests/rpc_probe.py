@@ -22,9 +22,10 @@ import numpy as np
 
 from ggspec.runtime import Batch, Context, ContextParams, Model
 from ggspec.runtime.devices import Placement
-from ggspec.speculative.types.dflash import DFlashProposer, dflash_info
 from ggspec.speculative.proposer import Span
+from ggspec.speculative.request import Request
 from ggspec.speculative.sequence import Sequence
+from ggspec.speculative.types.dflash import DFlashProposer, dflash_info
 
 PROMPT = "def parse(path):\n    with open(path) as f:\n        return [line.split() for line in f]\n"
 
@@ -65,7 +66,7 @@ def main() -> None:
             tctx.decode(b.add_tokens(tokens, 0, outputs="last"))
             proposer.observe([Span(0, 0, len(tokens), 0)])
             proposer.flush()
-            seq = Sequence(0, tokens, 8, id_last=int(tokens[-1]), pos=len(tokens))
+            seq = Sequence(0, Request(tokens, 8), id_last=int(tokens[-1]), pos=len(tokens))
             drafts = proposer.propose([seq], 7)[0].tokens
             print("drafts", " ".join(map(str, drafts)))
 

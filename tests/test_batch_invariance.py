@@ -20,10 +20,11 @@ from ggspec.bench.prompts import BUILTIN
 from ggspec.catalogue.pairs import check_files, get_entry, resolve
 from ggspec.native.bindings import batch_invariant, set_batch_invariant
 from ggspec.runtime import ContextParams
-from ggspec.speculative.engine import Engine
-from ggspec.speculative.models import PairConfig
 from ggspec.speculative.driver import generate_greedy
+from ggspec.speculative.engine import Engine
 from ggspec.speculative.lossless import IDENTITY_RULE, run_prompts
+from ggspec.speculative.models import PairConfig
+from ggspec.speculative.request import Request
 
 ROWS = (2, 4, 8, 16)
 
@@ -138,7 +139,7 @@ def test_four_sequences_together_equal_each_alone_byte_for_byte(real_target):
     prompts = []
     with Engine.open(_real_cfg(real_target, "ngram-simple", parallel=4)) as sp:
         prompts = [sp.target_model.tokenize(p) for p in PROMPTS]
-        seqs = [sp.add(p, N_PREDICT, ignore_eos=True, tag=i) for i, p in enumerate(prompts)]
+        seqs = [sp.add(Request(p, N_PREDICT, ignore_eos=True, tag=i)) for i, p in enumerate(prompts)]
         list(sp.run())
         with Engine(sp.models, _real_cfg(real_target, None), plain=True) as plain:
             solo = [[t for st in generate_greedy(plain, p, N_PREDICT, ignore_eos=True) for t in st.tokens]

@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import run_cli
 from typer.testing import CliRunner
 
-from conftest import run_cli
 from ggspec.bench import report
 from ggspec.bench.configs import Axes, BenchConfig, expand, split_list
 from ggspec.errors import InputError
@@ -140,7 +140,7 @@ def test_hybrid_planes_matrix_with_an_acceptance_profile(build_info):
     assert set(spec) == {("3", "0"), ("3", "default"), ("uncapped", "default")}
     assert all(r["acceptance_profile"] == "dflash" for r in spec.values())
     assert spec[("uncapped", "default")]["replay_share"] == 0
-    assert spec[("3", "0")]["replay_share"] > spec[("3", "default")]["replay_share"] > 0  # seed 000's shape
+    assert spec[("3", "0")]["replay_share"] > spec[("3", "default")]["replay_share"] > 0  # the capped-planes table's shape
     assert spec[("3", "0")]["plane_bytes"] < spec[("uncapped", "default")]["plane_bytes"]
     # the same forced acceptance in every configuration
     assert len({tuple(r["accept_hist"]) for r in spec.values()}) == 1

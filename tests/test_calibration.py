@@ -14,16 +14,16 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-import numpy as np
 import pytest
+from helpers.pairs import DFLASH, DRAFT, STACK, TARGET
 
 from ggspec.runtime import ContextParams
+from ggspec.speculative.driver import decode_one, decode_plain
+from ggspec.speculative.engine import Engine
+from ggspec.speculative.models import PairConfig
+from ggspec.speculative.request import Request
 from ggspec.speculative.rules import calibration
 from ggspec.speculative.types.draft_vocab import DraftVocabOptions
-from ggspec.speculative.engine import Engine
-from ggspec.speculative.driver import decode_one, decode_plain
-from ggspec.speculative.models import PairConfig
-from helpers.pairs import DFLASH, DRAFT, STACK, TARGET
 
 CTX = ContextParams(n_ctx=1024, n_threads=1, flash_attn="off")
 N = 48
@@ -149,7 +149,7 @@ def test_costs_that_make_drafts_pay_are_used_from_the_first_step(cache_dir):
     t["rest_spec"] = t["rest_plain"]
     path.write_text(json.dumps(doc))
     with Engine.open(cfg) as e:
-        seq = e.add(e.target_model.tokenize(STACK), N)
+        seq = e.add(Request(e.target_model.tokenize(STACK), N))
         ks = [step.k for _, step in e.run() if step.kind != "prefill"]
         assert ks[0] and ks[0] > 0  # drafts verified at the first step
         assert seq.tokens == _plain(STACK)
@@ -190,7 +190,7 @@ def test_a_context_too_small_for_the_schedule_measures_as_it_runs(cache_dir):
 def test_every_slot_decodes_lossless_after_a_calibration_at_parallel_3(cache_dir):
     prompts = ["def fibonacci(n):", "class Stack:\n    def __init__(self):", "The quick brown fox"]
     with Engine.open(PairConfig(TARGET, DFLASH, ctx=CTX, parallel=3)) as e:
-        seqs = [e.add(e.target_model.tokenize(p), N) for p in prompts]
+        seqs = [e.add(Request(e.target_model.tokenize(p), N)) for p in prompts]
         for _ in e.run():
             pass
         outs = [s.tokens for s in seqs]

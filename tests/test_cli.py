@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 
 import pytest
-
 from conftest import run_cli
-from ggspec.cli_options import parse_prompt_lines
+
+from ggspec.cli.run import parse_prompt_lines
 
 
 def _split(proc):
@@ -45,15 +45,26 @@ def test_help_is_complete():
     top = run_cli("--help")
     assert top.returncode == 0 and "build" in top.stdout and "run" in top.stdout
     run_help = run_cli("run", "--help").stdout
-    for flag in ("-m", "-md", "--dflash", "--no-spec", "-p", "-n", "--spec-draft-n-max", "-c",
-                 "-ctk", "-ctv", "-t", "--pair", "--ignore-eos", "-f", "-np", "--spec-type", "--spec-draft-p-min"):
+    for flag in ("-m", "-md", "--dflash", "--no-draft", "--no-dflash", "--no-spec", "-p", "-n", "--spec-draft-n-max",
+                 "-c", "-ctk", "-ctv", "-t", "--pair", "--ignore-eos", "-f", "-np", "--spec-type", "--spec-draft-p-min",
+                 "-ngl", "N|all|auto"):
         assert flag in run_help, flag
     bench_help = run_cli("bench", "--help").stdout
-    for flag in ("-np", "--spec-type", "--spec-draft-p-min", "--spec-draft-n-max", "-ctk", "--rpc-timeout"):
+    for flag in ("-np", "--spec-type", "--spec-draft-p-min", "--spec-draft-n-max", "-ctk", "--rpc-timeout", "-fa"):
         assert flag in bench_help, flag
     build_help = run_cli("build", "--help").stdout
     for flag in ("--cuda", "--vulkan", "--tools", "--force"):
         assert flag in build_help, flag
+
+
+def test_llama_cpp_s_spellings_run(build_info):
+    """-ngl auto / all, -fa's other words and llama.cpp's long names work as in llama.cpp's tools
+    (on this machine's build: auto offloads where there is a GPU, else nothing)."""
+    out, stats = _split(run_cli("run", "--pair", "tiny-coder", "--predict", "8", "--ignore-eos", "-ngl", "auto",
+                                "-ngld", "auto", "-fa", "enabled", "--temperature", "0"))
+    assert out.startswith("def fibonacci(n):") and "8 tokens" in stats
+    proc = run_cli("run", "--pair", "tiny-coder", "-n", "4", "-ngl", "most")
+    assert proc.returncode == 1 and proc.stderr.strip() == "error: -ngl: most: expected a number of layers, all or auto"
 
 
 def test_default_n_max_fits_the_draft_without_a_warning(dense_pair):
@@ -217,10 +228,10 @@ def test_the_verdict_times_warm_runs_in_turn_plain_first(build_info):
     greedy's, and every timed run decodes the whole budget."""
     from helpers.pairs import DFLASH, TARGET
 
-    from ggspec.console.verdict import PAIRS, timed_pairs
+    from ggspec.cli.verdict import PAIRS, timed_pairs
     from ggspec.runtime import ContextParams
-    from ggspec.speculative.engine import Engine
     from ggspec.speculative.driver import decode_plain
+    from ggspec.speculative.engine import Engine
     from ggspec.speculative.models import PairConfig
 
     cfg = PairConfig(target=TARGET, draft=DFLASH, n_max=7, ctx=ContextParams(n_ctx=1024, n_threads=1))
@@ -262,8 +273,8 @@ def test_run_says_how_to_measure_what_it_does_not(build_info, tmp_path):
 def test_a_long_decode_is_not_decoded_again_unasked():
     from types import SimpleNamespace
 
-    from ggspec.console.verdict import COMPARE_MAX_S
-    from ggspec.console.verdict import verdict as _verdict
+    from ggspec.cli.verdict import COMPARE_MAX_S
+    from ggspec.cli.verdict import verdict as _verdict
 
     seq = SimpleNamespace(stats=SimpleNamespace(t_decode=COMPARE_MAX_S + 1))
     line = _verdict(None, [[1]], [seq], 8, False, None, "-m t.gguf -md d.gguf", False)
@@ -274,7 +285,7 @@ def test_a_long_decode_is_not_decoded_again_unasked():
 def test_what_to_try_leaves_out_the_setting_in_use():
     from types import SimpleNamespace
 
-    from ggspec.console.verdict import what_to_try as _what_to_try
+    from ggspec.cli.verdict import what_to_try as _what_to_try
     from ggspec.speculative.types import registry
     from ggspec.speculative.types.draft_type import DraftPlan
 

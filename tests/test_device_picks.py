@@ -14,15 +14,17 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-
 from conftest import PROMPTS
+from helpers.drafts import Recorder
+from helpers.pairs import CPP_CTX as CTX
+from helpers.pairs import DFLASH, DRAFT, TARGET
+
 from ggspec.runtime import Batch, Context
-from ggspec.speculative.types.draft_vocab import DraftVocabOptions, draft_vocab_ids
 from ggspec.speculative.engine import Engine
 from ggspec.speculative.models import Models, PairConfig
+from ggspec.speculative.request import Request
 from ggspec.speculative.sampling import SamplerSettings
-from helpers.drafts import Recorder
-from helpers.pairs import CPP_CTX as CTX, DFLASH, DRAFT, TARGET
+from ggspec.speculative.types.draft_vocab import DraftVocabOptions, draft_vocab_ids
 
 
 @pytest.mark.parametrize("reduced", [False, True])
@@ -99,7 +101,7 @@ def _picked_equals_host(cfg: PairConfig, hot: bool, default: bool) -> None:
             rec = Recorder(eng.proposer)
             eng.proposer = rec
             prompts = [eng.target_model.tokenize(t) for t in PROMPTS[:2]]
-            seqs = [eng.add(prompts[0], 48, ignore_eos=True), eng.add(prompts[1], 48, ignore_eos=True, sampling=second)]
+            seqs = [eng.add(Request(prompts[0], 48, ignore_eos=True)), eng.add(Request(prompts[1], 48, ignore_eos=True, sampling=second))]
             picked = {tuple(rec.inner.draft.picked_on_device(s.seq_id) for s in seqs) for _ in eng.run()}
             runs.append(([s.tokens for s in seqs], rec.log))
             assert picked == ({(k, None if hot else k)} if on_device else {(None, None)})

@@ -11,14 +11,12 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
-
 from conftest import run_cli
 
 torch = pytest.importorskip("torch")
 
 from ggspec.distill import capture, corpus, parity, pipeline  # noqa: E402
 from ggspec.distill.capture import CapturePlan, Dataset  # noqa: E402
-from ggspec.distill.train import TrainPlan  # noqa: E402
 from ggspec.errors import InputError  # noqa: E402
 
 SMALL = ("--sequences", "24", "--prompt-len", "24", "--gen-len", "40", "--steps", "25", "--block", "8",
@@ -110,7 +108,9 @@ def test_features_survive_float16_storage():
 def test_parity_check_catches_a_wrong_export(distilled, tiny_coder_pair, tmp_path):
     """The check compares what llama.cpp computes from the file with PyTorch: a draft whose weights
     differ from the file's fails it."""
-    from ggspec.distill import export, train as trainer, vocab as dv
+    from ggspec.distill import export
+    from ggspec.distill import train as trainer
+    from ggspec.distill import vocab as dv
     from ggspec.distill.model import DraftConfig
     from ggspec.distill.target_file import read_target
 
@@ -211,8 +211,8 @@ def test_distill_on_gemma_3_270m(real_target, tmp_path):
     assert not Path(str(out) + ".partial").exists()
     from ggspec.runtime import ContextParams
     from ggspec.speculative.engine import Engine
-    from ggspec.speculative.models import PairConfig
     from ggspec.speculative.lossless import run_prompts
+    from ggspec.speculative.models import PairConfig
 
     prompts = ["The history of the printing press begins in the fifteenth century, when",
                "def merge_sorted(a, b):\n    \"\"\"Merge two sorted lists into one sorted list.\"\"\"\n"]

@@ -19,22 +19,23 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-
 from conftest import PROMPTS, run_cli
-from ggspec.errors import InputError
-from ggspec.fixtures.mtp_head import ensure_fitted
-from ggspec.catalogue.tiny import ensure_tiny_pair
-from ggspec.runtime import ContextParams
-from ggspec.speculative.rules.costs import Acceptance, ShapeCosts
-from ggspec.speculative.rules.draft_length import DraftLength
-from ggspec.speculative.engine import Engine
-from ggspec.speculative.driver import generate_greedy
-from ggspec.speculative.models import PairConfig, parse_n_max
-from ggspec.speculative.planes import PlaneOptions
-from ggspec.speculative.types.ngram import NgramSimpleOptions
-from ggspec.speculative.proposer import Draft
 from helpers.drafts import Recorder
 from helpers.pairs import DFLASH, DRAFT, EAGLE3, STACK, TARGET
+
+from ggspec.catalogue.tiny import ensure_tiny_pair
+from ggspec.errors import InputError
+from helpers.fixtures.mtp_head import ensure_fitted
+from ggspec.runtime import ContextParams
+from ggspec.speculative.driver import generate_greedy
+from ggspec.speculative.engine import Engine
+from ggspec.speculative.models import PairConfig, parse_n_max
+from ggspec.speculative.planes import PlaneOptions
+from ggspec.speculative.proposer import Draft
+from ggspec.speculative.request import Request
+from ggspec.speculative.rules.costs import Acceptance, ShapeCosts
+from ggspec.speculative.rules.draft_length import DraftLength
+from ggspec.speculative.types.ngram import NgramSimpleOptions
 
 CTX = ContextParams(n_ctx=2048, n_threads=1, flash_attn="off")
 N = 96
@@ -281,7 +282,7 @@ def _auto_equals_plain(cfg: PairConfig, prompts=PROMPTS[:4], parallel: int = 1) 
         want = {text: _plain(plain_eng, plain_eng.target_model.tokenize(text)) for text in prompts}
     with Engine.open(replace(cfg, adaptive=True, parallel=parallel)) as eng:
         assert eng.draft_length is not None
-        seqs = [eng.add(eng.target_model.tokenize(text), N, ignore_eos=True, tag=text) for text in prompts[:parallel]]
+        seqs = [eng.add(Request(eng.target_model.tokenize(text), N, ignore_eos=True, tag=text)) for text in prompts[:parallel]]
         waiting, got, ks = list(prompts[parallel:]), {}, []
         while eng.active:
             for seq, step in eng.step():
@@ -291,7 +292,7 @@ def _auto_equals_plain(cfg: PairConfig, prompts=PROMPTS[:4], parallel: int = 1) 
                     got[seq.tag] = seq.tokens
                     if waiting:
                         text = waiting.pop(0)
-                        seqs.append(eng.add(eng.target_model.tokenize(text), N, ignore_eos=True, tag=text))
+                        seqs.append(eng.add(Request(eng.target_model.tokenize(text), N, ignore_eos=True, tag=text)))
         assert got == want
         assert ks and max(ks) <= eng.n_max
         return eng
@@ -344,7 +345,7 @@ def test_held_dflash_rows_give_the_drafts_a_call_every_step_gives():
             eng.proposer = rec = wrapper(eng.proposer)
             calls = eng.draft_ctx.n_decodes
             for text in PROMPTS[:3]:
-                seq = eng.add(eng.target_model.tokenize(text), N, ignore_eos=True)
+                seq = eng.add(Request(eng.target_model.tokenize(text), N, ignore_eos=True))
                 while not seq.done:
                     eng.step()
             logs.append((rec.log, eng.draft_ctx.n_decodes - calls))
@@ -433,9 +434,9 @@ def test_hopeless_only_where_no_length_pays_even_with_good_drafts():
     def measured(verify, draft):
         rule = _rule()
         for _ in range(8):
-            rule.plain.add(1, verify(1))
-            rule.spec.add(9, verify(9))
-            rule.spec.add(2, verify(2))
+            rule.plain.add(Request(1, verify(1)))
+            rule.spec.add(Request(9, verify(9)))
+            rule.spec.add(Request(2, verify(2)))
             rule._draft_costs(1, exact=True).add(8, draft(8))
             rule._draft_costs(1, exact=True).add(1, draft(1))
         rule.rest_plain = rule.rest_spec = 0.0

@@ -9,10 +9,10 @@ from helpers.drafts import greedy
 from helpers.pairs import CPP_CTX, DRAFT, STACK, TARGET
 
 from ggspec.errors import InputError
-from ggspec.speculative.driver import Request, drive
+from ggspec.speculative.driver import drive
 from ggspec.speculative.engine import Engine
 from ggspec.speculative.models import Models, PairConfig
-from ggspec.speculative.sequence import DraftLimits
+from ggspec.speculative.request import DraftLimits, Request
 
 N = 40
 LIMITS = [None, DraftLimits(2), DraftLimits(6, 4), DraftLimits(0)]
@@ -42,7 +42,7 @@ def test_sequences_with_their_own_limits_share_steps_and_stay_lossless():
 def test_limits_beyond_the_engines_are_refused(limits, field):
     with Engine.open(PairConfig(TARGET, DRAFT, n_max=6, ctx=CPP_CTX)) as e:
         with pytest.raises(InputError) as exc:
-            e.add(e.target_model.tokenize("x = 1"), 4, limits=limits)
+            e.add(Request(e.target_model.tokenize("x = 1"), 4, limits=limits))
         assert exc.value.field == field and not e.active
 
 
@@ -82,6 +82,6 @@ def test_a_sequence_naming_a_type_the_engine_lacks_is_refused():
         for limits, field in [(DraftLimits(3, types=("ngram-simple",)), "spec_type"),
                               (DraftLimits(3, types=()), "spec_type"), (DraftLimits(3, p_min=1.5), "p_min")]:
             with pytest.raises(InputError) as exc:
-                e.add(e.target_model.tokenize("x = 1"), 4, limits=limits)
+                e.add(Request(e.target_model.tokenize("x = 1"), 4, limits=limits))
             assert exc.value.field == field and not e.active
         assert e.request_types == ("draft-simple",)

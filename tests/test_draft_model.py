@@ -13,18 +13,20 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from conftest import PROMPTS, run_cli
-from ggspec.errors import InputError
-from ggspec.speculative.engine import Engine
-from ggspec.speculative.driver import generate_spec
-from ggspec.speculative.models import Models, PairConfig
-from ggspec.speculative.planes import PlaneOptions
-from ggspec.bench.forced import ForcedAcceptance, cycle_lengths
 from helpers.drafts import Recorder, greedy, unforced_drafts_equal_llama_cpps
 from helpers.gguf_edit import rewrite_gguf
-from helpers.pairs import CPP_CTX as CTX, DFLASH, DRAFT, TARGET
+from helpers.pairs import CPP_CTX as CTX
+from helpers.pairs import DFLASH, DRAFT, TARGET
 from helpers.serving import serve_equals_plain
+
+from ggspec.bench.forced import ForcedAcceptance, cycle_lengths
+from ggspec.errors import InputError
+from ggspec.speculative.driver import generate_spec
+from ggspec.speculative.engine import Engine
+from ggspec.speculative.models import Models, PairConfig
+from ggspec.speculative.planes import PlaneOptions
+from ggspec.speculative.request import Request
 
 PROMPT = "def fibonacci(n):"
 N = 100
@@ -130,12 +132,12 @@ def test_the_prompt_cache_keeps_the_drafts_cells_with_the_targets():
     with Engine.open(_cfg(parallel=2), prompt_cache=True) as eng, Engine.open(_cfg(parallel=2)) as fresh:
         tok = eng.target_model.tokenize
         a = tok(PROMPT)
-        first = eng.add(a, 32, ignore_eos=True)
+        first = eng.add(Request(a, 32, ignore_eos=True))
         list(eng.run())
         longer = np.concatenate([a, np.asarray(first.tokens[:10], dtype=np.int32), tok("\n\ndef g(x):", add_special=False)])
         rec, rec_fresh = Recorder(eng.proposer), Recorder(fresh.proposer)
         eng.proposer, fresh.proposer = rec, rec_fresh
-        turn, alone = eng.add(longer, 32, ignore_eos=True), fresh.add(longer, 32, ignore_eos=True)
+        turn, alone = eng.add(Request(longer, 32, ignore_eos=True)), fresh.add(longer, 32, ignore_eos=True)
         list(eng.run())
         list(fresh.run())
     assert turn.n_cached == len(a) + 10 and alone.n_cached == 0

@@ -11,17 +11,18 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from conftest import PROMPTS, run_cli
+from helpers.drafts import Recorder, spec_equals_plain, three_at_once_equal_plain
+from helpers.pairs import CPP_CTX as CTX
+from helpers.pairs import DFLASH, DRAFT, TARGET
+
 from ggspec.errors import InputError
 from ggspec.runtime import Batch, Context
-from ggspec.speculative.types.draft_vocab import DraftVocabOptions, draft_vocab_ids
-from ggspec.speculative.engine import Engine
 from ggspec.speculative.driver import generate_spec
+from ggspec.speculative.engine import Engine
 from ggspec.speculative.models import Models, PairConfig
 from ggspec.speculative.sampling import SamplerSettings
-from helpers.drafts import Recorder, spec_equals_plain, three_at_once_equal_plain
-from helpers.pairs import CPP_CTX as CTX, DFLASH, DRAFT, TARGET
+from ggspec.speculative.types.draft_vocab import DraftVocabOptions, draft_vocab_ids
 
 N_VOCAB_DRAFT = 300  # of the tiny pair's 1024 tokens
 

@@ -16,19 +16,21 @@ import re
 
 import numpy as np
 import pytest
-
 from conftest import PROMPTS, run_cli
+from helpers.drafts import Recorder, compare, greedy, unforced_drafts_equal_llama_cpps
+from helpers.gguf_edit import rewrite_gguf
+from helpers.pairs import CPP_CTX as CTX
+from helpers.pairs import DRAFT, EAGLE3, TARGET
+from helpers.serving import serve_equals_plain
+
+from ggspec.bench.forced import ForcedAcceptance, cycle_lengths
 from ggspec.bench.native import run_cpp
 from ggspec.errors import InputError
 from ggspec.runtime import ContextParams
-from ggspec.speculative.engine import Engine
 from ggspec.speculative.driver import generate_spec
+from ggspec.speculative.engine import Engine
 from ggspec.speculative.models import Models, PairConfig
-from ggspec.bench.forced import ForcedAcceptance, cycle_lengths
-from helpers.drafts import Recorder, compare, greedy, unforced_drafts_equal_llama_cpps
-from helpers.gguf_edit import rewrite_gguf
-from helpers.pairs import CPP_CTX as CTX, DRAFT, EAGLE3, TARGET
-from helpers.serving import serve_equals_plain
+from ggspec.speculative.request import Request
 
 PROMPT = "def fibonacci(n):"
 N = 100
@@ -87,9 +89,9 @@ def test_the_prompt_cache_keeps_nothing_for_it_and_says_so():
     with Engine.open(_cfg(parallel=2), prompt_cache=True) as eng:
         assert any("EAGLE3" in w for w in eng.warnings)
         a = eng.target_model.tokenize(PROMPT)
-        first = eng.add(a, 24, ignore_eos=True)
+        first = eng.add(Request(a, 24, ignore_eos=True))
         list(eng.run())
-        again = eng.add(a, 24, ignore_eos=True)
+        again = eng.add(Request(a, 24, ignore_eos=True))
         list(eng.run())
     assert again.n_cached == 0 and again.tokens == first.tokens
 
@@ -107,7 +109,7 @@ def test_cli_and_server_run_it():
 
 @pytest.fixture(scope="module")
 def hybrid_head(tmp_path_factory):
-    from ggspec.fixtures.eagle3 import write_eagle3_head
+    from helpers.fixtures.eagle3 import write_eagle3_head
 
     return write_eagle3_head(tmp_path_factory.mktemp("eagle3") / "head.gguf", target_kind="hybrid", layers=(1, 2, 4))
 

@@ -10,17 +10,18 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-
 from conftest import PROMPTS
-from ggspec.errors import InputError
+
+from ggspec.bench.forced import ForcedAcceptance, cycle_lengths
 from ggspec.catalogue.pairs import get_entry, resolve
+from ggspec.errors import InputError
 from ggspec.runtime import ContextParams
-from ggspec.speculative.engine import CapacityError, Engine
 from ggspec.speculative.driver import generate_greedy
+from ggspec.speculative.engine import CapacityError, Engine
+from ggspec.speculative.lossless import compare
 from ggspec.speculative.models import Models, PairConfig
 from ggspec.speculative.planes import PlaneOptions
-from ggspec.bench.forced import ForcedAcceptance, cycle_lengths
-from ggspec.speculative.lossless import compare
+from ggspec.speculative.request import Request
 
 N_PREDICT = 48
 N_MAX = 7
@@ -40,7 +41,7 @@ def _solo(models, cfg, prompts):
 def _together(eng, prompts, proposer=None, speculate=True):
     if proposer is not None:
         eng.proposer = proposer
-    seqs = [eng.add(p, N_PREDICT, ignore_eos=True, tag=i, speculate=speculate) for i, p in enumerate(prompts)]
+    seqs = [eng.add(Request(p, N_PREDICT, ignore_eos=True, tag=i, speculate=speculate)) for i, p in enumerate(prompts)]
     list(eng.run())
     return seqs
 
@@ -67,9 +68,9 @@ def test_every_sequence_equals_its_solo_greedy_output(kind, parallel, request, b
         with Engine(models, cfg) as eng:
             refs = [np.concatenate([p, solo[i][0]]) for i, p in enumerate(prompts)]
             forced = ForcedAcceptance(eng.proposer, lambda seq: refs[seq.tag], cycle_lengths(N_MAX), models.target.n_vocab)
-            seqs = [eng.add(p, N_PREDICT, ignore_eos=True, tag=i) for i, p in enumerate(prompts[:parallel])]
+            seqs = [eng.add(Request(p, N_PREDICT, ignore_eos=True, tag=i)) for i, p in enumerate(prompts[:parallel])]
             with pytest.raises(CapacityError):
-                eng.add(prompts[-1], N_PREDICT)  # every slot is taken
+                eng.add(Request(prompts[-1], N_PREDICT))  # every slot is taken
             eng.proposer = forced
             list(eng.run())
             divergences = _check(seqs, solo)
@@ -87,14 +88,14 @@ def test_sequences_join_and_leave_between_steps(dense_pair, build_info):
         prompts = [models.target.tokenize(t) for t in PROMPTS[:4]]
         solo = _solo(models, cfg, prompts)
         with Engine(models, cfg) as eng:
-            a = eng.add(prompts[0], N_PREDICT, ignore_eos=True, tag=0)
-            b = eng.add(prompts[1], 5, ignore_eos=True, tag=1)
-            c = eng.add(prompts[2], N_PREDICT, ignore_eos=True, tag=2)
+            a = eng.add(Request(prompts[0], N_PREDICT, ignore_eos=True, tag=0))
+            b = eng.add(Request(prompts[1], 5, ignore_eos=True, tag=1))
+            c = eng.add(Request(prompts[2], N_PREDICT, ignore_eos=True, tag=2))
             for _ in range(3):
                 eng.step()
             eng.cancel(c)
             assert c.cancelled and c not in eng.active
-            d = eng.add(prompts[3], N_PREDICT, ignore_eos=True, tag=3)  # takes the freed slot
+            d = eng.add(Request(prompts[3], N_PREDICT, ignore_eos=True, tag=3))  # takes the freed slot
             assert d.seq_id == c.seq_id
             list(eng.run())
             assert b.tokens == solo[1][0][:5]
@@ -127,7 +128,7 @@ def test_capped_planes_replay_several_sequences_in_one_call(planes, hybrid_pair,
             eng.proposer = forced
             # different budgets: near its end a sequence drafts fewer tokens than the others, and
             # its shorter span must not split the others' spans across ubatches (their planes)
-            seqs = [eng.add(p, n, ignore_eos=True, tag=i) for i, (p, n) in enumerate(zip(prompts, (N_PREDICT, 21, 34)))]
+            seqs = [eng.add(Request(p, n, ignore_eos=True, tag=i)) for i, (p, n) in enumerate(zip(prompts, (N_PREDICT, 21, 34)))]
             list(eng.run())
             for s in seqs:
                 assert s.tokens == solo[s.tag][0][:len(s.tokens)] and len(s.tokens) == s.n_predict
@@ -143,13 +144,13 @@ def test_capacity_is_checked_before_anything_runs(dense_pair, build_info):
     with Engine.open(cfg) as eng:
         assert eng.capacity == 256  # every slot has its own cells: -c / -np
         prompt = eng.target_model.tokenize(PROMPTS[0])
-        eng.add(prompt, 200)
-        eng.add(prompt, 200)
+        eng.add(Request(prompt, 200))
+        eng.add(Request(prompt, 200))
         assert not eng.can_add(prompt, 200)
         with pytest.raises(CapacityError, match="slots are busy"):
-            eng.add(prompt, 200)
+            eng.add(Request(prompt, 200))
         with pytest.raises(InputError) as err:
-            eng.add(np.zeros(0, dtype=np.int32), 4)
+            eng.add(Request(np.zeros(0, dtype=np.int32), 4))
         assert err.value.field == "prompt"
         with pytest.raises(InputError) as err:
             eng.check_prompt(np.ones(250, dtype=np.int32))  # with a draft block it needs 258 positions

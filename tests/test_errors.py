@@ -7,7 +7,6 @@ return code (a signal) instead of killing the test run.
 from __future__ import annotations
 
 import pytest
-
 from conftest import run_cli
 
 
@@ -105,7 +104,8 @@ def test_every_field_the_library_names_has_a_flag():
     import re
     from pathlib import Path
 
-    from ggspec.cli_options import FLAGS, error_text
+    from ggspec.cli.options import FLAGS, error_text
+
     from ggspec.errors import InputError
 
     root = Path(__file__).resolve().parents[1] / "ggspec"

@@ -25,19 +25,20 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
-
 from conftest import PROMPTS
+from helpers.drafts import assert_drafts_equal, compare, drafts_of, forced_file, ggspec_drafts, greedy
+from helpers.pairs import CPP_CTX, DFLASH, DRAFT, EAGLE3, MTP_CTX, MTP_N, MTP_PROMPT, STACK, TARGET
+
 from ggspec.bench.native import run_cpp
 from ggspec.runtime import ContextParams
-from ggspec.speculative.types.draft_type import Options
 from ggspec.speculative.engine import Engine
 from ggspec.speculative.models import PairConfig
+from ggspec.speculative.request import Request
+from ggspec.speculative.types.draft_type import Options
 from ggspec.speculative.types.ngram import NgramSimpleOptions
 from ggspec.speculative.types.ngram_map import NgramMapOptions
 from ggspec.speculative.types.ngram_mod import NgramModOptions
 from ggspec.speculative.types.registry import TYPES
-from helpers.drafts import assert_drafts_equal, compare, drafts_of, forced_file, ggspec_drafts, greedy
-from helpers.pairs import CPP_CTX, DFLASH, DRAFT, EAGLE3, MTP_CTX, MTP_N, MTP_PROMPT, STACK, TARGET
 
 PROMPT = PROMPTS[0]  # "def fibonacci(n):": the model drafters' prompt
 REPEAT = "for i in range(10):\n    print(i)\nfor i in range(10):\n    print(i)\n"
@@ -54,20 +55,20 @@ def _mtp(d: Path) -> tuple[Path, None]:
 
 def _moe_mtp(d: Path) -> tuple[Path, None]:
     from ggspec.catalogue.tiny import ensure_tiny_pair
-    from ggspec.fixtures.mtp_head import ensure_fitted
+    from helpers.fixtures.mtp_head import ensure_fitted
 
     return ensure_fitted(d, ensure_tiny_pair(d, "hybrid-moe-mtp").target), None
 
 
 def _gemma4(d: Path) -> tuple[Path, Path]:
-    from ggspec.fixtures.gemma4 import ensure_gemma4_pair
+    from helpers.fixtures.gemma4 import ensure_gemma4_pair
 
     pair = ensure_gemma4_pair(d)
     return pair.target, pair.drafter
 
 
 def _dspark(d: Path) -> tuple[Path, Path]:
-    from ggspec.fixtures.variants import ensure_variant
+    from helpers.fixtures.variants import ensure_variant
 
     pair = ensure_variant(d, "dspark", "tiny-coder")
     return pair.target, pair.draft
@@ -225,7 +226,7 @@ def test_three_sequences_at_once_are_each_plain_greedy(name, pairs):
         prompts = [eng.target_model.tokenize(t) for t in texts]
         plain = [greedy(eng, p, n) for p in prompts]
         eng.reset()
-        seqs = [eng.add(p, n - 10 * i, ignore_eos=True) for i, p in enumerate(prompts)]
+        seqs = [eng.add(Request(p, n - 10 * i, ignore_eos=True)) for i, p in enumerate(prompts)]
         list(eng.run())
     assert [s.tokens for s in seqs] == [p[:n - 10 * i] for i, p in enumerate(plain)]
     assert sum(s.stats.drafted for s in seqs) > 0 and sum(s.stats.accepted for s in seqs) > 0

@@ -18,6 +18,7 @@ from ggspec.runtime import ContextParams
 from ggspec.speculative.engine import Engine
 from ggspec.speculative.models import Models, PairConfig
 from ggspec.speculative.planes import PlaneOptions
+from ggspec.speculative.request import Request
 from ggspec.speculative.sampling import SamplerSettings
 
 N = 40
@@ -34,7 +35,7 @@ def coder():
 
 
 def _texts(eng: Engine, prompts, n: int = N) -> list[list[int]]:
-    seqs = [eng.add(p, n, ignore_eos=True) for p in prompts]
+    seqs = [eng.add(Request(p, n, ignore_eos=True)) for p in prompts]
     list(eng.run())
     return [s.tokens for s in seqs]
 
@@ -49,7 +50,7 @@ def test_greedy_text_is_the_default_engines(coder, kind):
         want_alone = [_texts(default, [p])[0] for p in prompts]
     assert want_batched == want_alone
     with Engine(models, cfg, plain=kind == "plain", first_token_from_prefill=True, prompt_cache=True) as eng:
-        seq = eng.add(prompts[0], N, ignore_eos=True)
+        seq = eng.add(Request(prompts[0], N, ignore_eos=True))
         first = eng.step()
         # the prefill brings the first token; the sequence is then one position further on
         assert [step.kind for s, step in first if s is seq][0] == "prefill"
@@ -67,7 +68,7 @@ def test_a_budget_of_one_ends_at_the_prefill(coder):
     with Engine(models, cfg) as default:
         want = _texts(default, [prompt], n=1)[0]
     with Engine(models, cfg, first_token_from_prefill=True) as eng:
-        seq = eng.add(prompt, 1, ignore_eos=True)
+        seq = eng.add(Request(prompt, 1, ignore_eos=True))
         steps = eng.step()
         assert seq.done and seq.tokens == want and not eng.active
         assert [step.kind for _, step in steps] == ["prefill"] and eng.stats.steps == 0  # no transaction
@@ -89,7 +90,7 @@ def _first_two(eng: Engine, prompt, seeds) -> Counter:
     pending = list(seeds)
     while pending or eng.active:
         while pending and eng.can_add(prompt, 2):
-            eng.add(prompt, 2, ignore_eos=True, seed=pending.pop())
+            eng.add(Request(prompt, 2, ignore_eos=True, seed=pending.pop()))
         for seq in {seq: None for seq, _ in eng.step() if seq.done}:
             counts[tuple(seq.tokens)] += 1
     return counts
@@ -111,9 +112,9 @@ def test_sampling_keeps_the_distribution_and_the_seed(coder):
         assert chi2_contingency(rows[:, rows.sum(axis=0) > 0]).pvalue > 0.01
         alone = []
         for s in (5, 6):
-            alone.append(eng.add(prompt, 24, ignore_eos=True, seed=s))
+            alone.append(eng.add(Request(prompt, 24, ignore_eos=True, seed=s)))
             list(eng.run())
-        together = [eng.add(prompt, 24, ignore_eos=True, seed=s) for s in (6, 5)]
+        together = [eng.add(Request(prompt, 24, ignore_eos=True, seed=s)) for s in (6, 5)]
         list(eng.run())
         assert [s.tokens for s in alone] == [s.tokens for s in together[::-1]]
         assert alone[0].tokens != alone[1].tokens

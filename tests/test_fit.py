@@ -13,11 +13,12 @@ import pytest
 from ggspec.errors import InputError
 from ggspec.runtime import ContextParams, footprint
 from ggspec.runtime.footprint import HOST
-from ggspec.speculative.rules import memory_fit as fit
-from ggspec.speculative.driver import Request, drive
+from ggspec.speculative.driver import drive
 from ggspec.speculative.engine import Engine
 from ggspec.speculative.models import PairConfig
 from ggspec.speculative.planes import PlaneOptions
+from ggspec.speculative.request import Request
+from ggspec.speculative.rules import memory_fit as fit
 
 TINY = Path(__file__).resolve().parents[1] / "models" / "tiny"
 
@@ -180,8 +181,8 @@ def test_the_calibration_context_is_counted_where_one_is_made(build_info):
     the engine's, when it calibrates: the fit counts it (as llama.cpp reports it once made), and
     nothing where the length is fixed or the types are n-grams."""
     from ggspec.runtime import Context
-    from ggspec.speculative.rules.calibration import plain_step_params
     from ggspec.speculative.models import Models
+    from ggspec.speculative.rules.calibration import plain_step_params
 
     fixed = _configs("draft-simple", {})  # n_max given: a fixed length, no calibration
     auto = replace(fixed, n_max=None, calibrate=True, parallel=2)

@@ -22,19 +22,19 @@ import subprocess
 import numpy as np
 import pytest
 from conftest import PROMPTS, run_cli
-
-from ggspec.runtime import ContextParams
-from ggspec.speculative.engine import Engine
-from ggspec.speculative.models import PairConfig
-from ggspec.speculative.planes import PlaneOptions
-from ggspec.speculative.stats import merge
-from ggspec.bench.forced import ForcedAcceptance, cycle_lengths
-from ggspec.speculative.lossless import run_prompts
-from ggspec.speculative.types.mtp import MTPOptions
-from ggspec.speculative.types.ngram_mod import NgramModOptions
 from helpers.drafts import ggspec_drafts
 from helpers.gdn_map import SKIP_EXIT, compile_map_test
 from helpers.pairs import MTP_PROMPT
+
+from ggspec.bench.forced import ForcedAcceptance, cycle_lengths
+from ggspec.runtime import ContextParams
+from ggspec.speculative.engine import Engine
+from ggspec.speculative.lossless import run_prompts
+from ggspec.speculative.models import PairConfig
+from ggspec.speculative.planes import PlaneOptions
+from ggspec.speculative.stats import merge
+from ggspec.speculative.types.mtp import MTPOptions
+from ggspec.speculative.types.ngram_mod import NgramModOptions
 
 N_PREDICT = 64
 N_MAX = 7  # the fixtures' block size is 8
@@ -167,7 +167,7 @@ def test_chained_mtp_drafts_equal_unchained_on_gpu(n_max, kind, gpu_build, fixtu
     same drafts as one decode per step, and greedy output equal to plain greedy output, for
     qwen35 and qwen35moe (routed + shared experts in the MTP block)."""
     from ggspec.catalogue.tiny import ensure_tiny_pair
-    from ggspec.fixtures.mtp_head import ensure_fitted
+    from helpers.fixtures.mtp_head import ensure_fitted
 
     target = ensure_fitted(fixture_dir, ensure_tiny_pair(fixture_dir, kind).target)
     logs = []
@@ -184,7 +184,7 @@ def test_chained_mtp_drafts_equal_unchained_on_gpu(n_max, kind, gpu_build, fixtu
 def test_gemma4_drafter_chained_and_not_equal_on_gpu(n_max, gpu_build, fixture_dir):
     """A Gemma 4 assistant reading the target's cache on the GPU: unchained and chained drafts
     agree, and greedy output equals plain greedy output (checked by ggspec_drafts)."""
-    from ggspec.fixtures.gemma4 import ensure_gemma4_pair
+    from helpers.fixtures.gemma4 import ensure_gemma4_pair
 
     pair = ensure_gemma4_pair(fixture_dir)
     logs = []

@@ -10,15 +10,16 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from helpers.pairs import CPP_CTX, DRAFT, STACK, TARGET
 from scipy.stats import chisquare
 
 from ggspec.errors import InputError
 from ggspec.runtime.grammar import Grammar
-from ggspec.speculative.driver import Request, drive
+from ggspec.speculative.driver import drive
 from ggspec.speculative.engine import Engine
 from ggspec.speculative.models import PairConfig
+from ggspec.speculative.request import Request
 from ggspec.speculative.sampling import SamplerSettings
-from helpers.pairs import CPP_CTX, DRAFT, STACK, TARGET
 
 # a Python-ish line: a name, "(", names separated by ", ", "):" and the end of the text
 GBNF = r'''root ::= "    def " name "(" name ("," " " name)* "):" "\n"
@@ -98,7 +99,7 @@ def test_sampled_tokens_follow_the_grammars_distribution():
 def test_a_grammar_llama_cpp_cannot_parse_is_an_input_error():
     with Engine.open(PairConfig(TARGET, ctx=CPP_CTX), plain=True) as e:
         with pytest.raises(InputError) as exc:
-            e.add(e.target_model.tokenize("x"), 4, grammar="root ::= undefined-rule")
+            e.add(Request(e.target_model.tokenize("x"), 4, grammar="root ::= undefined-rule"))
         assert exc.value.field == "grammar" and not e.active
 
 

@@ -1,4 +1,4 @@
-"""Injection modes: pruned deferral (default), seed 004's deferral, upstream's immediate injection.
+"""Injection modes: pruned deferral (default), deferral of every row, upstream's immediate injection.
 Draft proposals and final output must be bit-identical in every mode."""
 
 from __future__ import annotations
@@ -7,14 +7,14 @@ import itertools
 
 import numpy as np
 import pytest
-
 from conftest import PROMPTS
-from ggspec.runtime import ContextParams
-from ggspec.speculative.types.draft_type import INJECT_MODES
+
 from ggspec.bench.forced import ForcedAcceptance, cycle_lengths
+from ggspec.runtime import ContextParams
 from ggspec.speculative.driver import generate_greedy, generate_spec
 from ggspec.speculative.engine import Engine
 from ggspec.speculative.models import PairConfig
+from ggspec.speculative.types.draft_type import INJECT_MODES
 
 N_MAX, N_PREDICT = 7, 96
 CTX = ContextParams(n_ctx=1024, n_batch=256, n_ubatch=256, type_k="f32", type_v="f32", flash_attn="off")

@@ -1,6 +1,6 @@
 """Layer-input extraction on the architectures patch 0006 adds (gemma, gemma2, gemma3, qwen2, phi3,
 mistral3, olmo2, starcoder2, granite, smollm3), on tiny random-weight targets that carry each
-architecture's real tensor layout and metadata (ggspec.fixtures.archs).
+architecture's real tensor layout and metadata (helpers.fixtures.archs).
 
 Per architecture: the extracted rows have the right shape and are finite; the input of layer 0
 equals the prompt's token embedding rows times the graph's embedding scale (sqrt(n_embd) for
@@ -20,7 +20,7 @@ import pytest
 from conftest import PROMPTS
 from llama_tree import graph_sources
 
-from ggspec.fixtures.archs import ARCH_SPECS, ensure_arch_pair
+from helpers.fixtures.archs import ARCH_SPECS, ensure_arch_pair
 from ggspec.runtime import Batch, Context, ContextParams, Model
 from ggspec.speculative.types.archs import LAYER_INPUT_ARCHS, PATCHED_LAYER_INPUT_ARCHS, UPSTREAM_LAYER_INPUT_ARCHS
 
@@ -126,8 +126,8 @@ def test_dflash_is_lossless(arch, proposer, arch_pairs):
     token for token (up to a rounding near-tie); forced acceptance makes every acceptance length
     0..n_max happen."""
     from ggspec.bench.forced import ForcedAcceptance, cycle_lengths
-    from ggspec.speculative.lossless import run_prompts
     from ggspec.speculative.engine import Engine
+    from ggspec.speculative.lossless import run_prompts
     from ggspec.speculative.models import PairConfig
     from ggspec.speculative.stats import merge
 

@@ -16,12 +16,12 @@ import itertools
 
 import numpy as np
 import pytest
-
 from conftest import PROMPTS
-from ggspec.runtime import ContextParams
+
 from ggspec.bench.forced import ForcedAcceptance, cycle_lengths
-from ggspec.speculative.lossless import run_prompts
+from ggspec.runtime import ContextParams
 from ggspec.speculative.engine import Engine
+from ggspec.speculative.lossless import run_prompts
 from ggspec.speculative.models import PairConfig
 from ggspec.speculative.stats import merge
 
@@ -130,7 +130,7 @@ def test_capped_planes_are_lossless(planes, lead, proposer, hybrid_pair, build_i
 @pytest.mark.parametrize("planes", [None, 4])
 def test_no_state_leaks_across_prompts(planes, hybrid_pair, build_info):
     """A prompt after an unrelated one on the same contexts runs exactly as it does alone:
-    same tokens, same accepted counts and replays at every step (seed 001's contamination)."""
+    same tokens, same accepted counts and replays at every step (no state of one request reaches the next)."""
     from ggspec.speculative.driver import generate_spec
     from ggspec.speculative.planes import PlaneOptions
 

@@ -2,7 +2,7 @@
 
 On the converter-shaped tiny hybrid targets with one MTP block (`hybrid-mtp`: qwen35 with
 `nextn_predict_layers = 1` and the block's tensors under `blk.4.*`; `hybrid-moe-mtp`: qwen35moe,
-experts in every block), as written and with a fitted head (ggspec.fixtures.mtp_head): the drafts equal those of
+experts in every block), as written and with a fitted head (helpers.fixtures.mtp_head): the drafts equal those of
 `llama-speculative-simple --spec-type draft-mtp` (patch 0009's dump) at every common position with
 the heads' own acceptance, the p-min cut and n-min (forced acceptance of every count, n_max 1..7 on
 both targets: tests/test_exactness.py); greedy output equals plain greedy output; a request never
@@ -18,26 +18,27 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import PROMPTS, run_cli
-from ggspec.errors import InputError
-from ggspec.fixtures.mtp_head import ensure_fitted
-from ggspec.catalogue.tiny import ensure_tiny_pair
-from ggspec.speculative.types.draft_vocab import draft_vocab_ids, frequency_order
-from ggspec.speculative.engine import Engine
-from ggspec.speculative.models import Models, PairConfig
-from ggspec.speculative.planes import PlaneOptions
-from ggspec.speculative.sampling import SamplerSettings
-from ggspec.bench.forced import ForcedAcceptance, cycle_lengths
-from ggspec.speculative.lossless import run_prompts
-from ggspec.speculative.stats import merge
-from ggspec.speculative.types.mtp import MTPOptions
-from helpers.drafts import ggspec_drafts, spec_equals_plain, three_at_once_equal_plain, \
-    unforced_drafts_equal_llama_cpps
-from helpers.pairs import MTP_CTX as CTX, MTP_N as N, MTP_PROMPT as PROMPT
+from helpers.drafts import ggspec_drafts, spec_equals_plain, three_at_once_equal_plain, unforced_drafts_equal_llama_cpps
+from helpers.pairs import MTP_CTX as CTX
+from helpers.pairs import MTP_N as N
+from helpers.pairs import MTP_PROMPT as PROMPT
 from helpers.serving import serve_equals_plain
 from helpers.stats import p_value, plain_and_spec_draws
 
+from ggspec.bench.forced import ForcedAcceptance, cycle_lengths
+from ggspec.catalogue.tiny import ensure_tiny_pair
+from ggspec.errors import InputError
+from helpers.fixtures.mtp_head import ensure_fitted
+from ggspec.speculative.engine import Engine
+from ggspec.speculative.lossless import run_prompts
+from ggspec.speculative.models import Models, PairConfig
+from ggspec.speculative.planes import PlaneOptions
+from ggspec.speculative.request import Request
+from ggspec.speculative.sampling import SamplerSettings
+from ggspec.speculative.stats import merge
+from ggspec.speculative.types.draft_vocab import draft_vocab_ids, frequency_order
+from ggspec.speculative.types.mtp import MTPOptions
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +48,7 @@ def mtp_target(fixture_dir) -> Path:
 
 @pytest.fixture(scope="module")
 def fitted_target(fixture_dir, mtp_target, build_info) -> Path:
-    """The same target with its MTP head fitted to its own greedy text (ggspec.fixtures.mtp_head):
+    """The same target with its MTP head fitted to its own greedy text (helpers.fixtures.mtp_head):
     drafts are accepted often enough for natural acceptance and sampling to be tested."""
     return ensure_fitted(fixture_dir, mtp_target)
 
@@ -177,7 +178,7 @@ def test_sampled_mtp_drafts_keep_the_target_distribution(fitted_target):
         prompt = models.target.tokenize(PROMPT)
         plain, spec = plain_and_spec_draws(models, cfg, prompt, n=3)
         with Engine(models, replace(cfg, parallel=1)) as eng:  # sampled drafts do get accepted
-            seq = eng.add(prompt, 64, ignore_eos=True, seed=5)
+            seq = eng.add(Request(prompt, 64, ignore_eos=True, seed=5))
             list(eng.run())
             assert seq.stats.accepted > 0
     assert len(plain) > 5

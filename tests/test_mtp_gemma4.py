@@ -1,6 +1,6 @@
 """draft-mtp with a Gemma 4 assistant: a separate drafter that reads the target's KV cache.
 
-On the converter-shaped tiny pair of ggspec.fixtures.gemma4 (a gemma4 target in E2B's layout:
+On the converter-shaped tiny pair of helpers.fixtures.gemma4 (a gemma4 target in E2B's layout:
 sliding-window groups, wider full-attention heads with proportional RoPE, the last layers sharing
 earlier layers' KV; a gemma4-assistant drafter of four Q-only layers): drafts equal those of
 `llama-speculative-simple -md DRAFTER --spec-type draft-mtp` (patch 0009's dump) at every common
@@ -18,24 +18,25 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-
 from conftest import PROMPTS, run_cli
-from ggspec.errors import InputError
-from ggspec.fixtures.gemma4 import DRAFTER, ensure_gemma4_pair, write_gemma4_drafter
+from helpers.drafts import ggspec_drafts, spec_equals_plain, three_at_once_equal_plain, unforced_drafts_equal_llama_cpps
+from helpers.pairs import MTP_CTX as CTX
+from helpers.pairs import MTP_N as N
+from helpers.pairs import MTP_PROMPT as PROMPT
+from helpers.serving import serve_equals_plain
+from helpers.stats import draft_model_decoded, p_value, plain_and_spec_draws
+
+from ggspec.bench.forced import ForcedAcceptance, cycle_lengths
 from ggspec.catalogue.tiny import ensure_tiny_pair
+from ggspec.errors import InputError
+from helpers.fixtures.gemma4 import DRAFTER, ensure_gemma4_pair, write_gemma4_drafter
 from ggspec.speculative.engine import Engine
-from ggspec.speculative.types.draft_vocab import draft_vocab_ids
+from ggspec.speculative.lossless import run_prompts
 from ggspec.speculative.models import Models, PairConfig
 from ggspec.speculative.sampling import SamplerSettings
 from ggspec.speculative.stats import merge
-from ggspec.bench.forced import ForcedAcceptance, cycle_lengths
-from ggspec.speculative.lossless import run_prompts
+from ggspec.speculative.types.draft_vocab import draft_vocab_ids
 from ggspec.speculative.types.mtp import MTPOptions
-from helpers.drafts import ggspec_drafts, spec_equals_plain, three_at_once_equal_plain, \
-    unforced_drafts_equal_llama_cpps
-from helpers.pairs import MTP_CTX as CTX, MTP_N as N, MTP_PROMPT as PROMPT
-from helpers.serving import serve_equals_plain
-from helpers.stats import draft_model_decoded, p_value, plain_and_spec_draws
 
 
 @pytest.fixture(scope="module")

@@ -11,13 +11,15 @@ import subprocess
 
 import numpy as np
 import pytest
-
-from ggspec.errors import InputError
-from ggspec.speculative.types.ngram import DEFAULT_SIZE_M, DEFAULT_SIZE_N, NgramProposer, ngram_simple_draft
-from ggspec.speculative.proposer import Draft, Span
-from ggspec.speculative.sequence import Sequence
 from helpers.drafts import sequence
 from helpers.pairs import STACK, TARGET
+
+from ggspec.errors import InputError
+from ggspec.speculative.proposer import Draft, Span
+from ggspec.speculative.request import Request
+from ggspec.speculative.sequence import Sequence
+from ggspec.speculative.types.ngram import DEFAULT_SIZE_M, DEFAULT_SIZE_N, NgramProposer, ngram_simple_draft
+
 
 def draft(history, size_n, size_m):
     """The draft after a full history (id_last last), as a list."""
@@ -231,7 +233,7 @@ def test_proposer_follows_a_growing_history_and_a_rewritten_one():
 
 
 def test_proposer_does_not_draft_before_the_prompt_is_decoded():
-    s = Sequence(seq_id=0, prompt=np.arange(200, dtype=np.int32) % 7, n_predict=10)
+    s = Sequence(0, Request(np.arange(200, dtype=np.int32) % 7, 10))
     assert not s.started
     assert len(NgramProposer(1, 4).propose([s], 4)[0]) == 0
 

@@ -9,15 +9,17 @@ plain greedy output and B after A as B alone: tests/test_exactness.py.
 
 from __future__ import annotations
 
-
 from conftest import run_cli
+from helpers.drafts import Recorder, compare
+from helpers.pairs import CPP_CTX as CTX
+from helpers.pairs import DRAFT, STACK, TARGET
+
 from ggspec.bench.native import run_cpp
-from ggspec.speculative.engine import Engine
 from ggspec.speculative.driver import generate_greedy, generate_spec
+from ggspec.speculative.engine import Engine
 from ggspec.speculative.models import PairConfig
 from ggspec.speculative.types.ngram_cache import N_DRAFT, NgramCache
-from helpers.drafts import Recorder, compare
-from helpers.pairs import CPP_CTX as CTX, DRAFT, STACK, TARGET
+
 
 def test_only_ngrams_inside_a_chunk_are_counted():
     c = NgramCache()

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from conftest import run_cli
+from helpers.pairs import STACK, TARGET
+
 from ggspec.errors import InputError
 from ggspec.speculative.models import PairConfig
-from ggspec.speculative.types.ngram_map import NgramMap, NgramMapProposer, ngram_hash
-from ggspec.speculative.types.ngram_map import NgramMapOptions
-from helpers.pairs import STACK, TARGET
+from ggspec.speculative.types.ngram_map import NgramMap, NgramMapOptions, NgramMapProposer, ngram_hash
 
 
 def _draft(m: NgramMap, inp, sampled) -> list[int]:

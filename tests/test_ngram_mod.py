@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from conftest import run_cli
-from ggspec.errors import InputError
-from ggspec.speculative.engine import Engine
-from ggspec.speculative.driver import generate_greedy, generate_spec
-from ggspec.speculative.models import PairConfig
-from ggspec.speculative.types.ngram_mod import EMPTY, HASH_FACTOR, TABLE_SIZE, NgramModProposer, NgramTable
-from ggspec.speculative.types.ngram_mod import NgramModOptions
 from helpers.drafts import sequence
-from helpers.pairs import CPP_CTX as CTX, STACK, TARGET
+from helpers.pairs import CPP_CTX as CTX
+from helpers.pairs import STACK, TARGET
+
+from ggspec.errors import InputError
+from ggspec.speculative.driver import generate_greedy, generate_spec
+from ggspec.speculative.engine import Engine
+from ggspec.speculative.models import PairConfig
+from ggspec.speculative.types.ngram_mod import EMPTY, HASH_FACTOR, TABLE_SIZE, NgramModOptions, NgramModProposer, NgramTable
 
 
 def _llama_index(window) -> int:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import run_cli
+
+from ggspec.catalogue.pairs import check_files, get_entry, load_catalog, resolve
 from ggspec.errors import InputError
 from ggspec.files import file_sha256
-from ggspec.catalogue.pairs import check_files, get_entry, load_catalog, resolve
 
 
 def test_catalog_has_every_kind():

@@ -8,12 +8,13 @@ import ctypes
 
 import numpy as np
 import pytest
+from helpers.pairs import CPP_CTX, DRAFT, STACK, TARGET
 
-from ggspec.speculative.driver import Request, drive
+from ggspec.speculative.driver import drive
 from ggspec.speculative.engine import Engine
 from ggspec.speculative.models import PairConfig
+from ggspec.speculative.request import Request
 from ggspec.speculative.sampling import SamplerSettings, adjust
-from helpers.pairs import CPP_CTX, DRAFT, STACK, TARGET
 
 N = 48
 SETTINGS = [

@@ -15,15 +15,15 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-
 from conftest import PROMPTS
+from helpers.pairs import DFLASH, DRAFT, TARGET
+
 from ggspec.bench.native import TOOL, find_tool, sampler_args
 from ggspec.errors import InputError
 from ggspec.runtime import Batch, Context, ContextParams
-from ggspec.speculative.engine import Engine
 from ggspec.speculative.driver import generate_greedy, generate_spec
+from ggspec.speculative.engine import Engine
 from ggspec.speculative.models import Models, PairConfig
-from helpers.pairs import DFLASH, DRAFT, TARGET
 
 CTX = ContextParams(n_ctx=1024, n_threads=1, flash_attn="off")
 SHAPES = [1, 8, 1, 3, 8, 2, 1, 8, 3]  # rows of the decodes, again and again

@@ -6,8 +6,8 @@ import itertools
 
 import pytest
 
-from ggspec.errors import InputError
 from ggspec.bench.forced import profile_lengths
+from ggspec.errors import InputError
 from ggspec.speculative.planes import AutoLead, PlaneOptions, covered_accepts, default_lead
 
 
@@ -20,7 +20,7 @@ class FakeTarget:
 
 
 def test_seed_000_layouts():
-    # seed 000, n_max 7: 4 planes old = {5, 6, 7}; new = {0, 1, 7}; 3 new = {0, 7}; 5 new = {0, 1, 2, 7}
+    # the capped-planes design's example, n_max 7: 4 planes old = {5, 6, 7}; new = {0, 1, 7}; 3 new = {0, 7}; 5 new = {0, 1, 2, 7}
     assert covered_accepts(4, 0, 7) == {5, 6, 7}
     assert covered_accepts(4, default_lead(4), 7) == {0, 1, 7}
     assert covered_accepts(3, default_lead(3), 7) == {0, 7}

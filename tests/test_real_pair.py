@@ -15,8 +15,8 @@ from helpers.drafts import unforced_drafts_equal_llama_cpps
 from ggspec.catalogue.pairs import check_files, get_entry, resolve
 from ggspec.runtime import ContextParams
 from ggspec.speculative.engine import Engine
-from ggspec.speculative.models import PairConfig
 from ggspec.speculative.lossless import run_prompts
+from ggspec.speculative.models import PairConfig
 
 CODER = "qwen2.5-coder-1.5b"
 # one thread, as llama.cpp's tools run in the comparison (the row split of a matmul follows the threads)

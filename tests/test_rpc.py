@@ -14,10 +14,10 @@ import sys
 
 import numpy as np
 import pytest
-
 from conftest import run_cli
-from ggspec.catalogue.tiny import write_dflash_draft
 from helpers.rpc import PROBE, free_port, start_worker, stop
+
+from ggspec.catalogue.tiny import write_dflash_draft
 
 PROMPT = "def parse(path):"
 

@@ -5,16 +5,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ggspec.catalogue.tiny import write_tiny_pair
 from ggspec.errors import LlamaError
 from ggspec.files import file_sha256
-from ggspec.catalogue.tiny import write_tiny_pair
 from ggspec.runtime import Batch, Context, ContextParams, Model
-from ggspec.speculative.verifier import accept_greedy
 from ggspec.speculative.driver import generate_spec
 from ggspec.speculative.engine import Engine
 from ggspec.speculative.models import Models, PairConfig
+from ggspec.speculative.request import Request
 from ggspec.speculative.sequence import Sequence
 from ggspec.speculative.stats import summarize
+from ggspec.speculative.verifier import accept_greedy
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +73,7 @@ def test_layer_input_rows_go_straight_into_a_batch(dense_pair, build_info):
                 else:
                     db.add_embd_rows(sp.target.layer_inputs(layers, n)[1:], 1)
                 sp.draft_ctx.decode(db)
-            drafts.append(sp.proposer.propose([Sequence(0, prompt, 8, id_last=int(prompt[-1]), pos=n)], 7)[0].tokens)
+            drafts.append(sp.proposer.propose([Sequence(0, Request(prompt, 8), id_last=int(prompt[-1]), pos=n)], 7)[0].tokens)
             drafts.append(sp.draft_ctx.logits().copy())
         assert np.array_equal(drafts[0], drafts[2]) and np.array_equal(drafts[1], drafts[3])
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from helpers.stats import draft_model_decoded, draws, p_value, plain_and_spec_draws
 
 from ggspec.catalogue.pairs import get_entry, resolve
 from ggspec.errors import InputError
@@ -15,9 +16,9 @@ from ggspec.runtime import ContextParams
 from ggspec.speculative.engine import Engine
 from ggspec.speculative.models import Models, PairConfig
 from ggspec.speculative.planes import PlaneOptions
+from ggspec.speculative.request import Request
 from ggspec.speculative.sampling import SamplerSettings, sample
 from ggspec.speculative.verifier import Outcome, RejectionVerifier
-from helpers.stats import draft_model_decoded, draws, p_value, plain_and_spec_draws
 
 PROMPT = "import os\nimport sys\n\n\ndef main("
 CTX = ContextParams(n_ctx=2048, n_threads=1, type_k="f32", type_v="f32", flash_attn="off")
@@ -62,7 +63,7 @@ def test_p_min_cut_sampled_drafts_keep_the_distribution(coder):
     prompt = models.target.tokenize(PROMPT)
     plain, spec = plain_and_spec_draws(models, cfg, prompt)
     with Engine(models, replace(cfg, parallel=1)) as eng:  # how long the drafts are, one sequence
-        seq = eng.add(prompt, 64, ignore_eos=True, seed=3)
+        seq = eng.add(Request(prompt, 64, ignore_eos=True, seed=3))
         list(eng.run())
         assert 0 < seq.stats.drafted < cfg.n_max * seq.stats.spec_steps
     assert p_value(plain, spec) > 0.01
@@ -128,10 +129,10 @@ def test_same_seed_same_text_at_parallel_1_and_4(coder):
     for parallel in (1, 4):
         c = replace(cfg, parallel=parallel, sampling=SETTINGS["t0.7-defaults"])
         with Engine(models, c) as eng:
-            seqs = [eng.add(prompt, 48, ignore_eos=True, seed=s) for s in range(4)] if parallel == 4 else []
+            seqs = [eng.add(Request(prompt, 48, ignore_eos=True, seed=s)) for s in range(4)] if parallel == 4 else []
             if parallel == 1:
                 for s in range(4):
-                    seqs.append(eng.add(prompt, 48, ignore_eos=True, seed=s))
+                    seqs.append(eng.add(Request(prompt, 48, ignore_eos=True, seed=s)))
                     list(eng.run())
             else:
                 list(eng.run())
@@ -148,21 +149,21 @@ def test_each_sequence_samples_with_its_own_settings(coder):
     wanted = [(SamplerSettings(temp=0.0), 1), (SETTINGS["t0.7-defaults"], 2),
               (SamplerSettings(temp=1.0, top_k=5, top_p=1.0, min_p=0.0), 3)]
     with Engine(models, replace(cfg, parallel=4)) as eng:
-        together = [eng.add(prompt, 40, ignore_eos=True, sampling=s, seed=seed) for s, seed in wanted]
+        together = [eng.add(Request(prompt, 40, ignore_eos=True, sampling=s, seed=seed)) for s, seed in wanted]
         list(eng.run())
     with Engine(models, replace(cfg, parallel=1)) as eng:
         alone = []
         for s, seed in wanted:
-            alone.append(eng.add(prompt, 40, ignore_eos=True, sampling=s, seed=seed))
+            alone.append(eng.add(Request(prompt, 40, ignore_eos=True, sampling=s, seed=seed)))
             list(eng.run())
-        plain = eng.add(prompt, 40, ignore_eos=True, speculate=False)
+        plain = eng.add(Request(prompt, 40, ignore_eos=True, speculate=False))
         list(eng.run())
     assert [s.tokens for s in together] == [s.tokens for s in alone]
     assert together[0].tokens == plain.tokens
     assert len({tuple(s.tokens) for s in together}) == 3
     assert all(s.stats.spec_steps > 0 for s in together)
     with Engine(models, cfg) as eng, pytest.raises(InputError, match="top-p"):
-        eng.add(prompt, 4, sampling=SamplerSettings(temp=1.0, top_p=1.5))
+        eng.add(Request(prompt, 4, sampling=SamplerSettings(temp=1.0, top_p=1.5)))
 
 
 @pytest.mark.parametrize("kind, name", [("draft-dflash", "t1.0-plain"), ("draft-dflash", "t0.7-defaults"),

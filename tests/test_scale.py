@@ -14,13 +14,13 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-
 from conftest import PROMPTS, run_cli
+
+from ggspec.catalogue import dummy
+from ggspec.catalogue.pairs import catalog_path, check_files, get_entry, make
+from ggspec.catalogue.shapes import load_shapes
 from ggspec.errors import InputError
 from ggspec.files import file_sha256
-from ggspec.catalogue import dummy
-from ggspec.catalogue.shapes import load_shapes
-from ggspec.catalogue.pairs import catalog_path, check_files, get_entry, make
 from ggspec.runtime.gguf_meta import read_meta
 
 SHAPES = load_shapes(catalog_path())
@@ -183,12 +183,12 @@ def test_files_carry_the_recorded_config(made, name):
 
 
 def _forced_runs(name: str, made, *, planes: str | None = None, n_predict: int = 40):
+    from ggspec.bench.forced import ForcedAcceptance, cycle_lengths
     from ggspec.runtime import ContextParams
     from ggspec.speculative.engine import Engine
+    from ggspec.speculative.lossless import run_prompts
     from ggspec.speculative.models import PairConfig
     from ggspec.speculative.planes import PlaneOptions
-    from ggspec.bench.forced import ForcedAcceptance, cycle_lengths
-    from ggspec.speculative.lossless import run_prompts
 
     files = made[name]
     cfg = PairConfig(target=files.target, draft=files.draft, n_max=7, ctx=ContextParams(n_ctx=1024, n_threads=2),

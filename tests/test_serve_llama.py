@@ -12,13 +12,15 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from ggspec.runtime import ContextParams
-from ggspec.speculative.driver import Request, drive
-from ggspec.speculative.engine import Engine
-from ggspec.speculative.models import PairConfig
-from ggspec.speculative.lossless import compare
 from helpers.pairs import STACK
 from helpers.serving import LiveServer, NativeServer, run_texts, speculating_server
+
+from ggspec.runtime import ContextParams
+from ggspec.speculative.driver import drive
+from ggspec.speculative.engine import Engine
+from ggspec.speculative.lossless import compare
+from ggspec.speculative.models import PairConfig
+from ggspec.speculative.request import Request
 
 PAIR = "tiny-coder"
 PROMPTS = ["def fibonacci(n):", "class Stack:\n    def __init__(self):"]
@@ -84,6 +86,22 @@ def test_completion_stops_at_a_stop_word_or_the_budget(server, refs):
     assert code == 200 and r["stop_type"] == "limit" and r["tokens_predicted"] == 5 and want.startswith(r["content"])
     code, r = server.post("/completion", {**_greedy(prompt), "n_predict": 0})  # the prompt alone
     assert code == 200 and r["content"] == "" and r["tokens_predicted"] == 0
+
+
+def test_completion_stops_past_t_max_predict_ms_once_a_line_has_ended(server, refs):
+    """llama-server's t_max_predict_ms (a per-request option: speculative/request.py): a prefix of
+    the text that goes past its first line end, cut as a limit; 0 or less: no limit."""
+    prompt, want = next((p, w) for p, w in refs.items() if "\n" in w[:-8])
+    code, r = server.post("/completion", _greedy(prompt, t_max_predict_ms=1))
+    assert code == 200 and r["stop_type"] == "limit" and "\n" in r["content"]
+    assert want.startswith(r["content"]) and r["tokens_predicted"] < N
+    code, r = server.post("/v1/completions", {"prompt": prompt, "max_tokens": N, "temperature": 0, "ignore_eos": True,
+                                              "t_max_predict_ms": 1})
+    assert code == 200 and r["choices"][0]["finish_reason"] == "length" and want.startswith(r["choices"][0]["text"])
+    code, r = server.post("/completion", _greedy(prompt, t_max_predict_ms=-1))
+    assert code == 200 and r["content"] == want
+    code, r = server.post("/completion", _greedy(prompt, t_max_predict_ms=0.5))
+    assert code == 400 and r["error"]["param"] == "t_max_predict_ms"
 
 
 # --- speculation per request -----------------------------------------------------------------------

@@ -23,9 +23,10 @@ from helpers.serving import LiveServer, NativeServer
 from ggspec.catalogue.pairs import check_files, get_entry, resolve
 from ggspec.runtime.chat import ChatError, ChatParser, ChatTemplates, grammar_spec, json_schema_to_grammar
 from ggspec.runtime.grammar import Grammar, GrammarSpec
-from ggspec.speculative.driver import Request, drive
+from ggspec.speculative.driver import drive
 from ggspec.speculative.engine import Engine
 from ggspec.speculative.models import PairConfig
+from ggspec.speculative.request import Request
 
 CODER = "qwen2.5-coder-1.5b"
 WEATHER = {"type": "function", "function": {

@@ -18,12 +18,13 @@ from helpers.serving import serve_equals_plain
 
 from ggspec.bench.native import run_cpp
 from ggspec.errors import InputError
-from ggspec.speculative.engine import Engine
 from ggspec.speculative.driver import generate_greedy, generate_spec
+from ggspec.speculative.engine import Engine
 from ggspec.speculative.models import PairConfig
+from ggspec.speculative.request import Request
+from ggspec.speculative.sequence import Sequence
 from ggspec.speculative.types.ngram_mod import NgramModProposer
 from ggspec.speculative.types.registry import options_from_flat, spec_types
-from ggspec.speculative.sequence import Sequence
 
 SIZES = dict(ngram_size_n=3, ngram_size_m=8, ngram_map_size_n=3, ngram_map_size_m=8, ngram_mod_n_match=4,
              ngram_mod_n_max=8, ngram_mod_n_min=2)
@@ -74,7 +75,7 @@ def test_drafts_equal_llama_cpps_at_every_position(spec_type, draft, tool):
 def test_the_type_that_did_not_draft_hears_the_verify_as_anothers():
     """ngram-mod counts low-acceptance steps of its own drafts only (llama.cpp's is_other)."""
     mod = NgramModProposer(2, 8, 1)
-    seq = Sequence(0, np.array([1, 2, 3, 1, 2, 3, 1, 2], dtype=np.int32), 8)
+    seq = Sequence(0, Request(np.array([1, 2, 3, 1, 2, 3, 1, 2], dtype=np.int32), 8))
     seq.id_last, seq.pos = 2, 7
     mod.begin(seq)
     assert len(mod.propose([seq], 8)[0]) > 0
@@ -90,7 +91,7 @@ def test_three_sequences_at_once_are_each_plain_greedy():
         prompts = [eng.target_model.tokenize(t) for t in (STACK, *PROMPTS[:2])]
         plain = [[t for st in generate_greedy(eng, p, 80, ignore_eos=True) for t in st.tokens] for p in prompts]
         eng.reset()
-        seqs = [eng.add(p, 80, ignore_eos=True) for p in prompts]
+        seqs = [eng.add(Request(p, 80, ignore_eos=True)) for p in prompts]
         list(eng.run())
         assert all(eng.proposer.wins)
     assert [s.tokens for s in seqs] == plain

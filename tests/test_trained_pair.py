@@ -10,8 +10,8 @@ import pytest
 
 from ggspec.catalogue.pairs import get_entry, resolve
 from ggspec.runtime import ContextParams
-from ggspec.speculative.lossless import run_prompts
 from ggspec.speculative.engine import Engine
+from ggspec.speculative.lossless import run_prompts
 from ggspec.speculative.models import PairConfig
 from ggspec.speculative.stats import merge
 

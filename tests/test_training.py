@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import run_cli
 
 REPO = Path(__file__).resolve().parents[1]
@@ -65,14 +64,14 @@ def test_the_shipped_eagle3_head_drafts_what_its_pytorch_twin_predicts(build_inf
     import numpy as np
 
     sys.path.insert(0, str(REPO / "scripts"))
+    from conftest import PROMPTS
+    from helpers.drafts import Recorder
     from train_tiny_draft import load_target
     from train_tiny_eagle3 import Eagle3, target_features
 
-    from conftest import PROMPTS
-    from helpers.drafts import Recorder
     from ggspec.runtime import ContextParams
-    from ggspec.speculative.engine import Engine
     from ggspec.speculative.driver import generate_spec
+    from ggspec.speculative.engine import Engine
     from ggspec.speculative.models import PairConfig
 
     tiny = REPO / "models" / "tiny"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ggspec.speculative.request import Request
 from ggspec.speculative.tree import Tree, chain, ddtree, top_k
 
 
@@ -64,8 +65,8 @@ def test_trees_accept_more_per_target_call_than_the_chain(build_info):
 
     from ggspec.bench.trees import TreeCommit
     from ggspec.runtime import ContextParams
-    from ggspec.speculative.engine import Engine
     from ggspec.speculative.driver import decode_one
+    from ggspec.speculative.engine import Engine
     from ggspec.speculative.models import Models, PairConfig
 
     cfg = PairConfig(TARGET, DFLASH, n_max=7, calibrate=False, ctx=ContextParams(n_ctx=2048, n_threads=1))
@@ -237,8 +238,8 @@ def test_the_engine_verifies_trees_as_the_simulation_says(kind, build_info):
     from helpers.pairs import STACK
 
     from ggspec.bench.trees import TreeCommit
-    from ggspec.speculative.engine import Engine
     from ggspec.speculative.driver import decode_one
+    from ggspec.speculative.engine import Engine
     from ggspec.speculative.models import Models
 
     n = 96
@@ -271,18 +272,18 @@ def _accepted_per_step(models, cfg, ids, n: int) -> list[int]:
     from ggspec.speculative.engine import Engine
 
     with Engine(models, cfg) as e:
-        e.add(ids, n, ignore_eos=True)
+        e.add(Request(ids, n, ignore_eos=True))
         return [step.accepted for _, step in e.run() if step.kind == "spec"]
 
 
 def test_trees_of_several_sequences_in_one_verify(build_info):
     """Two sequences with trees in one verify decode (a unified cache, each slot's branch ids of its
     own), a third joining later: each decodes its own plain greedy text."""
+    from conftest import PROMPTS
     from helpers.pairs import STACK
 
-    from conftest import PROMPTS
-    from ggspec.speculative.engine import Engine
     from ggspec.speculative.driver import decode_one
+    from ggspec.speculative.engine import Engine
     from ggspec.speculative.models import Models
 
     cfg = _tiny_cfg(24, parallel=2)
@@ -293,13 +294,13 @@ def test_trees_of_several_sequences_in_one_verify(build_info):
             want = [decode_one(plain, ids, n, speculate=False, ignore_eos=True).tokens for ids in prompts]
         with Engine(models, cfg) as e:
             assert e.capacity == e.target.n_ctx // 2
-            seqs = [e.add(ids, n, ignore_eos=True) for ids in prompts[:2]]
+            seqs = [e.add(Request(ids, n, ignore_eos=True)) for ids in prompts[:2]]
             trees = 0
             while e.active:
                 for _, step in e.step():
                     trees += step.nodes > step.drafted
                 if e.can_add(prompts[2], n) and len(seqs) == 2:
-                    seqs.append(e.add(prompts[2], n, ignore_eos=True))
+                    seqs.append(e.add(Request(prompts[2], n, ignore_eos=True)))
             assert [s.tokens for s in seqs] == want
             assert trees > 0
             assert all(e.target.pos_max(b) == -1 for b in range(2, 2 + 2 * 24))  # every branch dropped
@@ -414,10 +415,10 @@ def test_an_mtp_drafter_follows_a_trees_off_chain_paths(fixture_dir, build_info)
     drafter's drafts do not depend on the carried h, so the h of the path's last row is not
     what this checks.)"""
     from ggspec.bench.trees import TreeCommit
-    from ggspec.fixtures.gemma4 import ensure_gemma4_pair
+    from helpers.fixtures.gemma4 import ensure_gemma4_pair
     from ggspec.runtime import ContextParams
-    from ggspec.speculative.engine import Engine
     from ggspec.speculative.driver import decode_one
+    from ggspec.speculative.engine import Engine
     from ggspec.speculative.models import Models, PairConfig
 
     pair = ensure_gemma4_pair(fixture_dir)
@@ -458,11 +459,11 @@ def test_a_tree_beside_a_sequence_that_verifies_chains(build_info):
     """Two sequences drafting in one DFlash call, the first asking for token probabilities (it
     verifies chains): the second's tree is grown from its own block (found by sequence, not by its
     place among those that grow trees), verified, and both texts are plain greedy's."""
+    from conftest import PROMPTS
     from helpers.pairs import STACK
 
-    from conftest import PROMPTS
-    from ggspec.speculative.engine import Engine
     from ggspec.speculative.driver import decode_one
+    from ggspec.speculative.engine import Engine
     from ggspec.speculative.models import Models
 
     cfg = _tiny_cfg(16, parallel=2)
@@ -472,8 +473,8 @@ def test_a_tree_beside_a_sequence_that_verifies_chains(build_info):
         with Engine(models, cfg, plain=True) as plain:
             want = [decode_one(plain, ids, n, speculate=False, ignore_eos=True).tokens for ids in prompts]
         with Engine(models, cfg) as e:
-            chain = e.add(prompts[0], n, ignore_eos=True, n_probs=1)
-            tree = e.add(prompts[1], n, ignore_eos=True)
+            chain = e.add(Request(prompts[0], n, ignore_eos=True, n_probs=1))
+            tree = e.add(Request(prompts[1], n, ignore_eos=True))
             list(e.run())
         assert [chain.tokens, tree.tokens] == want
         assert chain.stats.tree_steps == 0 and tree.stats.tree_steps >= tree.stats.spec_steps - 1  # (the last: cut)
@@ -482,9 +483,8 @@ def test_a_tree_beside_a_sequence_that_verifies_chains(build_info):
 def test_the_tree_budget_flag_rejects_nonsense_in_one_line(hybrid_pair):
     """`--spec-tree-budget` values that mean nothing, and a fixed budget where trees cannot run: one
     line naming the flag, a non-zero exit, no traceback."""
-    from helpers.pairs import DFLASH, TARGET
-
     from conftest import run_cli
+    from helpers.pairs import DFLASH, TARGET
 
     pair = ["-m", str(TARGET), "-md", str(DFLASH), "-p", "x", "-n", "4", "-t", "1"]
     hybrid = ["-m", str(hybrid_pair.target), "-md", str(hybrid_pair.draft), "-p", "x", "-n", "4", "-t", "1"]

@@ -1,4 +1,4 @@
-"""DFlash2 and DSpark draft fixtures (ggspec.fixtures.variants) and the C++ reference tooling they
+"""DFlash2 and DSpark draft fixtures (helpers.fixtures.variants) and the C++ reference tooling they
 are checked against: llama.cpp's own speculative loop (llama-speculative-simple, `--spec-type
 draft-dflash | draft-dspark | ngram-simple`) with patch 0009's dump of every draft call.
 
@@ -18,10 +18,10 @@ from conftest import PROMPTS
 from ggspec.bench.native import PLAIN_TOOL, CppResult, find_tool, parse_drafts, run_cpp, run_plain
 from ggspec.errors import InputError, LlamaError
 from ggspec.files import file_sha256
-from ggspec.fixtures.variants import base_pair, ensure_variant, write_dflash2_draft, write_dspark_draft
+from helpers.fixtures.variants import base_pair, ensure_variant, write_dflash2_draft, write_dspark_draft
 from ggspec.runtime import Batch, Context, ContextParams, Model
-from ggspec.speculative.engine import Engine
 from ggspec.speculative.driver import generate_greedy, generate_spec
+from ggspec.speculative.engine import Engine
 from ggspec.speculative.models import PairConfig
 from ggspec.speculative.types.ngram import NgramSimpleOptions
 

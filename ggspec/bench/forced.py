@@ -70,7 +70,7 @@ def cycle_lengths(n_max: int) -> Iterator[int]:
 # Benchmark acceptance profiles: share of verify steps by accepted draft count 0..n_max (n_max 7).
 # Used only by benchmarks and tests to replay a realistic acceptance pattern on any target.
 PROFILES: dict[str, tuple[float, ...]] = {
-    # seed 000: DFlash, uncapped, n-max 7, 1422 verifications (bimodal: reject early or accept all)
+    # a real DFlash pair, uncapped, n-max 7, 1422 verifications (bimodal: reject early or accept all)
     "dflash": (24.5, 19.5, 15.0, 9.9, 7.7, 5.0, 3.6, 14.7),
     # MTP-like: most drafts accepted in full
     "mtp": (4.0, 3.0, 3.0, 4.0, 5.0, 8.0, 13.0, 60.0),
@@ -82,7 +82,7 @@ def fit_profile(weights: tuple[float, ...], n_max: int) -> tuple[float, ...]:
     """A histogram of accepted counts 0..len-1 carried to another draft length by its per-position
     continuation rates (the chance that draft k is accepted when all before it were): a shorter
     draft accepts all of itself wherever the original accepted at least that many, a longer one
-    keeps accepting at the last measured rate (seed 000's draft-length-7 histogram at n_max 3 or 15)."""
+    keeps accepting at the last measured rate (the DFlash histogram's draft-length-7 shape at n_max 3 or 15)."""
     n0 = len(weights) - 1
     if n_max == n0:
         return tuple(weights)

@@ -249,3 +249,24 @@ def probe(path, flash_attn: str, repack: bool, fills=(3, 40), ks=(2, 4, 8, 16), 
         return report
     finally:
         p.close()
+
+
+def model_arguments(ap, what: str, settings: str) -> None:
+    """The probe scripts' shared flags (scripts/batch_variance.py, invariance_cost.py): the
+    models (--pair, -m), the attention and repack settings (`settings`: their default, in words)."""
+    from pathlib import Path  # noqa: PLC0415 (only the scripts need it)
+
+    ap.add_argument("--pair", action="append", default=[], help=f"a pair of models.toml (its target is {what})")
+    ap.add_argument("-m", "--model", action="append", default=[], type=Path, help="a GGUF file")
+    ap.add_argument("--fa", action="append", choices=("on", "off"), help=f"attention setting(s) (default {settings})")
+    ap.add_argument("--repack", action="append", choices=("on", "off"), help=f"repack setting(s) (default {settings})")
+
+
+def model_paths(ap, args) -> list:
+    """The files `model_arguments` named (a pair's target, or -m), or the parser's error."""
+    from ggspec.catalogue.pairs import get_entry, resolve  # noqa: PLC0415
+
+    paths = [resolve(get_entry(name)).target for name in args.pair] + list(args.model)
+    if not paths:
+        ap.error("name a model with --pair or -m")
+    return paths

@@ -8,20 +8,23 @@ any setting given with it is refused.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ggspec import cli_options as opts
 from ggspec.bench.session import Plan
+from ggspec.cli import config
+from ggspec.cli import options as opts
+from ggspec.cli.parsers import SpecTypes
 from ggspec.errors import InputError
-from ggspec.speculative.types import registry
-from ggspec.speculative.sampling import concrete_seed
 from ggspec.speculative.rules.tree_budget import parse_tree_budget
+from ggspec.speculative.sampling import concrete_seed
+from ggspec.speculative.types import registry
 
 
 @dataclass(frozen=True)
 class AxisFlags:
-    """bench's comma-list options as given (None: not given); each becomes an axis of `Axes`."""
+    """bench's comma-list options as given (None: not given; opts.Shared.swept, by the table's
+    field names); each becomes an axis of `Axes`."""
 
     n_max: str | None = None
     parallel: str | None = None
@@ -32,7 +35,7 @@ class AxisFlags:
     rs_lead: str | None = None
     inject: str | None = None
     temp: str | None = None
-    tree: str | None = None  # --spec-tree-budget (a comma list in bench)
+    tree_budget: str | None = None
 
 
 def _tree_item(text: str) -> str:
@@ -53,11 +56,12 @@ def resume_conflicts(shared: opts.Shared, axes: AxisFlags, prompts: Path | None,
              ("-ctk", a.type_k), ("-ctv", a.type_v), ("-c", a.n_ctx),
              ("--spec-draft-rs-planes", a.rs_planes), ("--spec-draft-rs-planes-lead", a.rs_lead),
              ("--spec-dflash-inject", a.inject), ("--acceptance-profile", profile),
-             ("--temp", a.temp), ("--spec-tree-budget", a.tree), ("--top-k", sampling.top_k != opts.TOP_K or None),
+             ("--temp", a.temp), ("--spec-tree-budget", a.tree_budget), ("--top-k", sampling.top_k != opts.TOP_K or None),
              ("--top-p", sampling.top_p != opts.TOP_P or None), ("--min-p", sampling.min_p != opts.MIN_P or None),
              ("--seed", sampling.seed != opts.SEED or None),
              ("--rpc", s.rpc), ("-sm", s.split_mode), ("-ts", s.tensor_split),
-             ("-ngl", s.n_gpu_layers), ("--dflash/--no-dflash", s.dflash))
+             ("-ngl", s.n_gpu_layers), ("-fa", s.flash_attn != "auto" or None), ("--dflash", s.fixed_block),
+             ("--no-draft", s.no_draft))
     return [flag for flag, v in flags if v is not None and v is not False]
 
 
@@ -102,13 +106,14 @@ def new_plan(shared: opts.Shared, axes: AxisFlags, *, prompts: Path | None, n_pr
 
     if save is not None:
         check_writable(save, f"--save {save}")  # before anything is measured, not after
-    target, draft_path, rec = shared.resolve_models(plain=True)
+    target, draft_path, rec = config.resolve_models(shared, plain=True)
     given_type = shared.spec_type
     if shared.spec_type is None:  # a type that drafts without a draft model of its own, detected as `run` does
-        found = opts.detected_type(target, draft_path)
+        found = config.detected_type(target, draft_path)
         if found is not None and found.traits.draft_model != "required":
-            shared.spec_type = found.name
-    if draft_path is None and not registry.draft_file_optional(shared.spec_type):
+            shared = replace(shared, spec_type=SpecTypes.of(found))
+    draft_free = shared.spec_type is not None and shared.spec_type.draft_file_optional
+    if draft_path is None and not draft_free:
         if not native:
             raise InputError("no draft model: give -md FILE, or --native for a target-only benchmark "
                              "(ggspec's plain greedy against llama.cpp's), or --spec-type ngram-simple")
@@ -119,20 +124,20 @@ def new_plan(shared: opts.Shared, axes: AxisFlags, *, prompts: Path | None, n_pr
                      if v is not None]
         if spec_only:
             raise InputError(f"{', '.join(spec_only)}: speculative settings need a draft model (-md)")
-    if registry.draft_file_optional(shared.spec_type) and axes.inject is not None:
-        raise InputError(f"--spec-dflash-inject: {shared.spec_type} has no draft model to inject into")
-    trees = split_list("--spec-tree-budget", axes.tree, ("",), _tree_item)
-    base = shared.pair_config(target, draft_path)  # the options' own checks, each naming its flag
-    d = opts.DEFAULTS
-    n_max = int(opts.recommended(rec, "n_max"))
+    if draft_free and axes.inject is not None:
+        raise InputError(f"--spec-dflash-inject: {shared.spec_type.text} has no draft model to inject into")
+    trees = split_list("--spec-tree-budget", axes.tree_budget, ("",), _tree_item)
+    base = config.base_config(shared, target, draft_path)  # the options' own checks, each naming its flag
+    d, recommended = opts.DEFAULTS, config.recommended
+    n_max = int(recommended(rec, "n_max"))
     grid = Axes(
-        ctk=split_list("-ctk", axes.type_k, (opts.recommended(rec, "ctk"),)),
-        ctv=split_list("-ctv", axes.type_v, (opts.recommended(rec, "ctv"),)),
-        n_ctx=split_list("-c", axes.n_ctx, (int(opts.recommended(rec, "ctx")),), int),
+        ctk=split_list("-ctk", axes.type_k, (recommended(rec, "ctk"),)),
+        ctv=split_list("-ctv", axes.type_v, (recommended(rec, "ctv"),)),
+        n_ctx=split_list("-c", axes.n_ctx, (int(recommended(rec, "ctx")),), int),
         # no length given: the adaptive one, capped at the pair's (as `run` and `serve` decode by default)
         n_max=split_list("--spec-draft-n-max", axes.n_max, (f"auto:{n_max}",), lambda t: n_max_item(t, n_max)),
-        planes=split_list("--spec-draft-rs-planes", axes.rs_planes, (str(opts.recommended(rec, "planes")),)),
-        lead=split_list("--spec-draft-rs-planes-lead", axes.rs_lead, (str(opts.recommended(rec, "lead")),)),
+        planes=split_list("--spec-draft-rs-planes", axes.rs_planes, (str(recommended(rec, "planes")),)),
+        lead=split_list("--spec-draft-rs-planes-lead", axes.rs_lead, (str(recommended(rec, "lead")),)),
         inject=split_list("--spec-dflash-inject", axes.inject, (d["inject"],)),
         parallel=split_list("-np", axes.parallel, (d["parallel"],), int),
         temp=split_list("--temp", axes.temp, (opts.TEMP,), float),
@@ -145,7 +150,8 @@ def new_plan(shared: opts.Shared, axes: AxisFlags, *, prompts: Path | None, n_pr
         raise InputError("--native cannot share the --rpc workers: a worker serves one client at a time")
     sampling = shared.sampling
     settings = Settings(target=portable_path(target), draft=portable_path(draft_path) if draft_path else "",
-                        n_predict=n_predict, reps=reps, threads=shared.threads, warmup=warmup, profile=name,
+                        n_predict=n_predict, reps=reps, threads=shared.threads, flash_attn=shared.flash_attn,
+                        warmup=warmup, profile=name,
                         profile_weights=weights, prompts=tuple(load_prompts(prompts)), placement=base.placement,
                         n_gpu_layers=base.n_gpu_layers, spec_type=base.spec_type, p_min=base.p_min,
                         type_options=tuple(registry.flat_options(base.spec_options).items()),

@@ -1,6 +1,6 @@
 """Benchmark prompts grouped by workload, built in or from a JSONL file.
 
-Acceptance depends on the workload far more than on anything else (seed 001: verbatim echo
+Acceptance depends on the workload far more than on anything else (measured on real pairs: verbatim echo
 accepts nearly everything, prose least), so every figure is reported per category as well as
 over all prompts. The built-in set is raw text (no chat template), written so that a code model
 of any size has something to continue: new code, an edit of shown code, a verbatim repeat of

@@ -10,7 +10,7 @@ import json
 import sys
 
 from ggspec.bench import report
-from ggspec.console import err
+from ggspec.cli.console import err
 from ggspec.errors import GGSpecError
 from ggspec.streams import StdoutError
 

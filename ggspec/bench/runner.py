@@ -33,16 +33,16 @@ from ggspec.files import local_path
 from ggspec.runtime import ContextParams
 from ggspec.runtime.context import resolve_flash_attn
 from ggspec.runtime.devices import Placement
-from ggspec.speculative.types import registry
-from ggspec.speculative.driver import Request, drive
-from ggspec.speculative.rules.tree_budget import parse_tree_budget
+from ggspec.speculative.driver import drive, generate_greedy
 from ggspec.speculative.engine import Engine
-from ggspec.speculative.driver import generate_greedy
-from ggspec.speculative.models import Models, PairConfig
 from ggspec.speculative.lossless import Divergence, byte_exact, compare, engine_models
+from ggspec.speculative.models import Models, PairConfig
 from ggspec.speculative.planes import PlaneOptions
+from ggspec.speculative.request import Request
+from ggspec.speculative.rules.tree_budget import parse_tree_budget
 from ggspec.speculative.sampling import SamplerSettings
 from ggspec.speculative.stats import RunStats, Step
+from ggspec.speculative.types import registry
 
 WARMUP_TOKENS = 16
 
@@ -61,6 +61,7 @@ class Settings:
     prompts: tuple[Prompt, ...]
     placement: Placement = Placement()  # devices: the same for every configuration
     n_gpu_layers: int = 0
+    flash_attn: str = "auto"  # -fa, for every configuration (llama.cpp's tools too)
     spec_type: str | None = None  # --spec-type (None: detected from the draft)
     p_min: float = PairConfig.p_min
     # each draft type's own options, flat (registry.option_fields' keys -> values; saved flat too)
@@ -183,7 +184,8 @@ class Runner:
         return {name: o.with_length(n_max) for name, o in given.items()}
 
     def _ctx(self, cfg: BenchConfig) -> ContextParams:
-        return ContextParams(n_ctx=cfg.n_ctx, n_threads=self.s.threads, type_k=cfg.ctk, type_v=cfg.ctv)
+        return ContextParams(n_ctx=cfg.n_ctx, n_threads=self.s.threads, type_k=cfg.ctk, type_v=cfg.ctv,
+                             flash_attn=self.s.flash_attn)
 
     def _pair_config(self, cfg: BenchConfig | None, ctx: ContextParams, n_max: int = 1,
                      speculative: bool = True) -> PairConfig:
@@ -292,8 +294,8 @@ class Runner:
         return self._tools[name]
 
     def _native(self, cfg: BenchConfig, i: int, n: int) -> tuple[RunStats, str]:
-        # as ggspec's own contexts: llama.cpp's choice, for every row (one attention setting)
-        flash_attn = resolve_flash_attn("auto")
+        # as ggspec's own contexts (-fa; auto: llama.cpp's choice), for every row (one attention setting)
+        flash_attn = resolve_flash_attn(self.s.flash_attn)
         sampling = replace(self.s.sampling(cfg.temp), seed=self.s.prompt_seed(i))
         if cfg.kind == "native-baseline":
             res = run_plain(self._tool(PLAIN_TOOL), local_path(self.s.target), self.s.prompts[i].text, n, n_ctx=cfg.n_ctx,

@@ -7,7 +7,7 @@
 - shapes.py, dummy.py: real-shape dummy models (`ggspec models make`), with gemma4_keys.py, the
   converter's Gemma 4 metadata;
 - tiny.py, keyed_cache.py: the generated tiny pairs (`generated = "dense" | "hybrid"`), made on
-  demand into a content-keyed cache; the test fixtures (ggspec.fixtures) build on them.
+  demand into a content-keyed cache; the test fixtures (helpers.fixtures) build on them.
 
 Only `ggspec models pull` / `make` write here; a run only reads what they left.
 """

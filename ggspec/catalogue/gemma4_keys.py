@@ -1,7 +1,7 @@
 """The metadata keys llama.cpp's converter writes for Gemma 4 files (target and MTP assistant).
 
 Shared by the real-shape dummy models (`ggspec models make dummy-gemma-4-e2b`, catalogue.dummy)
-and the tiny converter-shaped test pair (ggspec.fixtures.gemma4): both must carry exactly what
+and the tiny converter-shaped test pair (helpers.fixtures.gemma4): both must carry exactly what
 `Gemma4Model.set_gguf_parameters` writes, in its order, or llama.cpp reads another model.
 """
 

@@ -2,7 +2,7 @@
 tokenizer keys that several generators share, and the final write.
 
 One home for what the tiny and dummy model writers (ggspec.catalogue.tiny, .dummy), the test
-fixtures (ggspec.fixtures) and the training scripts' exporters (scripts/) all write the same way.
+fixtures (helpers.fixtures) and the training scripts' exporters (scripts/) all write the same way.
 The order of the calls is the order of the keys in the file: every function here writes its keys
 in one fixed order, so the same arguments give the same bytes.
 """

@@ -88,8 +88,29 @@ class ChatPrompt:
                 "reasoning_in_content": reasoning_in_content}
 
 
-class ChatTemplates:
+class _Freed:
+    """A handle of the shim's chat library (`_ptr`), freed once: by close() or at garbage
+    collection; `_free` names the library's function that frees it."""
+
+    _free = ""
+    _ptr = None
+
+    def close(self) -> None:
+        if self._ptr:
+            getattr(self._lib, self._free)(self._ptr)
+            self._ptr = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 (interpreter shutdown)
+            pass
+
+
+class ChatTemplates(_Freed):
     """A model's chat templates in llama.cpp's Jinja engine (`source`: a template's text instead)."""
+
+    _free = "ggspec_chat_templates_free"
 
     def __init__(self, model, source: str | None = None) -> None:
         lib = bindings.common_library()
@@ -119,20 +140,12 @@ class ChatTemplates:
                             field="messages") from None
         return ChatPrompt(**out)
 
-    def close(self) -> None:
-        if self._ptr:
-            self._lib.ggspec_chat_templates_free(self._ptr)
-            self._ptr = None
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 (interpreter shutdown)
-            pass
 
 
-class ChatParser:
+class ChatParser(_Freed):
     """One answer's text read back as OpenAI's message, as llama-server's task_result_state."""
+
+    _free = "ggspec_chat_stream_free"
 
     def __init__(self, params: dict) -> None:
         lib = bindings.common_library()
@@ -151,16 +164,6 @@ class ChatParser:
             self.message = out["message"]
         return out["deltas"]
 
-    def close(self) -> None:
-        if self._ptr:
-            self._lib.ggspec_chat_stream_free(self._ptr)
-            self._ptr = None
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 (interpreter shutdown)
-            pass
 
 
 def json_schema_to_grammar(schema: dict) -> str:

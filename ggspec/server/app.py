@@ -166,6 +166,21 @@ def _logprobs(svc: Service, req):
     return lambda probs: [{**e, "top_logprobs": e["top_logprobs"][:n]} for e in lp.probs_json(token_bytes, probs)]
 
 
+def _merged(jobs: list) -> tuple[asyncio.Queue, list[asyncio.Task]]:
+    """One queue of every job's events, each tagged with its choice's index (a task per job, that
+    ends with its Done or Failed)."""
+    events: asyncio.Queue = asyncio.Queue()
+
+    async def forward(i: int, job) -> None:
+        while True:
+            event = await job.events.get()
+            await events.put((i, event))
+            if isinstance(event, (Done, Failed)):
+                return
+
+    return events, [asyncio.create_task(forward(i, job)) for i, job in enumerate(jobs)]
+
+
 async def _sse(svc: Service, jobs: list, shape: p.Shape, texts: list[TextStream], n_prompt: int,
                include_usage: bool, logprobs=None, parsers: list | None = None):
     """Server-sent events: chunks as tokens arrive (each choice's with its index), a last chunk
@@ -173,16 +188,7 @@ async def _sse(svc: Service, jobs: list, shape: p.Shape, texts: list[TextStream]
     goes through its parser (`parsers`), whose deltas the chunks carry: content, reasoning,
     tool calls, as llama-server streams them. A client that leaves cancels the jobs (Starlette
     cancels this generator when the connection closes)."""
-    events: asyncio.Queue = asyncio.Queue()
-
-    async def forward(i: int, job) -> None:  # one job's events, tagged with its choice
-        while True:
-            event = await job.events.get()
-            await events.put((i, event))
-            if isinstance(event, (Done, Failed)):
-                return
-
-    tasks = [asyncio.create_task(forward(i, job)) for i, job in enumerate(jobs)]
+    events, tasks = _merged(jobs)
     stopped = [False] * len(jobs)
     done: dict[int, object] = {}
     fast = len(jobs) == 1 and logprobs is None  # one choice of text: the pre-rendered chunk

@@ -14,14 +14,14 @@ from typing import Annotated, Literal
 
 from pydantic import AliasChoices, Field
 
-from ggspec.server.protocol import SEED_MAX, Body, ChatFields, Constrained, Penalties, Speculation
+from ggspec.server.protocol import SEED_MAX, Body, ChatFields, Constrained, Generation, Penalties, Speculation
 from ggspec.speculative.sampling import DEFAULT_SEED, SamplerSettings
 
 Prompt = str | Annotated[list[Annotated[int, Field(ge=0)] | str], Field(min_length=1)]
 STOP_TYPES = {"stop": "eos", "length": "limit"}  # a Done's reason -> llama-server's stop_type ("word": a stop string)
 
 
-class CompletionRequest(Speculation, Constrained, Penalties):
+class CompletionRequest(Speculation, Constrained, Penalties, Generation):
     """POST /completion (and /completions): llama-server's native completion."""
 
     prompt: Prompt
@@ -34,10 +34,6 @@ class CompletionRequest(Speculation, Constrained, Penalties):
     seed: Annotated[int, Field(ge=-1, le=SEED_MAX + 1)] | None = None  # -1 (or 2^32 - 1): a random one
     stop: Annotated[list[str], Field(max_length=16)] | None = None
     stream: bool = False
-    ignore_eos: bool = False
-    # False: the whole prompt is decoded (a cached prompt's last token is decoded alone, and
-    # llama.cpp's arithmetic depends on the batch: the text can differ, as in llama-server)
-    cache_prompt: bool = True
     return_tokens: bool = False
     timings_per_token: bool = False
     n_probs: Annotated[int, Field(ge=0, le=100)] = 0

@@ -42,13 +42,13 @@ class _Answer:
         self.probs: list = []  # TokenProbs of each token (n_probs)
 
     def settings(self, job) -> dict:
-        spec = job.spec
-        sampling = spec.sampling if job.seq is None else replace(spec.sampling, seed=job.seq.seed)
-        limits = spec.limits or self.svc.engine.check_limits(None)
+        request = job.request
+        sampling = request.sampling if job.seq is None else replace(request.sampling, seed=job.seq.seed)
+        limits = request.limits  # (as the engine checked it: its own, or the engine's)
         eng = self.svc.engine
         kind = ",".join(limits.types) if limits.types else eng.plan.spec_type
-        speculative = {"type": kind if spec.speculate else "none",
-                       "n_max": limits.n_max if spec.speculate else 0, "n_min": limits.n_min,
+        speculative = {"type": kind if request.speculate else "none",
+                       "n_max": limits.n_max if request.speculate else 0, "n_min": limits.n_min,
                        "p_min": eng.cfg.p_min if limits.p_min is None else limits.p_min}
         return lp.generation_settings(sampling, self.req.n_predict, self.req.stream, self.req.ignore_eos, speculative,
                                       self.req.n_probs)
@@ -201,7 +201,7 @@ async def slots(request: Request) -> Response:
         seq = job.seq if job is not None else None
         out.append({
             "id": i, "n_ctx": eng.capacity, "speculative": eng.speculative, "is_processing": job is not None,
-            "params": _defaults(svc) if job is None else {**_defaults(svc), "n_predict": job.spec.max_tokens},
+            "params": _defaults(svc) if job is None else {**_defaults(svc), "n_predict": job.request.n_predict},
             "next_token": [{"has_next_token": seq is not None and not seq.done,
                             "n_remain": seq.left if seq is not None else -1,
                             "n_decoded": len(seq.tokens) if seq is not None else 0}],

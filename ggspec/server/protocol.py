@@ -41,7 +41,7 @@ REQUEST_PARAMS = {"prompt": "prompt", "messages": "messages", "max_tokens": "max
                   "json_schema": "json_schema", "tools": "tools", "tool_choice": "tool_choice",
                   "chat_template_kwargs": "chat_template_kwargs",
                   "continue_final_message": "continue_final_message", "reasoning_budget": "reasoning_budget_tokens",
-                  "reasoning_format": "reasoning_format"}
+                  "reasoning_format": "reasoning_format", "t_max_predict_ms": "t_max_predict_ms"}
 INT32_MAX = 2**31 - 1
 SEED_MAX = 0xFFFFFFFE  # llama.cpp's seeds are uint32; 0xFFFFFFFF means "random" there
 # fields accepted only at their no-op value: a 400 says so for any other
@@ -140,7 +140,24 @@ class Penalties(Body):
     logit_bias: dict[str, Bias] | list[tuple[int | str, Bias]] | None = None
 
 
-class Sampling(Speculation, Constrained, Penalties):
+class Generation(Body):
+    """Per-request options that reach the engine's Request as they are (`request_fields`): a new
+    one is its field here, its field and check in speculative/request.py, and where it acts."""
+
+    ignore_eos: bool = False  # llama.cpp's extension: generate max_tokens whatever the tokens are
+    # llama.cpp's extension: False decodes the whole prompt (a cached prompt's last token is decoded
+    # alone, and llama.cpp's arithmetic depends on the batch: the text can differ, as in llama-server)
+    cache_prompt: bool = True
+    # llama-server's: once a line has ended, stop when this many ms have passed since the first
+    # token (<= 0: no limit; for code completion)
+    t_max_predict_ms: int = -1
+
+    def request_fields(self) -> dict:
+        """These options as the engine's Request names them."""
+        return {"ignore_eos": self.ignore_eos, "cached": self.cache_prompt, "t_max_predict_ms": self.t_max_predict_ms}
+
+
+class Sampling(Speculation, Constrained, Penalties, Generation):
     """Fields both OpenAI endpoints take."""
 
     model: str | None = None
@@ -149,8 +166,6 @@ class Sampling(Speculation, Constrained, Penalties):
     top_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
     top_k: int | None = None  # llama.cpp's extension (<= 0: the whole vocabulary)
     min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None  # llama.cpp's extension
-    ignore_eos: bool = False  # llama.cpp's extension: generate max_tokens whatever the tokens are
-    cache_prompt: bool = True  # llama.cpp's extension: False decodes the whole prompt (see llama_protocol)
     seed: Annotated[int, Field(ge=0, le=SEED_MAX)] | None = None
     stop: str | Annotated[list[str], Field(max_length=MAX_STOPS)] | None = None
     n: Annotated[int, Field(ge=1, le=16)] = 1  # completions of the prompt, each its own sequence

@@ -12,7 +12,7 @@ sequence's statistics) or one `Failed`.
 This is the one engine loop that does not run through speculative.driver's `drive` generator: its
 requests arrive on another thread while it runs, a client may leave at any step, and each prompt's
 first tokens go out after its prefill, before the step's transaction. It admits a job as the
-driver does (`driver.start` of the job's `Request`).
+driver does (`Engine.add` of the job's `Request`).
 """
 
 from __future__ import annotations
@@ -22,16 +22,13 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from ggspec.errors import ContextOverflow, GGSpecError
-from ggspec.runtime.grammar import GrammarSpec
-from ggspec.speculative.driver import Request, start
 from ggspec.speculative.engine import Engine
-from ggspec.speculative.sampling import SamplerSettings
-from ggspec.speculative.sequence import DraftLimits
+from ggspec.speculative.request import Request
 from ggspec.speculative.stats import RunStats
 
 log = logging.getLogger("ggspec.server")
@@ -62,31 +59,11 @@ class Failed:
     message: str
 
 
-@dataclass(frozen=True)
-class JobSpec:
-    prompt: np.ndarray
-    max_tokens: int
-    sampling: SamplerSettings
-    seed: int | None = None
-    ignore_eos: bool = False
-    speculate: bool = True  # False: this request decodes plainly ("speculative": false)
-    limits: DraftLimits | None = None  # its own draft lengths (None: the server's)
-    grammar: str | GrammarSpec | None = None  # GBNF its output must follow (a chat template's: lazy, prefilled)
-    n_probs: int = 0  # each token's probability and the n likeliest
-    cached: bool = True  # its prompt may start from cached cells (llama-server's cache_prompt)
-
-    def request(self, tag: object) -> Request:
-        """The driver's request of this job (`tag`: the Job, handed back on its sequence)."""
-        return Request(self.prompt, self.max_tokens, tag=tag, seed=self.seed, sampling=self.sampling,
-                       ignore_eos=self.ignore_eos, speculate=self.speculate, limits=self.limits,
-                       grammar=self.grammar, n_probs=self.n_probs, cached=self.cached)
-
-
 class Job:
     """One request inside the scheduler. `events` is read on the event loop it was made on."""
 
-    def __init__(self, spec: JobSpec, loop: asyncio.AbstractEventLoop) -> None:
-        self.spec = spec
+    def __init__(self, request: Request, loop: asyncio.AbstractEventLoop) -> None:
+        self.request = replace(request, tag=self)  # (its sequence hands the job back)
         self.events: asyncio.Queue = asyncio.Queue()
         self.loop = loop
         self.cancelled = False
@@ -154,9 +131,10 @@ class Scheduler:
                                   eng.capacity)
         return max_tokens
 
-    def submit(self, spec: JobSpec) -> Job:
-        """Queue a job (call on the event loop that reads its events)."""
-        job = Job(spec, asyncio.get_running_loop())
+    def submit(self, request: Request) -> Job:
+        """Queue a request checked by the engine (Engine.check), as a job (call on the event loop
+        that reads its events)."""
+        job = Job(request, asyncio.get_running_loop())
         with self._cv:
             if self._stopping:
                 raise Draining("the server is shutting down")
@@ -211,7 +189,7 @@ class Scheduler:
                     job.seq.grammar.end_reasoning()
             for job in admitted:
                 try:
-                    job.seq = start(self.engine, job.spec.request(job))
+                    job.seq = self.engine.add(job.request)
                 except GGSpecError as exc:  # admission checked it: a bug if it happens
                     job.emit(Failed(str(exc)))
                     continue

@@ -23,11 +23,12 @@ from ggspec.runtime.grammar import Grammar, GrammarSpec
 from ggspec.server import protocol as p
 from ggspec.server.chat import ChatJob, ChatTemplate
 from ggspec.server.metrics import Metrics
-from ggspec.server.scheduler import Done, Failed, JobSpec, Scheduler, Tokens
+from ggspec.server.scheduler import Done, Failed, Scheduler, Tokens
 from ggspec.server.text import TextStream
 from ggspec.speculative.types import registry
 from ggspec.speculative.sampling import SamplerSettings
-from ggspec.speculative.sequence import DraftLimits
+from ggspec.speculative import request as engine_request
+from ggspec.speculative.request import DraftLimits
 
 # llama-server's error types by HTTP status (server-common.cpp, format_error_response)
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -152,8 +153,7 @@ class Service:
             return True, None
         if not eng.speculative and req.n_max:
             raise ApiError(400, "this server does not speculate (it was started plain)", "speculative.n_max")
-        limits = DraftLimits(eng.n_max if req.n_max is None else req.n_max, req.n_min or 0, req.p_min, types)
-        return True, eng.check_limits(limits)
+        return True, DraftLimits(eng.n_max if req.n_max is None else req.n_max, req.n_min or 0, req.p_min, types)
 
     def tokens(self, prompt) -> np.ndarray:
         """A prompt's tokens: text (special tokens written as text are parsed, as llama-server
@@ -174,17 +174,18 @@ class Service:
     def admit(self, req, prompt: np.ndarray, limit: int | None, seed: int | None = None, n_probs: int = 0,
               chat: ChatJob | None = None):
         """The scheduler job of an admitted request (InputError / Overloaded raised otherwise);
-        a chat request's grammar is its template's (`chat`)."""
+        a chat request's grammar is its template's (`chat`). The engine checks the request whole
+        (Engine.check) before it waits in the queue."""
         budget = self.scheduler.budget(prompt, limit)
-        sampling = self.settings(req)
-        sampling.validate()
         speculate, limits = self.speculation(req)
         grammar = chat.grammar if chat is not None else self.grammar(req)
+        request = engine_request.Request(prompt, budget, seed=req.seed if seed is None else seed,
+                                         sampling=self.settings(req), speculate=speculate, limits=limits,
+                                         grammar=grammar, n_probs=n_probs, **req.request_fields())
+        request = self.engine.check(request)
         if grammar is not None:  # parsed now: a grammar llama.cpp cannot read is a 400 before the queue
             Grammar(self.engine.target_model, grammar).close()
-        return self.scheduler.submit(JobSpec(prompt, budget, sampling, req.seed if seed is None else seed,
-                                             req.ignore_eos, speculate, limits, grammar, n_probs,
-                                             getattr(req, "cache_prompt", True)))
+        return self.scheduler.submit(request)
 
     def grammar(self, req: p.Constrained) -> str | GrammarSpec | None:
         """The GBNF grammar a (non-chat) request's output must follow: its own `grammar`, or its

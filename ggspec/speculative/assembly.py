@@ -11,33 +11,14 @@ from dataclasses import dataclass, replace
 
 from ggspec.errors import InputError
 from ggspec.runtime import Context, ContextParams
-from ggspec.speculative.types import registry
-from ggspec.speculative.rules.draft_length import DraftLength
-from ggspec.speculative.types.draft_type import Build, DraftPlan
-from ggspec.speculative.models import Models, PairConfig, resolve_n_max
+from ggspec.speculative.models import Models, PairConfig, draft_lengths, own_n_max
 from ggspec.speculative.planes import AutoLead, default_lead
 from ggspec.speculative.proposer import Proposer
+from ggspec.speculative.rules.draft_length import DraftLength
 from ggspec.speculative.rules.tree_budget import TreeBudget, plan_trees
 from ggspec.speculative.tree_verify import tree_seq_ids
-
-
-def draft_lengths(cfg: PairConfig, plan: DraftPlan, warnings: list[str]) -> tuple[int, list[int]]:
-    """The step's longest draft and, for several types, each one's own length (as llama.cpp: each
-    type drafts up to its own length, the verify holds the longest)."""
-    if plan.parts:
-        caps = [_own_n_max(cfg, part, False, warnings) for part in plan.parts]
-        return max(caps), caps
-    return _own_n_max(cfg, plan, True, warnings), []
-
-
-def _own_n_max(cfg: PairConfig, plan: DraftPlan, given: bool, warnings: list[str]) -> int:
-    """A type's draft length: the n-gram types draft up to their own length (llama.cpp's n_max
-    for them; alone, `--spec-draft-n-max` overrides it: `given`), the others up to n_max fitted
-    to the draft's block."""
-    own = plan.type.own_n_max(cfg.options(plan.type)) if plan.type is not None else None
-    if own is None:
-        return resolve_n_max(cfg.n_max, plan.max_draft, warnings)
-    return resolve_n_max(cfg.n_max if given and cfg.n_max is not None else own, None, warnings)
+from ggspec.speculative.types import registry
+from ggspec.speculative.types.draft_type import Build, DraftPlan
 
 
 def check_options(cfg: PairConfig, n_max: int, speculative: bool, fixed_block: bool = True) -> None:
@@ -154,7 +135,7 @@ def _several(parts: Assembly, models: Models, cfg: PairConfig, plan: DraftPlan, 
     from ggspec.speculative.types.type_list import SeveralProposer  # noqa: PLC0415
 
     plans = [*(plan.parts or (plan,)), *extra]
-    caps = [*(caps or [n_max]), *(min(n_max, _own_n_max(cfg, part, False, [])) for part in extra)]
+    caps = [*(caps or [n_max]), *(min(n_max, own_n_max(cfg, part, False, [])) for part in extra)]
     order = sorted(range(len(plans)), key=lambda i: plans[i].type.priority)
     own = len(plans) - len(extra)
     return SeveralProposer([_build(parts, models, cfg, plans[i], n_max, keep_state) for i in order],

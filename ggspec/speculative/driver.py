@@ -8,8 +8,8 @@ cancels the sequences it started, so their slots are free for the next use of th
 
 `ggspec run` (console.run) and `ggspec bench` (bench.runner) decode through `drive`. The server's
 scheduler runs the engine on its own thread, fed by an HTTP queue, and sends each prompt's first
-tokens before the step's transaction (Engine.prefill): it keeps its own loop and uses `start` to
-admit a Request. Distill's capture does not use an Engine at all (it decodes groups of prompts on
+tokens before the step's transaction (Engine.prefill): it keeps its own loop and admits a
+Request with `Engine.add`. Distill's capture does not use an Engine at all (it decodes groups of prompts on
 a raw context with layer-input extraction), so it has no loop to share.
 
 One sequence at a time, thin generators over the same engine, yielding each step with its stats:
@@ -26,28 +26,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from ggspec.errors import InputError
-from ggspec.runtime.grammar import GrammarSpec
-from ggspec.speculative.sampling import DEFAULT_SEED, SamplerSettings
-from ggspec.speculative.sequence import DraftLimits, Sequence
+from ggspec.speculative.request import Request
+from ggspec.speculative.sampling import DEFAULT_SEED
+from ggspec.speculative.sequence import Sequence
 from ggspec.speculative.stats import Step
-
-
-@dataclass(frozen=True)
-class Request:
-    """One prompt to decode: its tokens, its budget and how to choose them."""
-
-    prompt: object  # token ids (a list or an int32 array)
-    n_predict: int  # tokens to generate at most (fewer at an end-of-generation token or a full slot)
-    tag: object = None  # the caller's label, handed back in every Event (a prompt index, a request)
-    seed: int | None = None  # the sequence's random draws when sampling (None: the settings' seed)
-    sampling: SamplerSettings | None = None  # None: the engine's settings
-    ignore_eos: bool = False
-    speculate: bool = True  # False: plain decoding (the baseline) on a speculative engine
-    record_margins: bool = False  # keep the target's top-2 margin of each plain step's token
-    limits: DraftLimits | None = None  # its own draft lengths (None: the engine's)
-    grammar: str | GrammarSpec | None = None  # GBNF its output must follow (llama.cpp's grammar sampler)
-    n_probs: int = 0  # each token's probability and the n likeliest, in its events' Step.probs
-    cached: bool = True  # its prompt may start from a slot's cached cells (with the engine's prompt cache)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,19 +54,11 @@ def request_seed(seed: int, i: int) -> int | None:
     return None if seed == DEFAULT_SEED else (seed + i) % 2**32
 
 
-def start(engine, request: Request) -> Sequence:
-    """Add one request to the engine (its prompt is decoded at the next step)."""
-    r = request
-    return engine.add(r.prompt, r.n_predict, ignore_eos=r.ignore_eos, tag=r.tag, speculate=r.speculate,
-                      record_margins=r.record_margins, seed=r.seed, sampling=r.sampling, limits=r.limits,
-                      grammar=r.grammar, n_probs=r.n_probs, cached=r.cached)
-
-
 def admit(engine, pending: deque[Request]) -> list[Sequence]:
     """Start the requests at the front of `pending` while the engine has a free slot for them."""
     started = []
     while pending and engine.can_add(pending[0].prompt, pending[0].n_predict):
-        started.append(start(engine, pending.popleft()))
+        started.append(engine.add(pending.popleft()))
     return started
 
 
@@ -148,7 +122,7 @@ def generate_spec(engine, prompt, n_predict: int, *, ignore_eos: bool = False,
     if not engine.speculative:
         raise InputError("the pair has no draft method, so it cannot decode speculatively", field="draft")
     with proposing(engine, proposer):
-        seq = engine.add(prompt, n_predict, ignore_eos=ignore_eos)
+        seq = engine.add(Request(prompt, n_predict, ignore_eos=ignore_eos))
         yield from _one(engine, seq)
 
 
@@ -157,8 +131,8 @@ def generate_greedy(engine, prompt, n_predict: int, *, record_margins: bool = Fa
     """Plain greedy decoding, one target decode per token (under `grammar`, GBNF). With
     `record_margins`, each step carries the target's top-2 logit margin of its token (the
     losslessness gate's tie check)."""
-    seq = engine.add(prompt, n_predict, ignore_eos=ignore_eos, speculate=False, record_margins=record_margins,
-                     grammar=grammar)
+    seq = engine.add(Request(prompt, n_predict, ignore_eos=ignore_eos, speculate=False, record_margins=record_margins,
+                     grammar=grammar))
     yield from _one(engine, seq)
 
 
@@ -172,7 +146,7 @@ def decode_one(engine, prompt, n_predict: int, *, speculate: bool = True, ignore
                seed: int | None = None, grammar: str | None = None):
     """One prompt decoded to the end (speculatively unless `speculate` is False, under `grammar`)
     on an otherwise idle engine: the finished Sequence."""
-    seq = engine.add(prompt, n_predict, ignore_eos=ignore_eos, speculate=speculate, seed=seed, grammar=grammar)
+    seq = engine.add(Request(prompt, n_predict, ignore_eos=ignore_eos, speculate=speculate, seed=seed, grammar=grammar))
     for _ in _one(engine, seq):
         pass
     return seq

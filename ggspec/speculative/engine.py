@@ -1,7 +1,7 @@
 """The engine: many sequences, one speculative transaction per step for all of them.
 
 Each `step()` first prefills the sequences that joined since the last step, then runs one
-transaction for every active sequence together:
+transaction for every active sequence together (transaction.py: its phases, over one record):
   propose  one draft call holds every drafting sequence's block (same length for all);
   verify   one target decode holds every sequence's span [id_last, d1..dn];
   accept   the verifier decides, per sequence, the accepted drafts and the target's own token;
@@ -18,7 +18,7 @@ only past the draft's n_ubatch), one draft, one verify, at most one replay. Sequ
 its cache cells at once. Without a proposer the same loop is plain decoding (n = 0 for all).
 
 The one rule that ties proposer and target together, "inject the captured feature rows before
-the target decodes again", lives in `_decode_target`, the only place the target decodes.
+the target decodes again", lives in `decode_target`, the only place the target decodes.
 """
 
 from __future__ import annotations
@@ -31,19 +31,21 @@ import numpy as np
 
 from ggspec.errors import ClosedError, InputError
 from ggspec.runtime import Batch
-from ggspec.runtime.grammar import Grammar, GrammarSpec
+from ggspec.runtime.grammar import Grammar
 from ggspec.speculative.assembly import assemble
-from ggspec.speculative.rules.calibration import Calibration
-from ggspec.speculative.types.draft_type import DraftPlan
 from ggspec.speculative.models import Models, PairConfig
 from ggspec.speculative.planes import layout_words
-from ggspec.speculative.proposer import Draft, Proposer, Span, verify_span
-from ggspec.speculative.sampling import DEFAULT_SEED, SamplerSettings, concrete_seed
-from ggspec.speculative.sequence import DraftLimits, Sequence
+from ggspec.speculative.proposer import Draft, Proposer, Span
+from ggspec.speculative.request import DraftLimits, Request
+from ggspec.speculative.rules.calibration import Calibration
+from ggspec.speculative.sampling import DEFAULT_SEED, concrete_seed
+from ggspec.speculative.sequence import Sequence
 from ggspec.speculative.slots import CapacityError, Slots
 from ggspec.speculative.stats import EngineStats, Step, token_probs, top2_margin
-from ggspec.speculative.tree_verify import Placed, TreeVerify
-from ggspec.speculative.verifier import SequenceVerifier, Verifier, accept_greedy, row_by_row
+from ggspec.speculative.transaction import Transaction
+from ggspec.speculative.tree_verify import TreeVerify
+from ggspec.speculative.types.draft_type import DraftPlan
+from ggspec.speculative.verifier import SequenceVerifier, Verifier
 
 
 class Engine:
@@ -88,8 +90,8 @@ class Engine:
         self.proposer: Proposer | None = parts.proposer
         self.auto_lead, self.draft_length = parts.auto_lead, parts.draft_length
         self.tree_rule, self.tree_verify = None, None  # (set after the calibration: it verifies chains)
-        self._batch: Batch | None = None
-        self._holding = False  # this step drafts nothing and the proposer keeps rows for later (_flush)
+        self.batch: Batch | None = None
+        self.holding = False  # this step drafts nothing and the proposer keeps rows for later (_flush)
         self.prompt_cache = prompt_cache and not models.target.is_recurrent
         if self.prompt_cache:
             self.warnings += [t.note_prompt_cache for t in self.plan.types if t.note_prompt_cache]
@@ -98,7 +100,6 @@ class Engine:
         self._hold_cells(parts)
         self.active: list[Sequence] = []
         self.stats = EngineStats()
-        self._is_eog = models.target.is_eog
         self.notes: list[str] = []  # what the user should know about how it will run (not a problem)
         self.calibration: Calibration | None = None  # the adaptive rule's costs, known before the first step
         self._plain_by_cost = False
@@ -126,7 +127,7 @@ class Engine:
     def _hold_cells(self, parts) -> None:
         """The batch and the slots over the assembled contexts."""
         try:
-            self._batch = Batch(self.target)
+            self.batch = Batch(self.target)
             self.slots = Slots(self.target, parts.cell_contexts, self.parallel, self.prompt_cache, self._cache_ram,
                                self.block_cells + parts.tree_cells)
         except BaseException:
@@ -137,10 +138,10 @@ class Engine:
         """An engine that will never verify a draft (plain_by_cost) runs on a plain engine's
         contexts: the draft context goes (its memory with it), and the target's is made again as
         `--no-spec` makes it (no recurrent planes, no tree cells), so it decodes what that prints."""
-        for obj in (self._batch, self.proposer, self.draft_ctx, self.target):
+        for obj in (self.batch, self.proposer, self.draft_ctx, self.target):
             if obj is not None:
                 obj.close()
-        self._batch = self.proposer = self.draft_ctx = None
+        self.batch = self.proposer = self.draft_ctx = None
         self.auto_lead = None
         try:
             # (the draft types' options are the speculative engine's: checked, and unused here)
@@ -185,50 +186,28 @@ class Engine:
         """Whether `add` would find a free slot now (every slot has its own cells)."""
         return bool(self.slots.free)
 
-    def add(self, prompt, n_predict: int, *, ignore_eos: bool = False, tag: object = None,
-            speculate: bool = True, record_margins: bool = False, seed: int | None = None,
-            sampling: SamplerSettings | None = None, limits: DraftLimits | None = None,
-            grammar: str | GrammarSpec | None = None, n_probs: int = 0, cached: bool = True) -> Sequence:
-        """A new sequence; its prompt is decoded at the next step. `speculate=False` decodes it
-        plainly (the baseline), `record_margins` keeps the target's top-2 margin of its plain steps,
-        `sampling` chooses its tokens (default: the engine's settings; each sequence of a batch may
-        have its own), `seed` keys its random draws when sampling (default: the settings' seed;
-        llama.cpp's default seed means a random one), `limits` bounds its drafts' lengths within
-        the engine's (a server request's own n_max / n_min), `grammar` (GBNF) constrains its
-        tokens: each one is the best the grammar allows, drafts are cut where it stops allowing
-        them, and sampled tokens follow the distribution the grammar leaves (llama.cpp's
-        grammar sampler); with `n_probs`, each step says every committed token's probability
-        and the n likeliest tokens of its row (Step.probs). `cached` False: its whole prompt is
-        decoded even where a slot's cells hold its beginning (llama-server's cache_prompt: a
-        cached prompt's last token is decoded alone, and llama.cpp's arithmetic depends on the
-        batch, so the text can differ from an uncached run's)."""
+    def add(self, request: Request) -> Sequence:
+        """A new sequence for `request` (checked: Engine.check); its prompt is decoded at the
+        next step. A sequence that must not depend on timings (sampled with a seed given) never
+        decodes plainly by cost; one whose adaptive rule starts plain does (Sequence.plain_by_cost)."""
         if self._closed:
             raise ClosedError("this Engine is closed (close() was called): it cannot be used any more")
-        prompt = np.ascontiguousarray(prompt, dtype=np.int32)
-        self.check_prompt(prompt)
-        if n_predict < 1:
-            raise InputError(f"the token budget must be at least 1 (got {n_predict})", field="n_predict")
-        limits = self.check_limits(limits)
-        speculate = speculate and limits.n_max > 0
-        if n_probs < 0:
-            raise InputError(f"n_probs must be at least 0 (got {n_probs})", field="n_probs")
-        constraint = None if grammar is None else Grammar(self.target_model, grammar)
-        sampling = self.sampling if sampling is None else sampling
-        sampling.validate()
-        if not self.can_add(prompt, n_predict):
+        request = self.check(request)
+        if not self.can_add(request.prompt, request.n_predict):
             raise CapacityError(f"no room for another sequence now: all {self.parallel} slots are busy", field="parallel")
-        explicit_seed = (sampling.seed if seed is None else seed) != DEFAULT_SEED
-        slot, cached = self.slots.take(prompt, reuse=cached)
+        sampling = request.sampling
+        seed = sampling.seed if request.seed is None else request.seed
+        fixed = not sampling.greedy and seed != DEFAULT_SEED  # a seeded sampled text must not depend on timings
+        speculate = request.speculate and request.limits.n_max > 0
         rule = self.draft_length
-        fixed = not sampling.greedy and explicit_seed  # a seeded sampled text must not depend on timings
         by_cost = speculate and (self.plain_by_cost or (
             self.proposer is not None and rule is not None and not fixed and rule.starts_plain()))
-        seq = Sequence(slot, prompt, n_predict, ignore_eos=ignore_eos, tag=tag, plain_by_cost=by_cost,
-                       speculate=speculate and self.proposer is not None and not by_cost,
-                       record_margins=record_margins, limits=limits, grammar=constraint, n_probs=n_probs,
-                       sampling=sampling, seed=concrete_seed(sampling.seed if seed is None else seed), seeded=fixed)
-        seq.limit = self.slots.limit(len(prompt), n_predict)  # positions it may use
-        seq.n_cached = cached
+        grammar = None if request.grammar is None else Grammar(self.target_model, request.grammar)
+        slot, cached = self.slots.take(request.prompt, reuse=request.cached)
+        seq = Sequence(slot, request, speculate=speculate and self.proposer is not None and not by_cost,
+                       plain_by_cost=by_cost, limits=request.limits, grammar=grammar, sampling=sampling,
+                       seed=concrete_seed(seed), seeded=fixed, n_cached=cached,
+                       limit=self.slots.limit(len(request.prompt), request.n_predict))  # (limit: positions it may use)
         self.active.append(seq)
         if seq.speculate:
             self.proposer.begin(seq, cached)
@@ -237,6 +216,16 @@ class Engine:
         elif self.proposer is not None:
             self.proposer.release(seq)  # its draft cells would go stale
         return seq
+
+    def check(self, request: Request) -> Request:
+        """The request checked on its own and against this engine (its prompt, its draft limits),
+        with the engine's defaults filled in (sampling, limits): what `add` runs. A server calls
+        it on admission, so a bad request is refused before it waits in the queue."""
+        request.check()
+        self.check_prompt(request.prompt)
+        sampling = self.sampling if request.sampling is None else request.sampling
+        sampling.validate()
+        return replace(request, sampling=sampling, limits=self.check_limits(request.limits))
 
     @property
     def request_types(self) -> tuple[str, ...]:
@@ -249,11 +238,10 @@ class Engine:
         return self.plan.kinds if held is None else tuple(p.name for p in held)
 
     def check_limits(self, limits: DraftLimits | None) -> DraftLimits:
-        """A sequence's own draft limits, validated against the engine's (None: the engine's)."""
+        """A sequence's own draft limits, checked against the engine's (None: the engine's)."""
         if limits is None:
             return DraftLimits(self.n_max)
-        if limits.p_min is not None and not 0.0 <= limits.p_min <= 1.0:
-            raise InputError(f"a sequence's confidence cut-off must be within 0..1 (got {limits.p_min})", field="p_min")
+        limits.check()
         if limits.types is not None:
             held = self.request_types
             unknown = [t for t in limits.types if t not in held]
@@ -264,9 +252,6 @@ class Engine:
         if not 0 <= limits.n_max <= self.n_max:
             raise InputError(f"a sequence's draft length must be within 0..{self.n_max} (this engine's n_max; got "
                              f"{limits.n_max})", field="n_max")
-        if not 0 <= limits.n_min <= limits.n_max:
-            raise InputError(f"a sequence's shortest draft must be within 0..{limits.n_max} (its n_max; got "
-                             f"{limits.n_min})", field="n_min")
         return limits
 
     @property
@@ -324,7 +309,7 @@ class Engine:
         # in sequence-id order: llama.cpp puts consecutive sequence ids into one ubatch
         live = sorted((seq for seq in self.active if not seq.done), key=lambda seq: seq.seq_id)
         if live:
-            out += self._transaction(live)
+            out += Transaction(self, live).run()
         self._retire_finished()
         return out
 
@@ -337,24 +322,24 @@ class Engine:
         while self.active:
             yield from self.step()
 
-    def _decode_target(self, batch: Batch, spans: list[Span] | None) -> float:
+    def decode_target(self, batch: Batch, spans: list[Span] | None) -> float:
         """The only place the target decodes: the proposer flushes what it captured from the
         previous decode first (those rows are overwritten now), then hears about the new rows.
         Returns the seconds spent flushing."""
-        t = self._flush()
+        t = self.flush()
         self.target.pause_layer_inputs(not spans)  # no speculating sequence: no draft reads these rows
         self.target.decode(batch)
         if self.proposer is not None and spans:
             self.proposer.observe(spans)  # only speculating sequences' spans are passed
         return t
 
-    def _flush(self) -> float:
+    def flush(self) -> float:
         """Hand what the proposer captured to the draft (seconds spent); in a step that does not
         draft, a proposer that can keep the rows in host memory until it drafts again does
         (`hold`: the adaptive length's k = 0 steps then cost no draft-context call)."""
         t0 = time.perf_counter()
         if self.proposer is not None:
-            if self._holding:
+            if self.holding:
                 self.proposer.hold()
             else:
                 self.proposer.flush()
@@ -376,9 +361,9 @@ class Engine:
         for off in range(seq.n_cached, len(body), chunk):  # the slot's cells hold the first n_cached
             part = body[off:off + chunk]
             outputs = "last" if first and off + chunk >= len(body) else "none"
-            self._batch.clear().add_tokens(part, off, seq.seq_id, outputs=outputs)
+            self.batch.clear().add_tokens(part, off, seq.seq_id, outputs=outputs)
             spans = [Span(seq.seq_id, 0, len(part), off, part)] if seq.speculate else None
-            t_inject += self._decode_target(self._batch, spans)
+            t_inject += self.decode_target(self.batch, spans)
         seq.id_last, seq.pos = int(seq.prompt[-1]), len(seq.prompt) - 1
         step = Step([], "prefill", n_prompt=len(seq.prompt), n_cached=seq.n_cached)
         if first:
@@ -388,11 +373,11 @@ class Engine:
                 step.margins.append(top2_margin(logits[0]))
             probs = token_probs(logits[0], out.tokens[0], seq.n_probs) if seq.n_probs else None
             seq.pos += 1
-            step.tokens += seq.take(out.tokens, self._is_eog)
+            step.tokens += seq.take(out.tokens, self.target_model)
             if probs is not None:
                 step.probs.append(probs)
         else:  # (with a first token to send, the rows wait for the transaction's own flush)
-            t_inject += self._flush()
+            t_inject += self.flush()
         step.t_total = time.perf_counter() - t0
         step.t_inject, step.t_verify = t_inject, step.t_total - t_inject
         seq.stats.add(step)
@@ -401,209 +386,15 @@ class Engine:
             self._state_bytes = self.target.recurrent_state_bytes(seq.seq_id)
         return step
 
-    def _plan_drafts(self, live: list[Sequence]) -> tuple[int, list[Sequence]]:
-        """The common draft length of this step and the sequences that draft. A sequence drafts
-        while its budget leaves room for a draft; its block is as long as n_max and its context
-        allow, whatever its budget (as in llama.cpp's loop: a DFlash block's length changes its
-        drafts, so a sequence's drafts, and its sampled text, never depend on the others); the
-        drafts past the budget are cut before verifying. Blocks must be equal: the length is the
-        largest of those, and a sequence whose context cannot hold it verifies alone."""
-        if self.proposer is None:
-            return 0, []
-        room = {seq: min(self.n_max, seq.limit - seq.pos - 1) for seq in live if seq.speculate and seq.left > 1}
-        if not room:
-            return 0, []
-        n = max(room.values())
-        if n <= 0:
-            return 0, []
-        return n, [seq for seq, r in room.items() if r >= n]
 
-    def _transaction(self, live: list[Sequence]) -> list[tuple[Sequence, Step]]:
-        t_start = time.perf_counter()
-        calls0 = self._calls()
-        n, drafting = self._plan_drafts(live)
-        auto = self.draft_length
-        if auto is not None and drafting:
-            n, drafting = auto.before(live, drafting, n)
-        self._holding = auto is not None and not drafting and self.proposer is not None and self.proposer.holds
-        t_inject = self._flush()
-
-        t = time.perf_counter()
-        drafts = dict.fromkeys(live, Draft.empty())
-        made: dict[Sequence, Draft] = {}  # the drafts as made (the adaptive rule scores them whole)
-        trees, t_grow = self.tree_rule, 0.0
-        if drafting:
-            n = min(n, max(seq.limits.n_max for seq in drafting))  # no longer than any of them may verify
-            if trees is not None:  # (a drafter that keeps candidates while drafting is told first)
-                trees.choose(len(live), len(drafting))
-                self.proposer.want_candidates(trees.wants(len(drafting)))
-            proposed = self.proposer.propose(drafting, n)
-            if trees is not None:  # (the candidates are read from the draft call just made)
-                proposed = trees.grow(self.proposer, drafting, n, proposed, self._grows_tree)
-                t_grow = trees.last_grow
-            for seq, d in zip(drafting, proposed):
-                made[seq] = seq.limits.cut(grammar_cut(seq, d.head(seq.left - 1)))  # past the budget: never verified
-            verified = auto.after(live, made) if auto is not None else None
-            for seq, d in made.items():
-                drafts[seq] = d if verified is None else d.head(verified[seq])
-        t_draft = time.perf_counter() - t
-
-        # verify: every sequence's span [id_last, d1..dn] (or its tree) in one target decode
-        t = time.perf_counter()
-        width = self._span_width(live, drafts)
-        if width:  # a sequence whose cells cannot hold an equal span has filled its context: it ends
-            for seq in [seq for seq in live if seq.limit - seq.pos < width]:
-                seq.done = True
-                live.remove(seq)
-            if not live:
-                self._holding = False
-                return []
-        batch = self._batch.clear()
-        spans, blocks, row = [], [], 0
-        placed: dict[Sequence, Placed] = {}
-        for seq in live:
-            tree = drafts[seq].tree
-            if tree is not None and len(tree) > tree.n_chain:  # (a tree that is only its chain verifies as one)
-                placed[seq] = self.tree_verify.add(batch, seq, tree, row)
-                blocks.append(None)
-                spans.append(Span(seq.seq_id, row, 1 + len(tree), seq.pos,
-                                  np.concatenate([[seq.id_last], tree.tokens]).astype(np.int32)))
-                row += 1 + len(tree)
-                continue
-            block = verify_span(seq.id_last, drafts[seq].tokens, width)
-            blocks.append(block)
-            batch.add_tokens(block, seq.pos, seq.seq_id, outputs="all")
-            spans.append(Span(seq.seq_id, row, len(block), seq.pos, block))
-            row += len(block)
-        t_flushed = self._decode_target(batch, [sp for seq, sp in zip(live, spans) if seq.speculate])
-        t_inject += t_flushed
-        logits = self.target.logits_view()
-        outcomes, paths = self._accept(logits, live, drafts, spans, placed)
-        probs = {seq: [token_probs(logits[sp.row0 + j], t, seq.n_probs) for j, t in enumerate(out.tokens)]
-                 for seq, sp, out in zip(live, spans, outcomes) if seq.n_probs}  # (before a replay reuses the rows)
-
-        # commit or roll back, per sequence; replays of all sequences that need one in one decode
-        replays = []
-        for seq, out, block in zip(live, outcomes, blocks):
-            keep = seq.pos + out.accepted + 1
-            if seq in placed:  # the tree's accepted path becomes the sequence's cells, its branches go
-                if seq.speculate:
-                    self.proposer.commit(seq, seq.pos, out.accepted + 1, rows=paths[seq])
-                self.tree_verify.commit(seq, placed[seq], paths[seq])
-                continue
-            if seq.speculate:
-                self.proposer.commit(seq, seq.pos, out.accepted + 1)
-            if keep < seq.pos + len(block):  # rejected drafts (or padding) to roll back
-                if self.target.can_truncate(keep, seq.seq_id):
-                    self.target.truncate(keep, seq.seq_id)
-                else:
-                    replays.append((seq, block[:out.accepted + 1]))
-        # the verify decode, acceptance and rolling back; an injection flushed before the decode
-        # counts as injection, not twice
-        t_verify = time.perf_counter() - t - t_flushed
-        t_replay = 0.0
-        if replays:
-            t = time.perf_counter()
-            t_inject += self._replay(replays)
-            t_replay = time.perf_counter() - t
-
-        t_total = time.perf_counter() - t_start
-        self.stats.count(t_total, self._calls() - calls0)
-        if auto is not None:
-            auto.measured(len(live), len(drafting), n, t_draft, row, t_verify, t_total - t_draft - t_verify,
-                          sum(out.accepted + 1 for out in outcomes))
-        if trees is not None and drafting:
-            trees.measured(len(live), row, t_verify, t_total - t_verify - t_grow, len(placed))
-        self._holding = False
-        replayed = {seq for seq, _ in replays}
-        result = []
-        for seq, out, sp in zip(live, outcomes, spans):
-            d = len(drafts[seq])
-            step = Step([], "spec" if d else "plain", drafted=d, accepted=out.accepted, t_draft=t_draft,
-                        t_verify=t_verify, t_inject=t_inject, t_replay=t_replay, replayed=seq in replayed,
-                        t_total=t_total, nodes=len(placed[seq].tree) if seq in placed else d)
-            if seq.record_margins and not d:
-                step.margins.append(top2_margin(logits[sp.row0]))
-            if self.auto_lead is not None and d:
-                self.auto_lead.observe(out.accepted, d)
-            if seq.plain_by_cost:
-                step.k = 0
-            if auto is not None and seq.speculate:
-                step.k = d
-                m = made.get(seq)
-                # a tree's chain: how far a chain verify would have accepted it (the committed tokens
-                # are the target's own, so the chain is right as long as it agrees with them)
-                right = accept_greedy(drafts[seq].tokens[:out.accepted].tolist(), out.tokens) if seq in placed \
-                    else out.accepted
-                auto.committed(seq, seq.pos, None if m is None else m.tokens, d, right)
-                if auto.gave_up(seq):
-                    self._stop_speculating(seq)
-            seq.pos += out.accepted + 1
-            step.tokens += seq.take(out.tokens, self._is_eog)
-            if trees is not None:
-                trees.committed(seq)
-            if seq in probs:
-                step.probs += probs[seq][:len(step.tokens)]
-            self.stats.tokens += len(step.tokens)
-            seq.stats.add(step)
-            result.append((seq, step))
-        return result
-
-    def _accept(self, logits: np.ndarray, live: list[Sequence], drafts: dict, spans: list[Span],
-                placed: dict[Sequence, Placed]) -> tuple[list, dict[Sequence, list[int]]]:
-        """Each sequence's outcome: chains by the verifier, trees by their greedy walk (and the
-        offsets of the rows that hold a tree's committed positions)."""
-        chains = [(seq, drafts[seq], sp.row0) for seq, sp in zip(live, spans) if seq not in placed]
-        by_chain = iter(self.verifier.verify(logits, chains) if chains else ())
-        outcomes, paths = [], {}
-        for seq in live:
-            if seq in placed:
-                tree = placed[seq]
-                rows = logits[tree.row0:tree.row0 + 1 + len(tree.tree)]
-                if seq.sampling.greedy:
-                    out, paths[seq] = TreeVerify.accept(rows.argmax(axis=1).tolist(), tree)
-                else:
-                    out, paths[seq] = TreeVerify.sample(rows, tree, seq)
-                outcomes.append(out)
-            else:
-                outcomes.append(next(by_chain))
-        return outcomes, paths
-
-    @staticmethod
-    def _grows_tree(seq: Sequence) -> bool:
-        """Whether a sequence's drafts may be verified as a tree: nothing that judges rows by their
-        history (a grammar, penalties, bias: their rows would each need the path's history) and no
-        per-token probabilities asked for (they are read from a chain's consecutive rows)."""
-        return not row_by_row(seq) and not seq.n_probs
-
-    def _stop_speculating(self, seq: Sequence) -> None:
+    def stop_speculating(self, seq: Sequence) -> None:
         """The adaptive rule gave up on this sequence's drafts: it decodes plainly from now on (its
         steps then cost what plain ones do), its draft cells freed, what it learned kept for the next."""
         self.draft_length.forget(seq)
         self.proposer.release(seq)
         seq.speculate, seq.plain_by_cost = False, True
 
-    def _span_width(self, live: list[Sequence], drafts: dict) -> int | None:
-        """Hybrid targets with several sequences verify equal spans: llama.cpp splits a batch into
-        ubatches holding the same number of tokens of every sequence, and a span split across two
-        ubatches loses its input state (no replay could rebuild it). Shorter spans are padded
-        (the padding is rolled back like rejected drafts). None: spans keep their own length."""
-        if not (self.models.target.is_recurrent and len(live) > 1):
-            return None
-        return max(len(d) for d in drafts.values()) + 1
-
-    def _replay(self, replays: list[tuple[Sequence, np.ndarray]]) -> float:
-        """Rebuild recurrent states no plane kept: restore each sequence's input plane (its state
-        before this verify span) and decode its committed tokens [id_last, d1..da] again, all in
-        one call. No outputs: the committed tokens are known, and the draft got these rows'
-        features from the verify batch (flushed before this decode)."""
-        self._batch.clear()
-        for seq, committed in replays:
-            self.target.truncate(seq.pos, seq.seq_id)
-            self._batch.add_tokens(committed, seq.pos, seq.seq_id, outputs="none")
-        return self._decode_target(self._batch, None)
-
-    def _calls(self) -> int:
+    def calls(self) -> int:
         return self.target.n_decodes + (self.draft_ctx.n_decodes if self.draft_ctx is not None else 0)
 
     @property
@@ -630,7 +421,7 @@ class Engine:
 
     def close(self) -> None:
         self._closed = True
-        for obj in (getattr(self, "_batch", None), self.proposer, self.draft_ctx, getattr(self, "target", None)):
+        for obj in (getattr(self, "batch", None), self.proposer, self.draft_ctx, getattr(self, "target", None)):
             if obj is not None:
                 obj.close()
         if self._owns_models:
@@ -641,13 +432,3 @@ class Engine:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def grammar_cut(seq: Sequence, draft: Draft) -> Draft:
-    """A draft up to the first token the sequence's grammar forbids: the target could never
-    commit it, so verifying it and what follows is wasted. Drafts drawn from a distribution keep
-    their tokens (cutting on what was drawn would change the rejection sampler's distribution);
-    the verifier rejects a forbidden one there."""
-    if seq.grammar is None or not len(draft) or (draft.probs is not None and not seq.sampling.greedy):
-        return draft
-    return draft.head(seq.grammar.cut(draft.tokens.tolist()))

@@ -19,7 +19,7 @@ from ggspec.speculative.driver import generate_greedy, generate_spec
 from ggspec.speculative.stats import RunStats
 
 # A divergence at a position whose top-2 logit gap is below this counts as a rounding near-tie.
-# The gap between two logits is the gap between their log-probabilities, so this is seed 002's
+# The gap between two logits is the gap between their log-probabilities, so this is the
 # gate of 0.2 nat.
 TIE_MARGIN = 0.2
 IDENTITY_RULE = "byte identity"

@@ -18,11 +18,11 @@ from ggspec.runtime.devices import Placement
 from ggspec.runtime.gguf_meta import GGUFMeta, read_meta
 from ggspec.runtime.memory import check_memory
 from ggspec.runtime.preflight import check_model
+from ggspec.speculative.planes import PlaneOptions
+from ggspec.speculative.sampling import SamplerSettings
 from ggspec.speculative.types import registry
 from ggspec.speculative.types.archs import is_dflash
 from ggspec.speculative.types.draft_type import INJECT_MODES, DraftPlan, DraftType, Options
-from ggspec.speculative.planes import PlaneOptions
-from ggspec.speculative.sampling import SamplerSettings
 
 DEFAULT_N_MAX = 15  # draft tokens per step when neither the user nor a named pair gives one
 
@@ -70,6 +70,15 @@ class PairConfig:
     tree_auto: bool = True
     # how tokens are chosen: greedy by default; temperature > 0 samples (speculative sampling)
     sampling: SamplerSettings = field(default_factory=lambda: SamplerSettings(temp=0.0))
+    _types: tuple | None = field(default=None, init=False, repr=False, compare=False)  # (spec_type, its types)
+
+    @property
+    def types(self) -> tuple[DraftType, ...]:
+        """The types `spec_type` names, in llama.cpp's order (() where none is given): parsed once
+        (registry.parse), again only if `spec_type` changes."""
+        if self._types is None or self._types[0] != self.spec_type:
+            self._types = (self.spec_type, registry.parse(self.spec_type) if self.spec_type is not None else ())
+        return self._types[1]
 
     @property
     def auto(self) -> bool:
@@ -100,8 +109,7 @@ class PairConfig:
             raise InputError(f"the tree budget must be within 0..255 nodes (got {self.tree_budget})", field="tree_budget")
         if self.inject not in INJECT_MODES:
             raise InputError(f"{self.inject}: expected one of {', '.join(INJECT_MODES)}", field="inject")
-        if self.spec_type is not None:
-            registry.parse(self.spec_type)
+        self.types  # noqa: B018 (parsed: a bad --spec-type is refused here)
         if self.spec_select not in ("first", "cost"):
             raise InputError(f"{self.spec_select}: expected first (llama.cpp's rule) or cost", field="spec_select")
         self.ctx.validate()
@@ -112,7 +120,7 @@ def plan_drafting(cfg: PairConfig, target: GGUFMeta, draft: GGUFMeta | None, war
     files by its entry's `plan`; none given, the files decide (registry.detected: llama.cpp's
     auto-detection, plus ordinary draft LLMs, EAGLE3 heads and a target's MTP block).
     `cfg.use_draft` False (--no-draft) leaves the draft file out."""
-    types = registry.parse(cfg.spec_type) if cfg.spec_type is not None else ()
+    types = cfg.types
     if not cfg.use_draft:
         needs = [t.name for t in types if t.traits.draft_model == "required"]
         if needs:
@@ -163,6 +171,25 @@ def resolve_n_max(requested: int | None, max_draft: int | None, warnings: list[s
     return requested
 
 
+def draft_lengths(cfg: PairConfig, plan: DraftPlan, warnings: list[str]) -> tuple[int, list[int]]:
+    """The step's longest draft and, for several types, each one's own length (as llama.cpp: each
+    type drafts up to its own length, the verify holds the longest)."""
+    if plan.parts:
+        caps = [own_n_max(cfg, part, False, warnings) for part in plan.parts]
+        return max(caps), caps
+    return own_n_max(cfg, plan, True, warnings), []
+
+
+def own_n_max(cfg: PairConfig, plan: DraftPlan, given: bool, warnings: list[str]) -> int:
+    """A type's draft length: the n-gram types draft up to their own length (llama.cpp's n_max
+    for them; alone, `--spec-draft-n-max` overrides it: `given`), the others up to n_max fitted
+    to the draft's block."""
+    own = plan.type.own_n_max(cfg.options(plan.type)) if plan.type is not None else None
+    if own is None:
+        return resolve_n_max(cfg.n_max, plan.max_draft, warnings)
+    return resolve_n_max(cfg.n_max if given and cfg.n_max is not None else own, None, warnings)
+
+
 class Models:
     """The target (and draft) weights of a pair. Closed last, after every engine built on it."""
 
@@ -176,7 +203,8 @@ class Models:
             raise InputError(f"the target is a DFlash draft model, not a target: {cfg.target}", field="target")
         check_model(self.target_meta, "target")
         # (read with draft-mtp too: the draft may be a Gemma 4 drafter)
-        uses_draft = cfg.draft is not None and cfg.use_draft and not registry.text_only(cfg.spec_type)
+        uses_draft = cfg.draft is not None and cfg.use_draft and not (cfg.types and all(
+            t.traits.draft_model == "none" for t in cfg.types))
         self.draft_meta = read_meta(cfg.draft, "draft") if uses_draft else None
         self.plan = plan_drafting(cfg, self.target_meta, self.draft_meta, self.warnings)
         if not self.plan.uses_draft_model:
@@ -209,7 +237,7 @@ class Models:
         if cfg.n_gpu_layers or cfg.n_gpu_layers_draft or cfg.placement.multi_device:
             return
         ctx = cfg.ctx
-        n_max = resolve_n_max(cfg.n_max, self.plan.max_draft, [])
+        n_max = draft_lengths(cfg, self.plan, [])[0]  # (the engine's own rule: assembly)
         planes = cfg.planes.n_planes(n_max) if self.speculative else 1
         models = [(self.target_meta, planes * cfg.parallel)]
         if self.draft_meta is not None:

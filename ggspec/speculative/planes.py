@@ -69,7 +69,7 @@ class PlaneOptions:
 def default_lead(planes: int) -> int:
     """DFlash's default: keep {0, 1, ..., planes - 3 accepted, everything accepted}.
 
-    DFlash's acceptance is bimodal (seed 000: 24.5 % of steps accept nothing, 14.7 % accept all
+    DFlash's acceptance is bimodal (measured on a real DFlash pair: 24.5 % of steps accept nothing, 14.7 % accept all
     7), so the leading states plus the newest cover far more steps than the trailing ones."""
     return planes - 2
 

@@ -1,54 +1,32 @@
-"""One generation request inside the engine: its tokens, position, budget and statistics."""
+"""One request inside the engine: how far it got (tokens, position, statistics), its request whole."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from ggspec.runtime.grammar import Grammar
-from ggspec.speculative.proposer import Draft
+from ggspec.speculative.request import DraftLimits, Request
 from ggspec.speculative.sampling import SamplerSettings
 from ggspec.speculative.stats import RunStats
 
 GREEDY = SamplerSettings(temp=0.0)
 
 
-@dataclass(frozen=True)
-class DraftLimits:
-    """One sequence's own speculation within its engine's (a server request's `speculative.*`):
-    drafts of at most n_max tokens (0: it decodes plainly) and none shorter than n_min (a shorter
-    draft is not verified, as llama.cpp's --spec-draft-n-min; the engine's own n_min still applies
-    where its drafter has one); `p_min`, the confidence cut-off of its drafts (None: the engine's);
-    `types`, the speculative types that may draft for it (None: the engine's own; a server also
-    holds the n-gram types for the requests that name them: Engine.request_types)."""
-
-    n_max: int
-    n_min: int = 0
-    p_min: float | None = None
-    types: tuple[str, ...] | None = None
-
-    def cut(self, draft: Draft) -> Draft:
-        draft = draft.head(self.n_max)
-        return draft if len(draft) >= self.n_min else Draft.empty()
-
-
 @dataclass(eq=False)
 class Sequence:
-    """A prompt being continued. `seq_id` is the llama.cpp sequence (cache slot) it occupies
-    while it is active; the engine frees it when the sequence finishes or is cancelled."""
+    """A request being continued (`request`: what was asked, whole; the rest is how far it got).
+    `seq_id` is the llama.cpp sequence (cache slot) it occupies while it is active; the engine
+    frees it when the sequence finishes or is cancelled. `limits`, `grammar`, `sampling` and
+    `seed` are the request's as the engine resolved them (its defaults, a compiled grammar, a
+    concrete seed)."""
 
     seq_id: int
-    prompt: np.ndarray  # (n_prompt,) int32
-    n_predict: int  # token budget
-    ignore_eos: bool = False
-    tag: object = None  # the caller's label (a prompt index, a request id)
+    request: Request
     speculate: bool = True  # False: plain decoding for this sequence (the proposer never sees it)
     plain_by_cost: bool = False  # it decodes plainly because no draft length pays (its steps: k = 0)
-    record_margins: bool = False  # keep the target's top-2 margin of each plain step (the oracle)
     limits: DraftLimits = DraftLimits(1 << 30)  # its own bounds on a draft's length (the engine's: no bound)
     grammar: Grammar | None = None  # what its tokens must follow (runtime.Grammar, at the state after them)
-    n_probs: int = 0  # report each committed token's probability and the n likeliest (Step.probs)
     limit: int = 0  # positions it may use (prompt, budget, one verify block), set by the engine
     n_cached: int = 0  # leading prompt tokens its slot's cells held already (the prompt cache)
     tokens: list[int] = field(default_factory=list)  # generated (committed) tokens
@@ -63,11 +41,20 @@ class Sequence:
     # sampled with a seed given: its text must not depend on timings (no choice made from costs
     # changes how its tokens are drawn)
     seeded: bool = False
+    t_first: float | None = None  # when its first token was committed (perf_counter; t_max_predict_ms)
+    line_ended: bool = False  # a committed token held a newline (t_max_predict_ms)
 
     def __post_init__(self) -> None:
-        self.prompt = np.ascontiguousarray(self.prompt, dtype=np.int32)
         if not self.history:
             self.history = [int(t) for t in self.prompt]
+
+    # what was asked, as asked
+    prompt = property(lambda self: self.request.prompt)
+    n_predict = property(lambda self: self.request.n_predict)
+    ignore_eos = property(lambda self: self.request.ignore_eos)
+    tag = property(lambda self: self.request.tag)
+    record_margins = property(lambda self: self.request.record_margins)
+    n_probs = property(lambda self: self.request.n_probs)
 
     @property
     def left(self) -> int:
@@ -79,24 +66,35 @@ class Sequence:
         """Whether its prompt has been decoded (id_last is known)."""
         return self.id_last >= 0
 
-    def take(self, tokens: list[int], is_eog) -> list[int]:
-        """Append a step's committed tokens, cut at the budget or after an end-of-generation token
-        (`is_eog`), and mark the sequence done where it ends; returns those kept. `pos` must
-        already be past them."""
+    def take(self, tokens: list[int], vocab) -> list[int]:
+        """Append a step's committed tokens, cut at the budget or after an end-of-generation token,
+        and mark the sequence done where it ends; returns those kept. `pos` must already be past
+        them. `vocab` (the target Model) says what a token is: `is_eog(t)`, `token_bytes(t)`."""
+        if self.t_first is None:
+            self.t_first = time.perf_counter()
         kept = []
         for t in tokens[:self.left]:
             kept.append(t)
             if self.grammar is not None:
                 self.grammar.accept(t)
-            if not self.ignore_eos and is_eog(t):
+            if not self.ignore_eos and vocab.is_eog(t):
                 self.done = True
                 break
         self.tokens += kept
         self.history += kept
         self.id_last = tokens[-1]
-        if self.left <= 0 or self.pos >= self.limit:
+        if self.left <= 0 or self.pos >= self.limit or self._out_of_time(kept, vocab):
             self.done = True
         return kept
+
+    def _out_of_time(self, kept: list[int], vocab) -> bool:
+        """llama-server's t_max_predict_ms: a line has ended and the time since its first token
+        is past the request's limit."""
+        limit_ms = self.request.t_max_predict_ms
+        if limit_ms <= 0:
+            return False
+        self.line_ended = self.line_ended or any(b"\n" in vocab.token_bytes(t) for t in kept)
+        return self.line_ended and (time.perf_counter() - self.t_first) * 1000.0 > limit_ms
 
     def p_min(self, default: float) -> float:
         """Its drafts' confidence cut-off: its own, else its proposer's (`default`)."""

@@ -25,12 +25,12 @@ import numpy as np
 from ggspec.bench.forced import ForcedAcceptance, cycle_lengths
 from ggspec.runtime import ContextParams
 from ggspec.speculative.engine import Engine
-from ggspec.speculative.models import PairConfig
-from ggspec.speculative.types.mtp import MTPOptions
-from ggspec.speculative.types.ngram_mod import NgramModOptions
 from ggspec.speculative.lossless import run_prompts
+from ggspec.speculative.models import PairConfig
 from ggspec.speculative.planes import PlaneOptions
 from ggspec.speculative.stats import merge
+from ggspec.speculative.types.mtp import MTPOptions
+from ggspec.speculative.types.ngram_mod import NgramModOptions
 
 PROMPTS = ["def fibonacci(n):", "The quick brown fox", "x = [1, 2, 3]\ny = "]
 N_PREDICT = 40
@@ -86,7 +86,7 @@ def _files(fixture_dir: Path, case: Case) -> tuple[Path, Path | None]:
     if case.draft == "dense-target":
         return hybrid.target, ensure_tiny_pair(fixture_dir, "dense").target
     if case.draft == "hybrid-eagle3":
-        from ggspec.fixtures.eagle3 import write_eagle3_head
+        from helpers.fixtures.eagle3 import write_eagle3_head
 
         head = fixture_dir / "eagle3-hybrid" / "head.gguf"
         if not head.is_file():
@@ -94,7 +94,7 @@ def _files(fixture_dir: Path, case: Case) -> tuple[Path, Path | None]:
             write_eagle3_head(head, target_kind="hybrid", layers=(1, 2, 4))
         return hybrid.target, head
     if case.draft == "mtp-head":
-        from ggspec.fixtures.mtp_head import ensure_fitted
+        from helpers.fixtures.mtp_head import ensure_fitted
 
         return ensure_fitted(fixture_dir, ensure_tiny_pair(fixture_dir, "hybrid-mtp").target), None
     return hybrid.target, None

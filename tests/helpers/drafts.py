@@ -6,14 +6,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-
 from conftest import PROMPTS
+
+from ggspec.bench.forced import ForcedAcceptance, cycle_lengths
 from ggspec.bench.native import run_cpp
+from ggspec.speculative.driver import generate_greedy, generate_spec
 from ggspec.speculative.engine import Engine
 from ggspec.speculative.models import PairConfig
-from ggspec.speculative.driver import generate_greedy, generate_spec
+from ggspec.speculative.request import Request
 from ggspec.speculative.sequence import Sequence
-from ggspec.bench.forced import ForcedAcceptance, cycle_lengths
 
 
 class Recorder:
@@ -129,7 +130,7 @@ def three_at_once_equal_plain(eng: Engine, n: int) -> list:
     prompts = [eng.target_model.tokenize(p) for p in PROMPTS[:3]]
     plain = [greedy(eng, p, n) for p in prompts]
     eng.reset()
-    seqs = [eng.add(p, n, ignore_eos=True) for p in prompts]
+    seqs = [eng.add(Request(p, n, ignore_eos=True)) for p in prompts]
     list(eng.run())
     assert [s.tokens for s in seqs] == plain
     return seqs
@@ -138,7 +139,7 @@ def three_at_once_equal_plain(eng: Engine, n: int) -> list:
 def sequence(prompt, tokens, include_id_last: bool = True, seq_id: int = 0) -> Sequence:
     """A sequence as a proposer sees it after `tokens` were generated from `prompt` (its history
     with or without id_last, the last token, appended)."""
-    s = Sequence(seq_id=seq_id, prompt=np.array(prompt, dtype=np.int32), n_predict=1000)
+    s = Sequence(seq_id, Request(prompt, 1000))
     s.tokens = list(tokens)
     s.history = list(prompt) + list(tokens if include_id_last else tokens[:-1])
     s.id_last = tokens[-1] if tokens else -1

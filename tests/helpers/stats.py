@@ -10,6 +10,7 @@ from scipy.stats import chi2_contingency
 
 from ggspec.speculative.engine import Engine
 from ggspec.speculative.models import Models, PairConfig
+from ggspec.speculative.request import Request
 
 SEEDS = 1500
 
@@ -21,7 +22,7 @@ def draws(eng: Engine, prompt, speculate: bool, n: int = 2) -> Counter:
     pending = list(range(SEEDS)) if speculate else list(range(10**6, 10**6 + SEEDS))
     while pending or eng.active:
         while pending and eng.can_add(prompt, n):
-            eng.add(prompt, n, ignore_eos=True, seed=pending.pop(), speculate=speculate, tag="x")
+            eng.add(Request(prompt, n, ignore_eos=True, seed=pending.pop(), speculate=speculate, tag="x"))
         for seq in {seq: None for seq, _ in eng.step() if seq.done}:  # a joining sequence has two steps
             counts[tuple(seq.tokens[:n])] += 1
     return counts

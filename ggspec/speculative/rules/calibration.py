@@ -34,6 +34,7 @@ import numpy as np
 
 from ggspec.runtime.devices import cpu_name
 from ggspec.speculative.proposer import Draft
+from ggspec.speculative.request import Request
 from ggspec.speculative.stats import EngineStats
 
 if TYPE_CHECKING:
@@ -173,7 +174,7 @@ def run(engine) -> bool:
     engine.proposer = FullLength(own)
     try:
         for _ in range(engine.parallel):
-            engine.add(prompt, room, ignore_eos=True, tag="calibration")
+            engine.add(Request(prompt, room, ignore_eos=True, tag="calibration"))
         for first, (k, cap) in enumerate(zip(phases, caps)):
             least = MEASURED + (SKIP if first == 0 else 1)  # (a phase's first step pays for the change)
             t0 = time.perf_counter()
@@ -223,7 +224,7 @@ def _plain_steps(engine, prompt: np.ndarray, room: int) -> float:
     """Seconds of a step of every slot decoding without speculating (no draft kept current: the
     step a sequence that stops speculating costs), the lower quartile of a phase's steps."""
     for _ in range(engine.parallel):
-        engine.add(prompt, room, ignore_eos=True, tag="calibration", speculate=False)
+        engine.add(Request(prompt, room, ignore_eos=True, tag="calibration", speculate=False))
     engine.step()  # the prefill
     times = []
     t0 = time.perf_counter()

@@ -33,10 +33,10 @@ from ggspec.errors import InputError, LlamaError
 from ggspec.runtime import Context, footprint
 from ggspec.runtime.footprint import HOST, Footprint, Use
 from ggspec.runtime.memory import mem_available
-from ggspec.speculative.assembly import assemble, draft_lengths
-from ggspec.speculative.rules.calibration import calibrates_plain_step, plain_step_params
-from ggspec.speculative.models import Models, PairConfig
+from ggspec.speculative.assembly import assemble
+from ggspec.speculative.models import Models, PairConfig, draft_lengths
 from ggspec.speculative.planes import PlaneOptions
+from ggspec.speculative.rules.calibration import calibrates_plain_step, plain_step_params
 
 DEVICE_MARGIN = 1 << 30  # bytes left free on each device (llama.cpp's --fit-target default)
 HOST_MARGIN = 256 << 20  # ... and of the host's available memory (the process's own, Python's)

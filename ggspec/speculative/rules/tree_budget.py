@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ggspec.errors import InputError
-from ggspec.speculative.rules.costs import ShapeCosts, ema
 from ggspec.speculative.proposer import Draft
+from ggspec.speculative.rules.costs import ShapeCosts, ema
 from ggspec.speculative.tree import Tree, ddtree
 from ggspec.speculative.tree_verify import MAX_SEQ, tree_seq_ids
 

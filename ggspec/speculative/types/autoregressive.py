@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from ggspec.speculative.types.confidence import CONFIDENCE_TOP_K, best_picked, picked_ranked, top_k_confidence
 from ggspec.speculative.sampling import Candidates, candidates
 from ggspec.speculative.tree import top_k
+from ggspec.speculative.types.confidence import CONFIDENCE_TOP_K, best_picked, picked_ranked, top_k_confidence
 from ggspec.speculative.verifier import DRAFT
 
 

@@ -17,7 +17,7 @@ How the target's feature rows reach the draft cache (`inject`):
 - "pruned" (default): rows are queued, the rejected ones dropped at commit, and the committed
   ones injected in one call just before the target's next decode or the next draft: never more
   work than the others, and nothing has to be removed from the draft cache after a rejection;
-- "deferred": seed 004's stash: every verify row is queued and injected at the next flush, then
+- "deferred": the stash of the deferred-injection design (docs/concepts/injection.md): every verify row is queued and injected at the next flush, then
   the rejected ones are removed;
 - "immediate": upstream llama.cpp: every verify row is injected right away, and the rejected
   ones removed at commit.
@@ -34,15 +34,14 @@ import numpy as np
 from ggspec.errors import InputError
 from ggspec.runtime import Batch, Context
 from ggspec.runtime.gguf_meta import GGUFMeta
+from ggspec.speculative.proposer import Draft, Proposer, Span, capture_rows, row_runs
+from ggspec.speculative.sampling import candidates
+from ggspec.speculative.tree import top_k
 from ggspec.speculative.types.archs import LAYER_INPUT_ARCHS, is_dflash
 from ggspec.speculative.types.confidence import CONFIDENCE_TOP_K, best_picked, pick_mode, picked_ranked, top_k_confidence
 from ggspec.speculative.types.draft_type import Build, DraftPlan, DraftType, Traits, draft_of_kind
 from ggspec.speculative.types.draft_vocab import DraftVocabOptions, set_draft_head
-from ggspec.speculative.proposer import Draft, Proposer, Span, capture_rows, row_runs
-from ggspec.speculative.sampling import candidates
-from ggspec.speculative.tree import top_k
 from ggspec.speculative.verifier import DRAFT
-
 
 
 @dataclass(frozen=True)

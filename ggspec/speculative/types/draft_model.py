@@ -34,13 +34,13 @@ from __future__ import annotations
 from ggspec.errors import InputError
 from ggspec.runtime import Batch, Context
 from ggspec.runtime.preflight import check_model
-from ggspec.speculative.types.autoregressive import PickedRows, RowCandidates, draft_tokens
+from ggspec.speculative.proposer import Draft, Proposer, model_draft
 from ggspec.speculative.types.archs import is_dflash
+from ggspec.speculative.types.autoregressive import PickedRows, RowCandidates, draft_tokens
 from ggspec.speculative.types.confidence import CONFIDENCE_TOP_K, pick_mode
 from ggspec.speculative.types.draft_type import Build, DraftPlan, DraftType, Traits, check_draft_given
 from ggspec.speculative.types.draft_vocab import DraftVocabOptions, set_draft_head
 from ggspec.speculative.types.eagle3 import is_eagle3
-from ggspec.speculative.proposer import Draft, Proposer, model_draft
 
 # llama.cpp's vocabulary rules (SP:67-132): at most this many more or fewer tokens, and equal
 # token text from this id on (the first ids are control tokens that may differ)

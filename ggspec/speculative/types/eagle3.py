@@ -37,10 +37,10 @@ import numpy as np
 
 from ggspec.errors import InputError, LlamaError
 from ggspec.runtime import Batch, Context
+from ggspec.speculative.proposer import Draft, Proposer, Span, capture_rows, model_draft, row_runs
 from ggspec.speculative.types.archs import FINAL_STATE_ARCHS, LAYER_INPUT_ARCHS
 from ggspec.speculative.types.autoregressive import RowCandidates, draft_tokens
 from ggspec.speculative.types.draft_type import Build, DraftPlan, DraftType, Traits, draft_of_kind
-from ggspec.speculative.proposer import Draft, Proposer, Span, capture_rows, model_draft, row_runs
 
 
 @dataclass(frozen=True)

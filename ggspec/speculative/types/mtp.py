@@ -30,7 +30,7 @@ at id_last's position (the drafter writes no cell, its queries see the target's 
 each next step pairs the drafted token with the drafter's own projected state, and nothing is
 removed afterwards. Its cells being the target's, the prompt cache works as for the target alone.
 
-Chained (`chain`, seed 001, patch 0011): one decode runs all n draft steps of every sequence inside
+Chained (`chain`, patch 0011; docs/concepts/mtp.md): one decode runs all n draft steps of every sequence inside
 one graph (argmax, the next token's embedding and the next h on the device, each step's K/V in its
 own cell), and only (token, confidence) per step comes back: one llama.cpp call per draft however
 long. Same drafts as the unchained loop with the full vocabulary. With a reduced draft vocabulary
@@ -49,11 +49,11 @@ from ggspec.errors import InputError
 from ggspec.runtime import Batch, Context
 from ggspec.runtime.gguf_meta import GGUFMeta
 from ggspec.runtime.preflight import check_model
+from ggspec.speculative.proposer import Draft, Proposer, Span, capture_rows, model_draft, row_runs
 from ggspec.speculative.types.archs import DRAFTER_ARCHS, is_mtp_drafter
 from ggspec.speculative.types.autoregressive import RowCandidates, draft_tokens
 from ggspec.speculative.types.draft_type import Build, DraftPlan, DraftType, Traits, option, type_names
 from ggspec.speculative.types.draft_vocab import DraftVocabOptions, give_draft_vocab
-from ggspec.speculative.proposer import Draft, Proposer, Span, capture_rows, model_draft, row_runs
 
 # The architectures whose graph, in the pinned llama.cpp, has an MTP head (LLM_GRAPH_TYPE_DECODER_MTP);
 # ggspec runs those with one nextn block (llama.cpp's single-head mode: the same calls for all of
@@ -157,7 +157,7 @@ class MTPProposer(RowCandidates, Proposer):
     # --- catching up with the target --------------------------------------------------------------
 
     def begin(self, seq, cached: int = 0) -> None:
-        """A new sequence starts from nothing: no carried state (seed 001's leak: a stale pending
+        """A new sequence starts from nothing: no carried state (a leak once seen upstream: a stale pending
         h paired with the first token of an unrelated prompt) and no cells of the slot's last one."""
         if not self.shared_kv:
             self.mtp.drop_sequence(seq.seq_id)

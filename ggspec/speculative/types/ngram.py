@@ -34,9 +34,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ggspec.errors import InputError
-from ggspec.speculative.types.draft_type import SIZE_LIMIT, TEXT_TRAITS, DraftType, Options, option
 from ggspec.speculative.proposer import Draft, Proposer
 from ggspec.speculative.sequence import Sequence
+from ggspec.speculative.types.draft_type import SIZE_LIMIT, TEXT_TRAITS, DraftType, Options, option
 
 DEFAULT_SIZE_N = 12  # --spec-ngram-simple-size-n: the looked-up n-gram's length
 DEFAULT_SIZE_M = 48  # --spec-ngram-simple-size-m: the most tokens one draft holds

@@ -28,9 +28,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ggspec.speculative.types.draft_type import TEXT_TRAITS, DraftType
 from ggspec.speculative.proposer import Draft, Proposer
 from ggspec.speculative.sequence import Sequence
+from ggspec.speculative.types.draft_type import TEXT_TRAITS, DraftType
 
 NGRAM_MIN, NGRAM_MAX = 1, 4  # LLAMA_NGRAM_MIN, LLAMA_NGRAM_MAX
 N_DRAFT = 8  # create_state_ngram_cache: "uint16_t n_draft = 8; // TODO get from config?"

@@ -34,10 +34,10 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from ggspec.errors import InputError
-from ggspec.speculative.types.draft_type import TEXT_TRAITS, DraftType, Options, option
-from ggspec.speculative.types.ngram import SIZE_LIMIT, _History, split_history
 from ggspec.speculative.proposer import Draft, Proposer
 from ggspec.speculative.sequence import Sequence
+from ggspec.speculative.types.draft_type import TEXT_TRAITS, DraftType, Options, option
+from ggspec.speculative.types.ngram import SIZE_LIMIT, _History, split_history
 
 MAX_VALUES = 4  # COMMON_NGRAM_MAX_VALUES: continuations kept per key
 MAX_VALUE_COUNT = 16380  # COMMON_NGRAM_MAX_VALUE_COUNT: counts saturate here

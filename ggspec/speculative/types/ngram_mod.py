@@ -33,10 +33,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ggspec.errors import InputError
-from ggspec.speculative.types.draft_type import TEXT_TRAITS, DraftType, Options, option
-from ggspec.speculative.types.ngram import SIZE_LIMIT, _History, split_history
 from ggspec.speculative.proposer import Draft, Proposer
 from ggspec.speculative.sequence import Sequence
+from ggspec.speculative.types.draft_type import TEXT_TRAITS, DraftType, Options, option
+from ggspec.speculative.types.ngram import SIZE_LIMIT, _History, split_history
 
 TABLE_SIZE = 4 * 1024 * 1024  # entries (llama.cpp: 4*1024*1024); a power of two
 HASH_FACTOR = 6364136223846793005

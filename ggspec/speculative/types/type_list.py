@@ -35,9 +35,9 @@ import time
 
 import numpy as np
 
-from ggspec.speculative.types import registry
-from ggspec.speculative.rules.costs import Acceptance, draft_match, ema
 from ggspec.speculative.proposer import Draft, Proposer
+from ggspec.speculative.rules.costs import Acceptance, draft_match, ema
+from ggspec.speculative.types import registry
 
 SELECT_RULES = ("first", "cost")
 _EMPTY = np.empty(0, dtype=np.int32)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ggspec.console import err
+from ggspec.cli.console import err
 from ggspec.errors import InputError
 
 INTERRUPTED = 130  # the exit status after Ctrl-C (the captured data stays for --resume)
@@ -24,7 +24,6 @@ def options(model: Path | None, pair: str | None, output: Path | None, *, data: 
         import torch  # noqa: F401
     except ImportError:
         raise InputError("ggspec distill trains with PyTorch: pip install 'ggspec[train]'") from None
-    from ggspec.cli_options import parse_int_list
     from ggspec.distill.capture import CapturePlan
     from ggspec.distill.export import OUTTYPES
     from ggspec.distill.pipeline import DistillOptions
@@ -93,3 +92,12 @@ def distill(options) -> int:
     err.print(f"[green]wrote[/] {options.output} ({options.output.stat().st_size / 2**20:.1f} MiB) in {t / 60:.1f} min; "
               f"report: {options.output}.json", soft_wrap=True)
     return 0
+
+
+def parse_int_list(text: str, flag: str) -> tuple[int, ...]:
+    """"2,5,9" -> (2, 5, 9); anything else is one line naming the flag."""
+    try:
+        values = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise InputError(f"{flag} {text}: expected comma-separated integers, e.g. 2,5,9") from None
+    return values

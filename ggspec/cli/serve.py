@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ggspec.console import err
+from ggspec.cli.console import err
 from ggspec.errors import InputError
 
 SERVE_PACKAGES = ("starlette", "uvicorn", "pydantic", "prometheus_client")  # ggspec[serve]

@@ -1,7 +1,7 @@
 """How a `ggspec` command ends: every expected failure is one line on stderr and a non-zero exit.
 
 A GGSpecError (bad input, llama.cpp refusing a request, a failed build or save) is `error: ...`,
-prefixed with the flag of the field it names (cli_options.error_text), exit 1; a pair not pulled
+prefixed with the flag of the field it names (options.error_text), exit 1; a pair not pulled
 yet says how to pull it; a closed or full stdout is one line (a closed pipe, `| head`, none: exit
 141); Ctrl-C is "interrupted", exit 130; and when llama.cpp cannot go on (a ggml abort, a silent
 RPC worker) the process ends at once with one line, exit 1 (ggspec.fatal).
@@ -13,8 +13,8 @@ import sys
 from typing import NoReturn
 
 from ggspec import fatal
-from ggspec.cli_options import error_text
-from ggspec.console import err, error
+from ggspec.cli.console import err, error
+from ggspec.cli.options import error_text
 from ggspec.errors import GGSpecError
 from ggspec.streams import StdoutError, guard_std_streams
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ggspec.console import err
+from ggspec.cli.console import err
 from ggspec.errors import GGSpecError
 
 

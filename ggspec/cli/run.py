@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ggspec.console import err, note, warn
-from ggspec.console.printer import OrderedPrinter
-from ggspec.console.verdict import check_lossless, verdict
+from ggspec.cli.console import err, note, warn
+from ggspec.cli.printer import OrderedPrinter
+from ggspec.cli.verdict import check_lossless, verdict
 from ggspec.errors import InputError
 
 DEFAULT_PROMPT = "def fibonacci(n):"
@@ -21,9 +21,8 @@ REAL_DIVERGENCE = 2  # the exit status when --check found a REAL divergence
 
 def prompts_to_run(prompt: str | None, prompt_file: Path | None, *, n_predict: int, check: bool, plain: bool,
                    temp: float | None) -> list[str]:
-    """The prompts of -p or -f (one per line, see cli_options.parse_prompt_lines), after the checks
-    of run's flags that need no model; each failure is an InputError naming its flag."""
-    from ggspec.cli_options import parse_prompt_lines
+    """The prompts of -p or -f (one per line, see parse_prompt_lines), after the checks of run's
+    flags that need no model; each failure is an InputError naming its flag."""
     from ggspec.files import check_text, read_text
     from ggspec.streams import stdout_closed
 
@@ -42,6 +41,26 @@ def prompts_to_run(prompt: str | None, prompt_file: Path | None, *, n_predict: i
     if check and (plain or (temp or 0) > 0):
         raise InputError("--check compares speculative greedy output with plain greedy: it needs speculation and "
                          "temperature 0")
+    return prompts
+
+
+def parse_prompt_lines(text: str) -> list[str]:
+    """`run -f`: one prompt per line, blank lines skipped; `\\n` in a line is a newline and `\\\\`
+    a backslash (any other backslash stays as it is)."""
+    prompts = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        out, i = [], 0
+        while i < len(line):
+            c = line[i]
+            if c == "\\" and i + 1 < len(line) and line[i + 1] in "n\\":
+                out.append("\n" if line[i + 1] == "n" else "\\")
+                i += 2
+            else:
+                out.append(c)
+                i += 1
+        prompts.append("".join(out))
     return prompts
 
 

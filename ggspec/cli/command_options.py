@@ -1,7 +1,8 @@
-"""The options each command declares for itself (those `run`, `serve` and `bench` share are in cli_options).
+"""The flags only one command takes (those `run`, `serve` and `bench` share are the option table,
+ggspec.cli.options).
 
-Each is an `Annotated` type carrying its flags and help; ggspec.cli's signatures use them with their
-defaults, so a command reads as its list of options and what it calls.
+Each is an `Annotated` type carrying its flags and help; the commands' signatures (ggspec.cli.commands)
+use them with their defaults, so a command reads as its list of options and what it calls.
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from ggspec.console.run import DEFAULT_PROMPT
-from ggspec.console.verdict import COMPARE_MAX_S
+from ggspec.cli.run import DEFAULT_PROMPT
+from ggspec.cli.verdict import COMPARE_MAX_S
 
 # --- build ----------------------------------------------------------------------------------------
 BuildCuda = Annotated[bool, typer.Option("--cuda", help="Build the CUDA backend (GGML_CUDA=ON).")]
@@ -36,15 +37,11 @@ BuildCompileCheck = Annotated[bool, typer.Option(
          "(a check for CI; no library is built).")]
 
 # --- run ------------------------------------------------------------------------------------------
-RunNoSpec = Annotated[bool, typer.Option("--no-spec", help="Plain greedy decoding on the target (A/B baseline).")]
 RunPrompt = Annotated[Optional[str], typer.Option(
     "-p", "--prompt", help=f"Prompt text \\[default: {DEFAULT_PROMPT}].")]
 RunPromptFile = Annotated[Optional[Path], typer.Option(
     "-f", "--file", help="Prompts, one per line (blank lines skipped; \\n in a line is a newline, \\\\ a "
                          "backslash), decoded -np at a time; each output is printed in the file's order.")]
-RunFlashAttn = Annotated[str, typer.Option(
-    "-fa", "--flash-attn", help="Flash attention: on, off or auto (auto = off for a model on the CPU, where it slows "
-                                "verify batches).")]
 RunIgnoreEos = Annotated[bool, typer.Option("--ignore-eos", help="Keep generating past end-of-generation tokens.")]
 RunCheck = Annotated[bool, typer.Option(
     "--check", help="Then decode each prompt plain greedy and say whether the outputs are identical; a "
@@ -61,14 +58,7 @@ RunCompare = Annotated[Optional[bool], typer.Option(
     "--compare/--no-compare", help="Then decode the prompt plainly and end with the speedup against plain "
                                    f"decoding \\[default: when the speculative decode took at most {COMPARE_MAX_S:.0f} s].")]
 
-# --- run and serve alike --------------------------------------------------------------------------
-NBatch = Annotated[int, typer.Option("-b", "--batch-size", help="Logical batch size.")]
-NUbatch = Annotated[int, typer.Option("-ub", "--ubatch-size", help="Physical batch size.")]
-NGpuLayersDraft = Annotated[Optional[int], typer.Option(
-    "-ngld", "--n-gpu-layers-draft", help="Draft layers to offload \\[default: as -ngl].")]
-
 # --- serve ----------------------------------------------------------------------------------------
-ServeNoSpec = Annotated[bool, typer.Option("--no-spec", help="Plain decoding, no draft (the A/B baseline).")]
 ServeHost = Annotated[str, typer.Option("--host", help="Address to listen on (loopback by default; anything else "
                                                       "is reachable from other machines).")]
 ServePort = Annotated[int, typer.Option("--port", help="Port to listen on.")]
@@ -97,13 +87,6 @@ ServeCacheRam = Annotated[int, typer.Option(
                                  "to a later prompt that starts the same way (-1: no limit, 0: off).")]
 ServeDrainTimeout = Annotated[float, typer.Option(
     "--drain-timeout", help="On SIGINT/SIGTERM, seconds the requests in progress may take to finish.")]
-ServeTemp = Annotated[float, typer.Option("--temp", help="Temperature of requests that give none (0: greedy).")]
-SERVE_SLOTS = 4  # llama-server's default slots
-ServeParallel = Annotated[int | None, typer.Option(
-    "-np", "--parallel", show_default=str(SERVE_SLOTS),
-    help="Slots: requests decoded together (continuous batching); -c is split among them. Not given, the "
-         "memory fit may lower it.")]
-ServeFlashAttn = Annotated[str, typer.Option("-fa", "--flash-attn", help="Flash attention: on, off or auto.")]
 
 # --- rpc-server -----------------------------------------------------------------------------------
 RpcHost = Annotated[str, typer.Option("-H", "--host", help="Address to bind (default: loopback only).")]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import codecs
 import sys
 
-from ggspec.console import err
+from ggspec.cli.console import err
 
 
 class OrderedPrinter:

@@ -5,7 +5,7 @@ A BuildError is not caught here: the CLI's entry point prints it as one error li
 
 from __future__ import annotations
 
-from ggspec.console import err
+from ggspec.cli.console import err
 
 
 def build(options, force: bool) -> None:

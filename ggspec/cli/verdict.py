@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from statistics import median
 
-from ggspec.console import err
+from ggspec.cli.console import err
 
 COMPARE_MAX_S = 5.0  # `run` times a speculative decode this short against plain decoding, to say whether it paid
 BREAK_EVEN = 0.05  # closer to 1× than this is no difference worth a verdict
