@@ -434,9 +434,9 @@ def test_hopeless_only_where_no_length_pays_even_with_good_drafts():
     def measured(verify, draft):
         rule = _rule()
         for _ in range(8):
-            rule.plain.add(Request(1, verify(1)))
-            rule.spec.add(Request(9, verify(9)))
-            rule.spec.add(Request(2, verify(2)))
+            rule.plain.add(1, verify(1))
+            rule.spec.add(9, verify(9))
+            rule.spec.add(2, verify(2))
             rule._draft_costs(1, exact=True).add(8, draft(8))
             rule._draft_costs(1, exact=True).add(1, draft(1))
         rule.rest_plain = rule.rest_spec = 0.0

@@ -137,7 +137,7 @@ def test_the_prompt_cache_keeps_the_drafts_cells_with_the_targets():
         longer = np.concatenate([a, np.asarray(first.tokens[:10], dtype=np.int32), tok("\n\ndef g(x):", add_special=False)])
         rec, rec_fresh = Recorder(eng.proposer), Recorder(fresh.proposer)
         eng.proposer, fresh.proposer = rec, rec_fresh
-        turn, alone = eng.add(Request(longer, 32, ignore_eos=True)), fresh.add(longer, 32, ignore_eos=True)
+        turn, alone = eng.add(Request(longer, 32, ignore_eos=True)), fresh.add(Request(longer, 32, ignore_eos=True))
         list(eng.run())
         list(fresh.run())
     assert turn.n_cached == len(a) + 10 and alone.n_cached == 0

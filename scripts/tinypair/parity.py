@@ -12,6 +12,7 @@ def _llama_side(target_path, draft_path, prompt: np.ndarray):
     from ggspec.speculative.engine import Engine
     from ggspec.speculative.models import PairConfig
     from ggspec.speculative.proposer import Span
+    from ggspec.speculative.request import Request
     from ggspec.speculative.sequence import Sequence
 
     params = ContextParams(n_ctx=512, n_batch=256, n_ubatch=256, type_k="f32", type_v="f32", flash_attn="off")
@@ -23,7 +24,7 @@ def _llama_side(target_path, draft_path, prompt: np.ndarray):
         sp.proposer.observe([Span(0, 0, len(prompt), 0)])
         sp.proposer.flush()
         id_last = int(logits[-1].argmax())
-        seq = Sequence(0, prompt, 1, id_last=id_last, pos=len(prompt))
+        seq = Sequence(0, Request(prompt, 1), id_last=id_last, pos=len(prompt))
         drafts = sp.proposer.propose([seq], sp.n_max)[0].tokens
         return logits, id_last, drafts, sp.draft_ctx.logits()[1:]  # rows 1..7 are the drafts
 
