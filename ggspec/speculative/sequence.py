@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ggspec.runtime.grammar import Grammar
 from ggspec.speculative.request import DraftLimits, Request
 from ggspec.speculative.sampling import SamplerSettings
@@ -44,17 +46,21 @@ class Sequence:
     t_first: float | None = None  # when its first token was committed (perf_counter; t_max_predict_ms)
     line_ended: bool = False  # a committed token held a newline (t_max_predict_ms)
 
+    # what was asked, read on every step: the request's own values, as plain attributes (a
+    # property per read would cost a call each in the hot loop)
+    prompt: np.ndarray = field(init=False, repr=False)
+    n_predict: int = field(init=False)
+    ignore_eos: bool = field(init=False)
+    tag: object = field(init=False)
+    record_margins: bool = field(init=False)
+    n_probs: int = field(init=False)
+
     def __post_init__(self) -> None:
+        r = self.request
+        self.prompt, self.n_predict, self.ignore_eos, self.tag = r.prompt, r.n_predict, r.ignore_eos, r.tag
+        self.record_margins, self.n_probs = r.record_margins, r.n_probs
         if not self.history:
             self.history = [int(t) for t in self.prompt]
-
-    # what was asked, as asked
-    prompt = property(lambda self: self.request.prompt)
-    n_predict = property(lambda self: self.request.n_predict)
-    ignore_eos = property(lambda self: self.request.ignore_eos)
-    tag = property(lambda self: self.request.tag)
-    record_margins = property(lambda self: self.request.record_margins)
-    n_probs = property(lambda self: self.request.n_probs)
 
     @property
     def left(self) -> int:

@@ -31,7 +31,7 @@ from ggspec.speculative.tree_verify import Placed, TreeVerify
 from ggspec.speculative.verifier import Outcome, accept_greedy, row_by_row
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Part:
     """One live sequence's share of a step."""
 
@@ -48,7 +48,7 @@ class Part:
     replayed: bool = False  # its committed tokens were decoded again (no plane kept its state)
 
 
-@dataclass
+@dataclass(slots=True)
 class Layout:
     """One step: its parts, in sequence-id order, and what the whole step drafted and cost."""
 
@@ -224,11 +224,13 @@ class Transaction:
         replays = []
         for p in r.parts:
             seq, out = p.seq, p.outcome
-            if seq.speculate:
-                e.proposer.commit(seq, seq.pos, out.accepted + 1, **({} if p.placed is None else {"rows": p.path}))
-            if p.placed is not None:
+            if p.placed is not None:  # the accepted path's rows; its branches go
+                if seq.speculate:
+                    e.proposer.commit(seq, seq.pos, out.accepted + 1, rows=p.path)
                 e.tree_verify.commit(seq, p.placed, p.path)
                 continue
+            if seq.speculate:
+                e.proposer.commit(seq, seq.pos, out.accepted + 1)
             keep = seq.pos + out.accepted + 1
             if keep < seq.pos + len(p.block):  # rejected drafts (or padding) to roll back
                 if e.target.can_truncate(keep, seq.seq_id):
