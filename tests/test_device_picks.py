@@ -101,7 +101,8 @@ def _picked_equals_host(cfg: PairConfig, hot: bool, default: bool) -> None:
             rec = Recorder(eng.proposer)
             eng.proposer = rec
             prompts = [eng.target_model.tokenize(t) for t in PROMPTS[:2]]
-            seqs = [eng.add(Request(prompts[0], 48, ignore_eos=True)), eng.add(Request(prompts[1], 48, ignore_eos=True, sampling=second))]
+            seqs = [eng.add(Request(prompts[0], 48, ignore_eos=True)),
+                    eng.add(Request(prompts[1], 48, ignore_eos=True, sampling=second))]
             picked = {tuple(rec.inner.draft.picked_on_device(s.seq_id) for s in seqs) for _ in eng.run()}
             runs.append(([s.tokens for s in seqs], rec.log))
             assert picked == ({(k, None if hot else k)} if on_device else {(None, None)})

@@ -21,11 +21,11 @@ import numpy as np
 import pytest
 from conftest import PROMPTS, run_cli
 from helpers.drafts import Recorder
+from helpers.fixtures.mtp_head import ensure_fitted
 from helpers.pairs import DFLASH, DRAFT, EAGLE3, STACK, TARGET
 
 from ggspec.catalogue.tiny import ensure_tiny_pair
 from ggspec.errors import InputError
-from helpers.fixtures.mtp_head import ensure_fitted
 from ggspec.runtime import ContextParams
 from ggspec.speculative.driver import generate_greedy
 from ggspec.speculative.engine import Engine

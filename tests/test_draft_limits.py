@@ -10,7 +10,7 @@ from helpers.pairs import CPP_CTX, DRAFT, STACK, TARGET
 
 from ggspec.errors import InputError
 from ggspec.speculative.driver import drive
-from ggspec.speculative.engine import Engine
+from ggspec.speculative.engine import Engine, Serving
 from ggspec.speculative.models import Models, PairConfig
 from ggspec.speculative.request import DraftLimits, Request
 
@@ -58,7 +58,7 @@ def test_sequences_draft_with_their_own_types_and_cut_off_in_one_step():
     engine does without it; a high cut-off drafts less. Every one decodes the plain greedy text,
     all in the same verify."""
     cfg = PairConfig(TARGET, DRAFT, n_max=6, parallel=len(TYPED), ctx=CPP_CTX, p_min=0.5, calibrate=False)
-    with Engine(Models(cfg), cfg, standby_types=True) as e:
+    with Engine(Models(cfg), cfg, serving=Serving(standby_types=True)) as e:
         e._owns_models = True
         assert e.request_types[0] == "ngram-simple" and e.request_types[-1] == "draft-simple"
         assert e.proposer.name == "draft-simple"  # the standby types are not the engine's own

@@ -23,7 +23,7 @@ from helpers.serving import serve_equals_plain
 from ggspec.bench.forced import ForcedAcceptance, cycle_lengths
 from ggspec.errors import InputError
 from ggspec.speculative.driver import generate_spec
-from ggspec.speculative.engine import Engine
+from ggspec.speculative.engine import Engine, Serving
 from ggspec.speculative.models import Models, PairConfig
 from ggspec.speculative.planes import PlaneOptions
 from ggspec.speculative.request import Request
@@ -129,7 +129,7 @@ def test_a_hybrid_target_with_capped_planes_and_replays(hybrid_pair, dense_pair)
 def test_the_prompt_cache_keeps_the_drafts_cells_with_the_targets():
     """A repeated and an extended prompt reuse the slot's cells in both contexts: only the rest is
     decoded, and the drafts and the text are a fresh engine's."""
-    with Engine.open(_cfg(parallel=2), prompt_cache=True) as eng, Engine.open(_cfg(parallel=2)) as fresh:
+    with Engine.open(_cfg(parallel=2), serving=Serving(prompt_cache=True)) as eng, Engine.open(_cfg(parallel=2)) as fresh:
         tok = eng.target_model.tokenize
         a = tok(PROMPT)
         first = eng.add(Request(a, 32, ignore_eos=True))

@@ -28,7 +28,7 @@ from ggspec.bench.native import run_cpp
 from ggspec.errors import InputError
 from ggspec.runtime import ContextParams
 from ggspec.speculative.driver import generate_spec
-from ggspec.speculative.engine import Engine
+from ggspec.speculative.engine import Engine, Serving
 from ggspec.speculative.models import Models, PairConfig
 from ggspec.speculative.request import Request
 
@@ -86,7 +86,7 @@ def test_a_long_prompt_is_encoded_in_several_calls():
 
 
 def test_the_prompt_cache_keeps_nothing_for_it_and_says_so():
-    with Engine.open(_cfg(parallel=2), prompt_cache=True) as eng:
+    with Engine.open(_cfg(parallel=2), serving=Serving(prompt_cache=True)) as eng:
         assert any("EAGLE3" in w for w in eng.warnings)
         a = eng.target_model.tokenize(PROMPT)
         first = eng.add(Request(a, 24, ignore_eos=True))

@@ -105,7 +105,6 @@ def test_every_field_the_library_names_has_a_flag():
     from pathlib import Path
 
     from ggspec.cli.options import FLAGS, error_text
-
     from ggspec.errors import InputError
 
     root = Path(__file__).resolve().parents[1] / "ggspec"

@@ -54,8 +54,9 @@ def _mtp(d: Path) -> tuple[Path, None]:
 
 
 def _moe_mtp(d: Path) -> tuple[Path, None]:
-    from ggspec.catalogue.tiny import ensure_tiny_pair
     from helpers.fixtures.mtp_head import ensure_fitted
+
+    from ggspec.catalogue.tiny import ensure_tiny_pair
 
     return ensure_fitted(d, ensure_tiny_pair(d, "hybrid-moe-mtp").target), None
 

@@ -15,7 +15,7 @@ from scipy.stats import chi2_contingency
 
 from ggspec.catalogue.pairs import get_entry, resolve
 from ggspec.runtime import ContextParams
-from ggspec.speculative.engine import Engine
+from ggspec.speculative.engine import Engine, Serving
 from ggspec.speculative.models import Models, PairConfig
 from ggspec.speculative.planes import PlaneOptions
 from ggspec.speculative.request import Request
@@ -49,7 +49,7 @@ def test_greedy_text_is_the_default_engines(coder, kind):
         want_batched = _texts(default, prompts)
         want_alone = [_texts(default, [p])[0] for p in prompts]
     assert want_batched == want_alone
-    with Engine(models, cfg, plain=kind == "plain", first_token_from_prefill=True, prompt_cache=True) as eng:
+    with Engine(models, cfg, plain=kind == "plain", serving=Serving(first_token_from_prefill=True, prompt_cache=True)) as eng:
         seq = eng.add(Request(prompts[0], N, ignore_eos=True))
         first = eng.step()
         # the prefill brings the first token; the sequence is then one position further on
@@ -67,7 +67,7 @@ def test_a_budget_of_one_ends_at_the_prefill(coder):
     prompt = models.target.tokenize(PROMPTS[0])
     with Engine(models, cfg) as default:
         want = _texts(default, [prompt], n=1)[0]
-    with Engine(models, cfg, first_token_from_prefill=True) as eng:
+    with Engine(models, cfg, serving=Serving(first_token_from_prefill=True)) as eng:
         seq = eng.add(Request(prompt, 1, ignore_eos=True))
         steps = eng.step()
         assert seq.done and seq.tokens == want and not eng.active
@@ -81,7 +81,7 @@ def test_hybrid_target_with_capped_planes(hybrid_pair, build_info):
         prompts = [models.target.tokenize(p) for p in PROMPTS[:2]]
         with Engine(models, cfg) as default:
             want = _texts(default, prompts, n=24)
-        with Engine(models, cfg, first_token_from_prefill=True) as eng:
+        with Engine(models, cfg, serving=Serving(first_token_from_prefill=True)) as eng:
             assert _texts(eng, prompts, n=24) == want
 
 
@@ -105,7 +105,7 @@ def test_sampling_keeps_the_distribution_and_the_seed(coder):
     prompt = models.target.tokenize(PROMPTS[1])
     with Engine(models, cfg, plain=True) as eng:
         plain = _first_two(eng, prompt, range(10**6, 10**6 + 1500))
-    with Engine(models, cfg, first_token_from_prefill=True) as eng:
+    with Engine(models, cfg, serving=Serving(first_token_from_prefill=True)) as eng:
         early = _first_two(eng, prompt, range(1500))
         common = [k for k, c in (plain + early).items() if c >= 10]
         rows = np.array([[c[k] for k in common] + [sum(c.values()) - sum(c[k] for k in common)] for c in (plain, early)])

@@ -166,8 +166,9 @@ def test_chained_mtp_drafts_equal_unchained_on_gpu(n_max, kind, gpu_build, fixtu
     """Patch 0011's chained MTP graph on the GPU (argmax, get_rows, top-k on the device): the
     same drafts as one decode per step, and greedy output equal to plain greedy output, for
     qwen35 and qwen35moe (routed + shared experts in the MTP block)."""
-    from ggspec.catalogue.tiny import ensure_tiny_pair
     from helpers.fixtures.mtp_head import ensure_fitted
+
+    from ggspec.catalogue.tiny import ensure_tiny_pair
 
     target = ensure_fitted(fixture_dir, ensure_tiny_pair(fixture_dir, kind).target)
     logs = []

@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import PROMPTS
+from helpers.fixtures.archs import ARCH_SPECS, ensure_arch_pair
 from llama_tree import graph_sources
 
-from helpers.fixtures.archs import ARCH_SPECS, ensure_arch_pair
 from ggspec.runtime import Batch, Context, ContextParams, Model
 from ggspec.speculative.types.archs import LAYER_INPUT_ARCHS, PATCHED_LAYER_INPUT_ARCHS, UPSTREAM_LAYER_INPUT_ARCHS
 

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from conftest import PROMPTS, run_cli
 from helpers.drafts import ggspec_drafts, spec_equals_plain, three_at_once_equal_plain, unforced_drafts_equal_llama_cpps
+from helpers.fixtures.gemma4 import DRAFTER, ensure_gemma4_pair, write_gemma4_drafter
 from helpers.pairs import MTP_CTX as CTX
 from helpers.pairs import MTP_N as N
 from helpers.pairs import MTP_PROMPT as PROMPT
@@ -29,8 +30,7 @@ from helpers.stats import draft_model_decoded, p_value, plain_and_spec_draws
 from ggspec.bench.forced import ForcedAcceptance, cycle_lengths
 from ggspec.catalogue.tiny import ensure_tiny_pair
 from ggspec.errors import InputError
-from helpers.fixtures.gemma4 import DRAFTER, ensure_gemma4_pair, write_gemma4_drafter
-from ggspec.speculative.engine import Engine
+from ggspec.speculative.engine import Engine, Serving
 from ggspec.speculative.lossless import run_prompts
 from ggspec.speculative.models import Models, PairConfig
 from ggspec.speculative.sampling import SamplerSettings
@@ -137,11 +137,11 @@ def test_a_request_never_sees_the_state_of_the_one_before(prompt_cache, gemma4):
         return ggspec_drafts(eng, text, 4, forced=True)[0]
 
     cfg = _cfg(gemma4, n_max=4)
-    with Engine.open(cfg, prompt_cache=prompt_cache) as eng:
+    with Engine.open(cfg, serving=Serving(prompt_cache=prompt_cache)) as eng:
         alone = [drafts_of(eng, PROMPTS[3])]
-    with Engine.open(cfg, prompt_cache=prompt_cache) as eng:
+    with Engine.open(cfg, serving=Serving(prompt_cache=prompt_cache)) as eng:
         alone.append(drafts_of(eng, PROMPTS[7]))
-    with Engine.open(cfg, prompt_cache=prompt_cache) as eng:
+    with Engine.open(cfg, serving=Serving(prompt_cache=prompt_cache)) as eng:
         drafts_of(eng, PROMPTS[7])
         after = [drafts_of(eng, PROMPTS[3]), drafts_of(eng, PROMPTS[7])]
     assert after == alone

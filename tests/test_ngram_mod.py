@@ -17,7 +17,7 @@ from helpers.pairs import STACK, TARGET
 
 from ggspec.errors import InputError
 from ggspec.speculative.driver import generate_greedy, generate_spec
-from ggspec.speculative.engine import Engine
+from ggspec.speculative.engine import Engine, Serving
 from ggspec.speculative.models import PairConfig
 from ggspec.speculative.types.ngram_mod import EMPTY, HASH_FACTOR, TABLE_SIZE, NgramModOptions, NgramModProposer, NgramTable
 
@@ -101,7 +101,7 @@ def test_a_server_keeps_the_table_across_requests():
     first one added, so more of it; the output stays plain greedy; Engine.reset forgets it."""
     cfg = PairConfig(target=TARGET, spec_type="ngram-mod", adaptive=False,  # (every draft verified)
                      spec_options={"ngram-mod": NgramModOptions(n_match=3, n_max=8, n_min=1)}, ctx=CTX)
-    with Engine.open(cfg, keep_draft_state=True) as eng:
+    with Engine.open(cfg, serving=Serving(keep_draft_state=True)) as eng:
         ids = eng.target_model.tokenize(STACK)
         plain = [t for st in generate_greedy(eng, ids, 80, ignore_eos=True) for t in st.tokens]
         first = list(generate_spec(eng, ids, 80, ignore_eos=True))

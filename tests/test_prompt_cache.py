@@ -11,7 +11,7 @@ import pytest
 
 from ggspec.catalogue.pairs import get_entry, resolve
 from ggspec.runtime import ContextParams
-from ggspec.speculative.engine import Engine
+from ggspec.speculative.engine import Engine, Serving
 from ggspec.speculative.models import PairConfig
 from ggspec.speculative.request import Request
 
@@ -33,7 +33,7 @@ def _generate(eng: Engine, prompt: np.ndarray):
 @pytest.mark.parametrize("spec_type", [None, "ngram-simple"])
 def test_a_repeated_or_extended_prompt_decodes_only_its_new_tokens(build_info, spec_type):
     cfg = _cfg(spec_type=spec_type) if spec_type else _cfg()
-    with Engine.open(cfg, prompt_cache=True) as eng, Engine.open(cfg) as fresh:
+    with Engine.open(cfg, serving=Serving(prompt_cache=True)) as eng, Engine.open(cfg) as fresh:
         assert eng.prompt_cache
         tok = eng.target_model.tokenize
         a, b = tok("def fibonacci(n):"), tok("The quick brown fox")
@@ -61,7 +61,7 @@ def test_off_by_default_and_for_recurrent_targets(build_info, hybrid_pair):
         _generate(eng, a)
         assert not eng.prompt_cache and _generate(eng, a).n_cached == 0
     cfg = PairConfig(target=hybrid_pair.target, draft=hybrid_pair.draft, n_max=7, parallel=2, ctx=CTX)
-    with Engine.open(cfg, prompt_cache=True) as eng:
+    with Engine.open(cfg, serving=Serving(prompt_cache=True)) as eng:
         assert not eng.prompt_cache  # a recurrent state cannot be cut back to a prefix
         assert eng.store is None
 
@@ -78,8 +78,9 @@ def test_cells_a_new_prompt_overwrote_come_back_from_host_memory(build_info, spe
     id_last, and the text is a fresh engine's."""
     cfg = _cfg(parallel=1, **({"spec_type": spec_type} if spec_type == "ngram-simple" else {}))
     plain = spec_type == "plain"
-    with Engine.open(cfg, plain=plain, prompt_cache=True, cache_ram=None) as eng, \
-            Engine.open(cfg, plain=plain, prompt_cache=True) as slot_only, Engine.open(cfg, plain=plain) as fresh:
+    with Engine.open(cfg, plain=plain, serving=Serving(prompt_cache=True, cache_ram=None)) as eng, \
+            Engine.open(cfg, plain=plain, serving=Serving(prompt_cache=True)) as slot_only, \
+            Engine.open(cfg, plain=plain) as fresh:
         prompts = [eng.target_model.tokenize(t) for t in TEXTS]
         refs = [_generate(fresh, p).tokens for p in prompts]
         for p, ref in zip(prompts, refs):
@@ -97,18 +98,18 @@ def test_cells_a_new_prompt_overwrote_come_back_from_host_memory(build_info, spe
 
 def test_store_keeps_to_its_budget_least_recently_used_first(build_info):
     cfg = _cfg(parallel=1)
-    with Engine.open(cfg, prompt_cache=True, cache_ram=None) as probe:
+    with Engine.open(cfg, serving=Serving(prompt_cache=True, cache_ram=None)) as probe:
         prompts = [probe.target_model.tokenize(t) for t in TEXTS]
         for p in prompts[:2]:
             _generate(probe, p)
         one = probe.store.nbytes  # the first prompt's cells (the largest of the three prompts)
-    with Engine.open(cfg, prompt_cache=True, cache_ram=one) as eng:
+    with Engine.open(cfg, serving=Serving(prompt_cache=True, cache_ram=one)) as eng:
         for p in prompts:
             _generate(eng, p)
         assert len(eng.store) == 1 and eng.store.nbytes <= one  # the first went when the second came
         assert _generate(eng, prompts[1]).n_cached == len(prompts[1]) - 1  # the one kept
         assert _generate(eng, prompts[0]).n_cached <= 1  # the one dropped
-    with Engine.open(cfg, prompt_cache=True, cache_ram=0) as off:
+    with Engine.open(cfg, serving=Serving(prompt_cache=True, cache_ram=0)) as off:
         assert off.store is None
 
 
@@ -124,7 +125,7 @@ def test_a_sequence_may_decode_its_whole_prompt_whatever_the_cache_holds(build_i
     if check_files(entry, None) != "ok":
         pytest.skip("qwen2.5-coder-1.5b is not pulled")
     cfg = PairConfig(target=resolve(entry).target, parallel=4, ctx=ContextParams(n_ctx=4096, n_threads=2, flash_attn="off"))
-    with Engine.open(cfg, plain=True, prompt_cache=True, first_token_from_prefill=True) as eng:
+    with Engine.open(cfg, plain=True, serving=Serving(prompt_cache=True, first_token_from_prefill=True)) as eng:
         prompt = eng.target_model.tokenize(BUILTIN[1].text)
         runs = []
         for cached in (True, True, False):

@@ -414,8 +414,9 @@ def test_an_mtp_drafter_follows_a_trees_off_chain_paths(fixture_dir, build_info)
     the same paths (TreeCommit): the accepted path's cells are the sequence's. (This random-weight
     drafter's drafts do not depend on the carried h, so the h of the path's last row is not
     what this checks.)"""
-    from ggspec.bench.trees import TreeCommit
     from helpers.fixtures.gemma4 import ensure_gemma4_pair
+
+    from ggspec.bench.trees import TreeCommit
     from ggspec.runtime import ContextParams
     from ggspec.speculative.driver import decode_one
     from ggspec.speculative.engine import Engine

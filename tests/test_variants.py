@@ -14,11 +14,11 @@ import gguf
 import numpy as np
 import pytest
 from conftest import PROMPTS
+from helpers.fixtures.variants import base_pair, ensure_variant, write_dflash2_draft, write_dspark_draft
 
 from ggspec.bench.native import PLAIN_TOOL, CppResult, find_tool, parse_drafts, run_cpp, run_plain
 from ggspec.errors import InputError, LlamaError
 from ggspec.files import file_sha256
-from helpers.fixtures.variants import base_pair, ensure_variant, write_dflash2_draft, write_dspark_draft
 from ggspec.runtime import Batch, Context, ContextParams, Model
 from ggspec.speculative.driver import generate_greedy, generate_spec
 from ggspec.speculative.engine import Engine

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ggspec.server.chat import Reasoning
-from ggspec.speculative.engine import Engine
+from ggspec.speculative.engine import Engine, Serving
 from ggspec.speculative.models import PairConfig
 
 
@@ -78,9 +78,9 @@ def serve(cfg: PairConfig, options: ServeOptions, log: Callable[[str], None] = p
     # the first token comes from the prefill, as llama-server's: a request's first chunk does not
     # wait for a whole draft-and-verify step; and a drafter's table outlives requests, as its
     cache_ram = None if options.cache_ram_mib < 0 else options.cache_ram_mib * 2**20
-    with Engine.open(cfg, plain=options.plain, prompt_cache=options.prompt_cache, cache_ram=cache_ram,
-                     first_token_from_prefill=True, keep_draft_state=True,
-                     standby_types=True) as engine:
+    serving = Serving(prompt_cache=options.prompt_cache, cache_ram=cache_ram, first_token_from_prefill=True,
+                      keep_draft_state=True, standby_types=True)  # (llama-server's behaviours)
+    with Engine.open(cfg, plain=options.plain, serving=serving) as engine:
         for w in engine.warnings:
             log(f"warning: {w}")
         service = build_service(engine, options)  # (its option errors first, alone on their line)

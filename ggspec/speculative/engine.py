@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -48,29 +48,39 @@ from ggspec.speculative.types.draft_type import DraftPlan
 from ggspec.speculative.verifier import SequenceVerifier, Verifier
 
 
+@dataclass(frozen=True)
+class Serving:
+    """What a server asks of an engine beyond `ggspec run` and the benchmarks (their defaults)."""
+
+    # a slot keeps the cells of its last sequence, and a new prompt goes to the free slot whose
+    # cells hold the longest prefix of it: only the rest is decoded (llama-server's cache_prompt;
+    # not for recurrent targets, whose state cannot be cut back to a prefix)
+    prompt_cache: bool = False
+    # with the prompt cache, bytes of host memory for copies of cells a new prompt overwrites, which
+    # a later prompt starting the same way gets back (llama-server's --cache-ram; 0: none, None: no
+    # limit; prompt_store.py)
+    cache_ram: int | None = 0
+    # the prefill decodes the whole prompt and chooses the first token from its last row, as
+    # llama-server does: a step earlier than llama.cpp's own loop, whose draft positions `ggspec
+    # run` and the benchmarks mirror (Engine._prefill)
+    first_token_from_prefill: bool = False
+    # what a drafter learns from one request serves the next (ngram-mod's table lives as long as
+    # the engine, as llama-server's; else each run starts afresh)
+    keep_draft_state: bool = False
+    # a speculative engine also holds the n-gram types it was not given, for the sequences that
+    # name them (DraftLimits.types; a server's `speculative.type`)
+    standby_types: bool = False
+
+
 class Engine:
     """Contexts, caches and the loop over a `Models`. `Engine.open(cfg)` loads the models too
     and closes them with the engine."""
 
-    def __init__(self, models: Models, cfg: PairConfig, *, verifier: Verifier | None = None,
-                 plain: bool = False, prompt_cache: bool = False, cache_ram: int | None = 0,
-                 first_token_from_prefill: bool = False, keep_draft_state: bool = False,
-                 wrap_proposer: Callable[[Proposer], Proposer] | None = None, standby_types: bool = False) -> None:
+    def __init__(self, models: Models, cfg: PairConfig, *, verifier: Verifier | None = None, plain: bool = False,
+                 serving: Serving = Serving(), wrap_proposer: Callable[[Proposer], Proposer] | None = None) -> None:
         """`plain`: no drafting at all (a baseline over the same weights, with no draft context
-        and no rollback planes). `prompt_cache`: a slot keeps the cells of its last sequence, and
-        a new prompt goes to the free slot whose cells hold the longest prefix of it: only the
-        rest is decoded (llama-server's cache_prompt; not for recurrent targets, whose state
-        cannot be cut back to a prefix). `cache_ram`: with the prompt cache, bytes of host memory
-        for copies of cells a new prompt overwrites, which a later prompt starting the same way
-        gets back (llama-server's --cache-ram; 0: none, None: no limit; see prompt_store.py).
-        `first_token_from_prefill`: the prefill decodes the whole prompt and chooses the first
-        token from its last row, as llama-server does, a step earlier than llama.cpp's own loop,
-        whose draft positions `ggspec run` and the benchmarks mirror (see _prefill).
-        `keep_draft_state`: what a drafter learns from one request serves the next (ngram-mod's
-        table lives as long as the engine, as llama-server's; else each run starts afresh).
-        `wrap_proposer`: makes the proposer it drafts with from its own (forced acceptance).
-        `standby_types`: a speculative engine also holds the n-gram types it was not given, for
-        the sequences that name them (DraftLimits.types; a server's `speculative.type`)."""
+        and no rollback planes). `serving`: what a server asks beyond `ggspec run` (Serving).
+        `wrap_proposer`: makes the proposer it drafts with from its own (forced acceptance)."""
         cfg.validate()
         self.models = models
         self.target_model, self.draft_model = models.target, models.draft  # the weights (Models owns them)
@@ -84,19 +94,19 @@ class Engine:
         self._owns_models = False
         self._closed = False
         self._state_bytes: int | None = None  # one recurrent state's bytes, measured at the first prefill
-        parts = assemble(models, cfg, self.plan, keep_state=keep_draft_state, warnings=self.warnings,
-                         wrap=wrap_proposer, standby=standby_types)
+        parts = assemble(models, cfg, self.plan, keep_state=serving.keep_draft_state, warnings=self.warnings,
+                         wrap=wrap_proposer, standby=serving.standby_types)
         self.n_max, self.target, self.draft_ctx = parts.n_max, parts.target, parts.draft_ctx
         self.proposer: Proposer | None = parts.proposer
         self.auto_lead, self.draft_length = parts.auto_lead, parts.draft_length
         self.tree_rule, self.tree_verify = None, None  # (set after the calibration: it verifies chains)
         self.batch: Batch | None = None
         self.holding = False  # this step drafts nothing and the proposer keeps rows for later (_flush)
-        self.prompt_cache = prompt_cache and not models.target.is_recurrent
+        self.prompt_cache = serving.prompt_cache and not models.target.is_recurrent
         if self.prompt_cache:
             self.warnings += [t.note_prompt_cache for t in self.plan.types if t.note_prompt_cache]
-        self.first_token_from_prefill = first_token_from_prefill
-        self._cache_ram = cache_ram
+        self.first_token_from_prefill = serving.first_token_from_prefill
+        self._cache_ram = serving.cache_ram
         self._hold_cells(parts)
         self.active: list[Sequence] = []
         self.stats = EngineStats()
