@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from conftest import run_cli
-from helpers.serving import LiveServer, run_texts, speculating_server
+from helpers.serving import LiveServer, pair_fixtures
 
 from ggspec.server.text import TextStream
 
@@ -29,14 +29,7 @@ PROMPTS = ["def fibonacci(n):", "class Stack:\n    def __init__(self):", "The qu
 N = 40
 
 
-@pytest.fixture(scope="module")
-def refs(build_info) -> dict[str, str]:
-    return run_texts(PAIR, PROMPTS, N)
-
-
-@pytest.fixture(scope="module")
-def server4(build_info):
-    yield from speculating_server(PAIR)
+refs, server4 = pair_fixtures(PAIR, PROMPTS, N, server_name="server4")
 
 
 def _complete(s: LiveServer, prompt: str, stream: bool, **kw) -> tuple[str, str | None, dict | None]:

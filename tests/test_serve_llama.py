@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from helpers.pairs import STACK
-from helpers.serving import LiveServer, NativeServer, run_texts, speculating_server
+from helpers.serving import LiveServer, NativeServer, pair_fixtures
 
 from ggspec.runtime import ContextParams
 from ggspec.speculative.driver import drive
@@ -27,14 +27,7 @@ PROMPTS = ["def fibonacci(n):", "class Stack:\n    def __init__(self):"]
 N = 32
 
 
-@pytest.fixture(scope="module")
-def refs(build_info) -> dict[str, str]:
-    return run_texts(PAIR, PROMPTS, N)
-
-
-@pytest.fixture(scope="module")
-def server(build_info):
-    yield from speculating_server(PAIR)
+refs, server = pair_fixtures(PAIR, PROMPTS, N)
 
 
 def _stream(port: int, path: str, body: dict) -> list[dict]:

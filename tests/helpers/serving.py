@@ -36,6 +36,21 @@ def run_texts(pair: str, prompts: list[str], n: int) -> dict[str, str]:
     return out
 
 
+def pair_fixtures(pair: str, prompts: list[str], n: int, server_name: str = "server"):
+    """A test module's two module fixtures over one pair: `refs` (`ggspec run`'s greedy text of
+    each prompt, n tokens) and a speculating `ggspec serve` of it (named `server_name`)."""
+
+    @pytest.fixture(scope="module")
+    def refs(build_info) -> dict[str, str]:
+        return run_texts(pair, prompts, n)
+
+    @pytest.fixture(scope="module", name=server_name)
+    def server(build_info):
+        yield from speculating_server(pair)
+
+    return refs, server
+
+
 def speculating_server(pair: str):
     """A module fixture's body: `ggspec serve` of the pair at -np 4 with a fixed draft length
     (speculation is what is tested), stopped cleanly afterwards."""
