@@ -133,4 +133,5 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # (run as a script: tests/ for helpers.fixtures)
     main(sys.argv[1:])
