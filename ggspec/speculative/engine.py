@@ -1,21 +1,17 @@
 """The engine: many sequences, one speculative transaction per step for all of them.
 
 Each `step()` first prefills the sequences that joined since the last step, then runs one
-transaction for every active sequence together (transaction.py: its phases, over one record):
-  propose  one draft call holds every drafting sequence's block (same length for all);
-  verify   one target decode holds every sequence's span [id_last, d1..dn];
-  accept   the verifier decides, per sequence, the accepted drafts and the target's own token;
-  commit   per sequence: the rejected tail leaves the target cache (seq_rm, or a recurrent plane
-           switch), the proposer keeps the committed rows' features; where no recurrent plane
-           kept the needed state, the committed tokens are replayed: all such sequences in one
-           decode.
-A drafter that gives each position's candidates may have its drafts verified as token trees
-(`--spec-tree-budget`; tree_budget.py chooses, tree_verify.py verifies): the same transaction,
-with a sequence's span holding a tree's nodes instead of a chain.
-So the llama.cpp calls per step do not grow with the number of sequences: one injection (more
-only past the draft's n_ubatch), one draft, one verify, at most one replay. Sequences join
-(`add`) and leave (finished, or `cancel`) between steps; a leaving sequence frees its seq_id and
-its cache cells at once. Without a proposer the same loop is plain decoding (n = 0 for all).
+transaction for every active sequence together (transaction.py: plan, propose, lay out, verify,
+commit, record, over one record of the step): one draft call holds every drafting sequence's
+block, one target decode every sequence's span [id_last, d1..dn] (or a token tree's nodes:
+rules/tree_budget.py chooses, tree_verify.py verifies), the verifier decides each sequence's
+accepted drafts and the target's own token, and the rejected tails leave the target cache
+(seq_rm, a recurrent plane switch) or, where no plane kept the state, are replayed: all such
+sequences in one decode. So the llama.cpp calls per step do not grow with the number of
+sequences: one injection (more only past the draft's n_ubatch), one draft, one verify, at most
+one replay. Sequences join (`add`, a checked `Request`) and leave (finished, or `cancel`) between
+steps; a leaving sequence frees its seq_id and its cache cells at once. Without a proposer the
+same loop is plain decoding (n = 0 for all).
 
 The one rule that ties proposer and target together, "inject the captured feature rows before
 the target decodes again", lives in `decode_target`, the only place the target decodes.
