@@ -229,8 +229,7 @@ class Engine:
         it on admission, so a bad request is refused before it waits in the queue."""
         request.check()
         self.check_prompt(request.prompt)
-        sampling = self.sampling if request.sampling is None else request.sampling
-        sampling.validate()
+        sampling = self.sampling if request.sampling is None else request.sampling  # (both checked)
         return replace(request, sampling=sampling, limits=self.check_limits(request.limits))
 
     @property

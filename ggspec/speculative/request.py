@@ -77,7 +77,8 @@ class Request:
         object.__setattr__(self, "prompt", np.ascontiguousarray(self.prompt, dtype=np.int32))
 
     def check(self) -> None:
-        """What is wrong with the request whatever engine takes it (Engine.check: the rest)."""
+        """What is wrong with the request whatever engine takes it (Engine.check: the rest, its
+        draft limits included)."""
         if self.n_predict < 1:
             raise InputError(f"the token budget must be at least 1 (got {self.n_predict})", field="n_predict")
         if self.n_probs < 0:
@@ -87,5 +88,3 @@ class Request:
                              field="t_max_predict_ms")
         if self.sampling is not None:
             self.sampling.validate()
-        if self.limits is not None:
-            self.limits.check()

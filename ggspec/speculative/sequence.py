@@ -46,21 +46,34 @@ class Sequence:
     t_first: float | None = None  # when its first token was committed (perf_counter; t_max_predict_ms)
     line_ended: bool = False  # a committed token held a newline (t_max_predict_ms)
 
-    # what was asked, read on every step: the request's own values, as plain attributes (a
-    # property per read would cost a call each in the hot loop)
-    prompt: np.ndarray = field(init=False, repr=False)
-    n_predict: int = field(init=False)
-    ignore_eos: bool = field(init=False)
-    tag: object = field(init=False)
-    record_margins: bool = field(init=False)
-    n_probs: int = field(init=False)
-
     def __post_init__(self) -> None:
-        r = self.request
-        self.prompt, self.n_predict, self.ignore_eos, self.tag = r.prompt, r.n_predict, r.ignore_eos, r.tag
-        self.record_margins, self.n_probs = r.record_margins, r.n_probs
         if not self.history:
             self.history = [int(t) for t in self.prompt]
+
+    # what was asked, as asked (read from the request: never a second copy)
+    @property
+    def prompt(self) -> np.ndarray:
+        return self.request.prompt
+
+    @property
+    def n_predict(self) -> int:
+        return self.request.n_predict
+
+    @property
+    def ignore_eos(self) -> bool:
+        return self.request.ignore_eos
+
+    @property
+    def tag(self) -> object:
+        return self.request.tag
+
+    @property
+    def record_margins(self) -> bool:
+        return self.request.record_margins
+
+    @property
+    def n_probs(self) -> int:
+        return self.request.n_probs
 
     @property
     def left(self) -> int:

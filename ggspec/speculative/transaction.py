@@ -75,6 +75,8 @@ class Transaction:
     def __init__(self, engine, live: list[Sequence]) -> None:
         self.engine = engine
         self.layout = Layout([Part(seq) for seq in live])
+        self._t_verify = 0.0  # when the verify phase began (lay_out)
+        self._t_flushed = 0.0  # of the verify decode, seconds handing captured rows to the draft
 
     def run(self) -> list[tuple[Sequence, Step]]:
         """Each live sequence's Step (none where every sequence's context was full)."""
