@@ -1,5 +1,6 @@
 """The exactness harness: every registered draft type (ggspec.speculative.types.registry.TYPES) against
-llama.cpp's own loop (`llama-speculative-simple --spec-type TYPE`, patch 0009's dump of every
+llama.cpp's own loop (those llama.cpp has; ggspec's `suffix` is compared with its own oracle in
+test_suffix.py) (`llama-speculative-simple --spec-type TYPE`, patch 0009's dump of every
 draft call) and against plain greedy decoding.
 
 `CASES` gives each type one case: the pair it drafts for (shipped tiny models, or the fixtures the
@@ -39,6 +40,7 @@ from ggspec.speculative.types.ngram import NgramSimpleOptions
 from ggspec.speculative.types.ngram_map import NgramMapOptions
 from ggspec.speculative.types.ngram_mod import NgramModOptions
 from ggspec.speculative.types.registry import TYPES
+from ggspec.speculative.types.suffix import SuffixOptions
 
 PROMPT = PROMPTS[0]  # "def fibonacci(n):": the model drafters' prompt
 REPEAT = "for i in range(10):\n    print(i)\nfor i in range(10):\n    print(i)\n"
@@ -151,9 +153,14 @@ CASES: dict[str, Case] = {
     # a block of 8 whatever is verified: the whole block, and 3 of it
     "draft-dflash": Case("tiny-coder+dflash", PROMPT, 100, 7, forced=True, full=True, more=_lengths(3)),
     "draft-dspark": Case("dspark", STACK_PUSH, 128, 7, forced=True, full=True),
+    # ggspec's own (SuffixDecoding): its drafts' oracle is arctic-inference (test_suffix.py), so only
+    # (c) and (d) here; (d) with the trie shared across requests off (that one is meant to carry over)
+    "suffix": Case("tiny-coder", STACK, 160, 16, SuffixOptions(cache_tokens=0)),
 }
 
-RUNS = [(name, i) for name in TYPES for i in range(len(CASES[name].runs()) if name in CASES else 1)]
+# (b) compares with llama.cpp's loop: the types it has
+RUNS = [(name, i) for name in TYPES if TYPES[name].llama_cpp
+        for i in range(len(CASES[name].runs()) if name in CASES else 1)]
 
 
 def _run_id(run: tuple[str, int]) -> str:

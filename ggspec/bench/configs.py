@@ -41,6 +41,9 @@ class BenchConfig:
     temp: float = 0.0  # sampling temperature (0: greedy); the other sampler settings are the benchmark's
     adaptive: bool = False  # --spec-draft-n-max auto (n_max is its cap)
     tree: str = ""  # --spec-tree-budget as given (a number, auto, auto:N); "": the default (auto)
+    # a native row's own llama.cpp type where the benchmark's is not llama.cpp's (suffix: each of
+    # llama.cpp's n-gram types gets a row); "": the benchmark's type
+    spec_type: str = ""
 
     @property
     def key(self) -> str:
@@ -53,6 +56,8 @@ class BenchConfig:
         """Short human name: only what distinguishes configurations is worth reading."""
         parts = {"spec": [], "baseline": ["no-spec"], "native": ["llama.cpp"],
                  "native-baseline": ["llama.cpp", "no-spec"]}[self.kind]
+        if self.spec_type:
+            parts.append(self.spec_type)
         if self.speculative:
             parts.append(f"auto{self.n_max}" if self.adaptive else f"n{self.n_max}")
         parts.append(f"{self.ctk}/{self.ctv}")
@@ -189,7 +194,8 @@ class Skipped:
 def expand(axes: Axes, recurrent: bool, n_tokens: int, native: bool = False,
            profile_len: int | None = None, n_max_limit: int | None = None,
            speculative: bool = True, dflash: bool = True,
-           native_loop: bool | None = None, native_n_max: int | None = None) -> tuple[list[BenchConfig], list[Skipped]]:
+           native_loop: bool | None = None, native_n_max: int | None = None,
+           native_types: tuple[tuple[str, int | None], ...] = ()) -> tuple[list[BenchConfig], list[Skipped]]:
     """Every valid speculative configuration of the matrix (plus llama.cpp's own loop and plain
     greedy where asked), and the invalid combinations with the reason each was skipped. n_tokens:
     the longest prompt plus the tokens to generate (the context must hold them and a draft block).
@@ -198,7 +204,9 @@ def expand(axes: Axes, recurrent: bool, n_tokens: int, native: bool = False,
     `dflash=False` (draft-mtp, ngram-simple): no injection axis; `native_loop` (default: `dflash`):
     llama.cpp's own loop rows (DFlash: one per injection mode, draft-mtp: one). Parallel levels
     above 1 run ggspec's engine only (llama.cpp's tools decode one sequence). `native_n_max`: the one
-    draft length llama.cpp's loop drafts with this type (ngram-cache: 8, whatever it is told)."""
+    draft length llama.cpp's loop drafts with this type (ngram-cache: 8, whatever it is told).
+    `native_types`: for a type llama.cpp does not have (suffix), llama.cpp's rows are these types
+    instead (its n-gram types, each with the one length its loop drafts, if it has one)."""
     native_loop = dflash if native_loop is None else native_loop
     check_axes(axes)
     injects = axes.inject if dflash else ("",)
@@ -247,6 +255,13 @@ def expand(axes: Axes, recurrent: bool, n_tokens: int, native: bool = False,
                 continue
             if cfg.adaptive:  # llama.cpp's loop has no adaptive length: its row drafts the cap, fixed
                 cfg = replace(cfg, adaptive=False)
+            if native_types:
+                for name, fixed in native_types:
+                    nat = replace(cfg, kind="native", planes="", lead="", inject="", tree="", spec_type=name,
+                                  n_max=fixed or cfg.n_max)
+                    if nat not in with_native:
+                        with_native.append(nat)
+                continue
             if not native_loop:
                 skipped.append(Skipped(f"llama.cpp {cfg.label}", "llama.cpp's own loop rows are run for DFlash "
                                                                   "and MTP drafts only"))

@@ -112,6 +112,8 @@ def new_plan(shared: opts.Shared, axes: AxisFlags, *, prompts: Path | None, n_pr
         found = config.detected_type(target, draft_path)
         if found is not None and found.traits.draft_model != "required":
             shared = replace(shared, spec_type=SpecTypes.of(found))
+        elif draft_path is None:  # a lone model: the text drafter, as `run` and `serve` draft by default
+            shared = config.with_lone_default(shared, target, None)
     draft_free = shared.spec_type is not None and shared.spec_type.draft_file_optional
     if draft_path is None and not draft_free:
         if not native:

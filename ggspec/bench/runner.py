@@ -310,12 +310,13 @@ class Runner:
             forced.write_text(" ".join(map(str, ref)) + "\n" + " ".join(map(str, counts)) + "\n")
         # draft-mtp: the target's own head, unless the draft is a Gemma 4 drafter
         draft = local_path(self.s.draft) if self.s.draft and self.models.draft is not None else None
+        own = registry.get(cfg.spec_type).default_options().with_length(cfg.n_max) if cfg.spec_type else None
         res = run_cpp(self._tool(TOOL), local_path(self.s.target), draft, self.s.prompts[i].text, n, cfg.n_max,
                       defer=cfg.inject == "deferred", n_ctx=cfg.n_ctx, ctk=cfg.ctk, ctv=cfg.ctv,
                       flash_attn=flash_attn, threads=self.s.threads, forced=forced,
-                      spec_type=self.models.plan.spec_type, p_min=self.s.p_min or None,
+                      spec_type=cfg.spec_type or self.models.plan.spec_type, p_min=self.s.p_min or None,
                       sampling=sampling, dump_drafts=True, n_gpu_layers=self.s.n_gpu_layers,
-                      options=self._type_options(cfg.n_max))
+                      options={cfg.spec_type: own} if own is not None else self._type_options(cfg.n_max))
         # the per-step figures come from the draft dump: τ, the histogram and per-position
         # acceptance of llama.cpp's loop, as ggspec's rows have them
         stats = RunStats(n_decoded=res.n_decoded, n_generated=res.n_decoded, t_decode=res.seconds)
@@ -347,6 +348,7 @@ class Runner:
                 yield from self._run_parallel(cfg, sp, base_sp, done)
                 return
             for rep in range(self.s.reps):
+                _afresh(sp)
                 for i, prompt in enumerate(self.s.prompts):
                     if (rep, i) in done:
                         continue
@@ -383,6 +385,7 @@ class Runner:
             todo = [i for i in range(len(self.s.prompts)) if (rep, i) not in done]
             if not todo:
                 continue
+            _afresh(sp)
             decoded = {}
             for which in (("config", "base") if rep % 2 == 0 else ("base", "config")):
                 engine, what = (sp, cfg) if which == "config" else (base_sp, base)
@@ -420,6 +423,14 @@ class Runner:
             return list(b.tokens)
         k = next(k for k, e in enumerate(ends) if e > first)
         return list(b.tokens[:k]) + [-1]
+
+
+def _afresh(sp: Engine | None) -> None:
+    """A repetition starts from nothing learnt from the text: what a drafter keeps across the
+    prompts of a run (suffix's global trie) holds this repetition's earlier prompts only, never a
+    prompt's own earlier output."""
+    if sp is not None:
+        sp.reset()
 
 
 def _tree_fields(text: str) -> dict:

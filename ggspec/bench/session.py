@@ -16,6 +16,7 @@ from ggspec.bench import report
 from ggspec.bench.configs import Axes, BenchConfig, Skipped, expand, n_max_value
 from ggspec.bench.forced import PROFILES
 from ggspec.bench.meta import collect
+from ggspec.speculative.types import registry
 from ggspec.bench.report import check_profile_weights
 from ggspec.bench.runner import Run, Runner, Settings
 from ggspec.errors import GGSpecError, InputError
@@ -58,6 +59,14 @@ class SaveError(GGSpecError):
     """The document could not be written (what was measured is still printed)."""
 
 
+def native_text_types(types: tuple) -> tuple[tuple[str, int | None], ...]:
+    """llama.cpp's n-gram types (and the one length each one's loop drafts, if it has one) as
+    llama.cpp's rows of a benchmark whose type llama.cpp does not have (suffix); () otherwise."""
+    if not types or all(t.llama_cpp for t in types):
+        return ()
+    return tuple((t.name, t.fixed_length) for t in registry.TYPES.values() if t.traits.cheap and t.llama_cpp)
+
+
 class BenchSession:
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
@@ -86,7 +95,8 @@ class BenchSession:
                                                     n_max_limit=limit, speculative=drafting.spec_type is not None,
                                                     dflash=any(t.traits.injection for t in drafting.types),
                                                     native_loop=True,
-                                                    native_n_max=drafting.type.fixed_length if drafting.type else None)
+                                                    native_n_max=drafting.type.fixed_length if drafting.type else None,
+                                                    native_types=native_text_types(drafting.types))
                 self.done_runs = []
             if not self.configs:
                 raise InputError("no configuration left to run: " + "; ".join(

@@ -21,6 +21,10 @@ def build(options, force: bool) -> None:
     else:
         err.print(f"[green]built[/] {info.key} ({len(info.patches)} patches) in {info.seconds:.0f} s: "
                   f"{info.lib_dir}", soft_wrap=True)
+    if options.tools:  # what the tests compare with: llama.cpp's tools, and the suffix type's oracle
+        from ggspec.native import suffix_oracle
+
+        suffix_oracle.ensure(log=lambda line: err.print(line, soft_wrap=True, highlight=False))
 
 
 def compile_check(options, force: bool) -> None:

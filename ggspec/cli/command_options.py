@@ -21,7 +21,8 @@ BuildVulkan = Annotated[bool, typer.Option("--vulkan", help="Build the Vulkan ba
 BuildTools = Annotated[bool, typer.Option(
     "--tools",
     help="Also build llama-server, llama-cli, llama-completion, llama-speculative-simple and llama-quantize "
-         "(ggml-rpc-server is always built).")]
+         "(ggml-rpc-server is always built), and, with the test extra, the suffix type's oracle (arctic-inference's "
+         "SuffixTree, from its PyPI source).")]
 BuildCudaArch = Annotated[str, typer.Option(
     "--cuda-arch", help="CUDA architectures (CMAKE_CUDA_ARCHITECTURES), e.g. 90 or \"86;89\"; default: the "
                         "visible GPU. No GPU is needed with an arch list.")]

@@ -71,7 +71,7 @@ def run(
     from ggspec.cli.config import pair_config
     from ggspec.cli.run import bench_args, decode_prompts, output_grammar, prompts_to_run
 
-    prompts = prompts_to_run(prompt, prompt_file, n_predict=shared.n_predict, check=check, plain=shared.no_spec,
+    prompts = prompts_to_run(prompt, prompt_file, n_predict=shared.n_predict, check=check, plain=shared.plain,
                              temp=shared.temp)
     gbnf = output_grammar(grammar, grammar_file, json_schema, json_schema_file)
     parallel = shared.parallel if shared.parallel is not None else DEFAULTS["parallel"]
@@ -117,7 +117,7 @@ def serve(
 
     options = ServeOptions(host=address, port=port, model_id=alias or shared.pair or Path(cfg.target).stem,
                            max_queue=max_queue, chat_template=chat_template, chat_template_file=chat_template_file,
-                           reasoning=reasoning, drain_timeout=drain_timeout, plain=shared.no_spec,
+                           reasoning=reasoning, drain_timeout=drain_timeout, plain=shared.plain,
                            prompt_cache=cache_prompt, cache_ram_mib=cache_ram)
     run_server(cfg, options, log=lambda line: err.print(line, soft_wrap=True, highlight=False))
 

@@ -8,11 +8,12 @@ sweeps instead, with a named pair's recommendations, and the memory fit.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from ggspec.cli.console import err
 from ggspec.cli.options import DEFAULTS, FLAGS, Shared
-from ggspec.cli.parsers import ADAPTIVE, resolved_layers
+from ggspec.cli.parsers import ADAPTIVE, SpecTypes, resolved_layers
 from ggspec.errors import InputError
 from ggspec.speculative.models import PairConfig
 from ggspec.speculative.types import registry
@@ -57,11 +58,21 @@ def resolve_models(shared: Shared, plain: bool = False) -> tuple[Path, Path | No
     if shared.model is None:
         raise InputError("no target model: give -m FILE (or --pair NAME)")
     optional = shared.spec_type is not None and shared.spec_type.draft_file_optional
-    if shared.draft is None and shared.needs_draft and not plain and not optional \
-            and not target_drafts_alone(shared.model):
-        raise InputError("no draft model: give -md FILE, --spec-type ngram-simple (drafts from the text itself), "
-                         "or --no-spec for plain decoding (a target with an MTP block drafts with it)")
+    if shared.draft is None and shared.needs_draft and not plain and not optional and shared.spec_type is not None:
+        raise InputError(f"no draft model: --spec-type {shared.spec_type.text} drafts with one: give -md FILE")
     return shared.model, shared.draft if shared.needs_draft else None, {}
+
+
+def with_lone_default(shared: Shared, target: Path, draft: Path | None) -> Shared:
+    """`shared` with what a lone model drafts with by default: with no draft file, no --spec-type,
+    no --no-spec and a target that does not draft for itself (an MTP block), the text drafter
+    (registry.LONE_MODEL) under the adaptive length, which verifies drafts only where they pay;
+    a note says so once."""
+    if shared.plain or shared.spec_type is not None or draft is not None or target_drafts_alone(target):
+        return shared
+    err.print(f"[dim]note:[/] a lone model drafts from the text itself ({registry.LONE_MODEL}), verifying drafts "
+              "only where they pay; --spec-type none decodes plainly", soft_wrap=True, highlight=False)
+    return replace(shared, spec_type=SpecTypes.of(registry.get(registry.LONE_MODEL)))
 
 
 def placement(shared: Shared):
@@ -111,12 +122,10 @@ def pair_config(shared: Shared, *, parallel: int, parallel_given: bool = True) -
     from ggspec.runtime import ContextParams
     from ggspec.speculative.planes import PlaneOptions
 
-    plain = shared.no_spec
+    plain = shared.plain
     length = shared.n_max or ADAPTIVE  # not given: the adaptive length, capped at the pair's (else the default)
     target, draft, rec = resolve_models(shared, plain=plain)
-    if draft is None and shared.needs_draft and not plain and shared.pair is not None \
-            and not target_drafts_alone(target):  # a target-only pair (its draft is not made yet)
-        err.print(f"[yellow]note:[/] pair '{shared.pair}' has no draft model yet: plain decoding", soft_wrap=True)
+    shared = with_lone_default(shared, target, draft)
     cfg = base_config(
         shared, target, draft, plain=plain,
         n_max=pick(length.cap, rec, "n_max"),  # None: the default, fitted to the draft without a warning

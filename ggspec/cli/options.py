@@ -23,7 +23,7 @@ from ggspec.cli.parsers import GpuLayers, NMax, SpecTypes, flash_attn, gpu_layer
 from ggspec.speculative.models import DEFAULT_N_MAX, PairConfig
 from ggspec.speculative.sampling import DEFAULT_SEED, SamplerSettings
 from ggspec.speculative.types import registry
-from ggspec.speculative.types.registry import SPEC_TYPES
+from ggspec.speculative.types.registry import LONE_MODEL, SPEC_TYPES
 
 # the defaults when neither a flag nor a named pair's recommendation (models.toml) gives one
 DEFAULTS = {"ctk": "f16", "ctv": "f16", "ctx": 4096, "n_max": DEFAULT_N_MAX, "planes": "uncapped",
@@ -98,10 +98,11 @@ class Shared:
     # --- drafting -------------------------------------------------------------------------------
     spec_type: SpecTypes | None = flag(
         "--spec-type", parser=spec_types, panel=DRAFT,
-        help=f"Speculative type: {', '.join(SPEC_TYPES)} (the ngram-* types draft from the text itself and take no "
-             "-md; draft-simple drafts with an ordinary small LLM given as -md; draft-mtp drafts with the target's own "
-             "MTP block, or with a Gemma 4 drafter given as -md) \\[default: detected from the draft (an ordinary "
-             "LLM: draft-simple), or draft-mtp for a target with an MTP block and no -md].")
+        help=f"Speculative type: {', '.join(SPEC_TYPES)}, or none (the ngram-* types and suffix draft from the text "
+             "itself and take no -md; draft-simple drafts with an ordinary small LLM given as -md; draft-mtp drafts with "
+             "the target's own MTP block, or with a Gemma 4 drafter given as -md) \\[default: detected from the draft (an "
+             f"ordinary LLM: draft-simple), draft-mtp for a target with an MTP block, else {LONE_MODEL} (a lone model "
+             "drafts from the text, verified only where it pays)].")
     fixed_block: bool = flag(  # (llama.cpp's --dflash downloads a DFlash draft beside a model)
         "--dflash", default=False, panel=DRAFT, upstream="other",
         help="The draft must be a block drafter (DFlash, DFlash2 or DSpark), else one line says why; without it the "
@@ -251,6 +252,11 @@ class Shared:
     @property
     def sampling(self) -> SamplerSettings:
         return SamplerSettings(temp=self.temp, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p, seed=self.seed)
+
+    @property
+    def plain(self) -> bool:
+        """No drafting at all: --no-spec or --spec-type none."""
+        return self.no_spec or (self.spec_type is not None and self.spec_type.none)
 
     @property
     def needs_draft(self) -> bool:

@@ -79,6 +79,11 @@ class SpecTypes:
     types: tuple[DraftType, ...]  # in llama.cpp's order of preference
 
     @property
+    def none(self) -> bool:
+        """`--spec-type none`: plain decoding."""
+        return not self.types
+
+    @property
     def text_only(self) -> bool:
         """Every type drafts from the text alone (no draft file is read)."""
         return all(t.traits.draft_model == "none" for t in self.types)
@@ -95,7 +100,10 @@ class SpecTypes:
 
 
 def spec_types(text: str) -> SpecTypes:
-    """--spec-type: one type or llama.cpp's comma list (registry.parse's checks)."""
+    """--spec-type: one type or llama.cpp's comma list (registry.parse's checks); `none`: no
+    drafting at all (plain decoding, as llama.cpp's `--spec-type none`)."""
+    if text.strip() == "none":
+        return SpecTypes("none", ())
     return SpecTypes(text, registry.parse(text))
 
 

@@ -546,10 +546,10 @@ def _reduce_head(ctx: Context, b: Build) -> None:
 
 _TRAITS = Traits(draft_model="required", target_features=True, fixed_block=True, cheap=False, confidence=True,
                  injection=True)
-DRAFT_DFLASH = DraftType(name="draft-dflash", priority=8, traits=_TRAITS, plan=_plan("draft-dflash", False), make=_make,
+DRAFT_DFLASH = DraftType(name="draft-dflash", priority=9, traits=_TRAITS, plan=_plan("draft-dflash", False), make=_make,
                          options=DraftVocabOptions,
                          detect=lambda target, draft: draft is not None and is_dflash(draft), detect_rank=3)
-DRAFT_DSPARK = DraftType(name="draft-dspark", priority=9, traits=_TRAITS, plan=_plan("draft-dspark", True), make=_make,
+DRAFT_DSPARK = DraftType(name="draft-dspark", priority=10, traits=_TRAITS, plan=_plan("draft-dspark", True), make=_make,
                          options=DraftVocabOptions,
                          detect=lambda target, draft: draft is not None and is_dspark(draft),
                          detect_rank=2)

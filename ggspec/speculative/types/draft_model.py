@@ -247,7 +247,7 @@ def _make(b: Build) -> DraftModelProposer:
 
 
 DRAFT_SIMPLE = DraftType(
-    name="draft-simple", priority=5, plan=_plan, make=_make, check_loaded=check_draft_model, options=DraftVocabOptions,
+    name="draft-simple", priority=6, plan=_plan, make=_make, check_loaded=check_draft_model, options=DraftVocabOptions,
     traits=Traits(draft_model="required", target_features=False, fixed_block=False, cheap=False, n_min=True,
                   confidence=True),
     detect=lambda target, draft: draft is not None, detect_rank=4)  # any other draft file: an ordinary LLM

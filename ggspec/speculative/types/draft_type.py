@@ -67,8 +67,8 @@ class Options:
                 continue
             key = f.metadata["key"]
             if low is not None and high is not None and not low <= value <= high:
-                what = key.removeprefix("ngram_").replace("_", " ")  # e.g. "mod n match"
-                raise InputError(f"the n-gram {what} must be within {low}..{high} (got {value})", field=key)
+                what = key.replace("ngram_", "n-gram ").replace("_", " ")  # e.g. "n-gram mod n match"
+                raise InputError(f"the {what} must be within {low}..{high} (got {value})", field=key)
 
     def check_unused(self, running: tuple[DraftType, ...]) -> None:
         """Called when the options were given but their type does not run (default: ignored);
@@ -189,7 +189,8 @@ class DraftType:
     """One of llama.cpp's speculative types (see the module docstring)."""
 
     name: str  # llama.cpp's --spec-type name
-    priority: int  # llama.cpp's order of preference in a comma list (common_speculative_init)
+    priority: int  # llama.cpp's order of preference in a comma list (common_speculative_init); ggspec's own
+    # text drafters after llama.cpp's, before the model drafters
     traits: Traits
     make: Callable[[Build], "Proposer"]
     # the checks of the files against it (None: there is nothing in the files to check)
@@ -206,6 +207,9 @@ class DraftType:
     # the target context's parameters this type needs (draft-mtp: a chained Gemma 4 draft)
     target_params: Callable[["PairConfig", DraftPlan, "ContextParams", list[str]], None] | None = None
     note_prompt_cache: str | None = None  # a warning when the prompt cache keeps nothing for it
+    # llama.cpp has it (its loop is the exactness oracle, bench --native runs it); False: ggspec's
+    # own (suffix: SuffixDecoding, whose oracle is arctic-inference)
+    llama_cpp: bool = True
 
     def default_options(self) -> Options:
         return self.options()

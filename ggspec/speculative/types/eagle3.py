@@ -300,7 +300,7 @@ def _make(b: Build) -> Eagle3Proposer:
 
 
 DRAFT_EAGLE3 = DraftType(
-    name="draft-eagle3", priority=6, plan=_plan, make=_make,
+    name="draft-eagle3", priority=7, plan=_plan, make=_make,
     traits=Traits(draft_model="required", target_features=True, fixed_block=False, cheap=False, n_min=True,
                   confidence=True),
     detect=lambda target, draft: draft is not None and is_eagle3(draft), detect_rank=1,

@@ -415,7 +415,7 @@ def _make(b: Build) -> MTPProposer:
 
 
 DRAFT_MTP = DraftType(
-    name="draft-mtp", priority=7, plan=_plan, make=_make, options=MTPOptions, target_params=_target_params,
+    name="draft-mtp", priority=8, plan=_plan, make=_make, options=MTPOptions, target_params=_target_params,
     traits=Traits(draft_model="optional", target_features=True, fixed_block=False, cheap=False, n_min=True,
                   confidence=True),
     detect=_detect, detect_rank=0)

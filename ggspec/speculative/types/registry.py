@@ -1,4 +1,5 @@
-"""The draft-type registry: llama.cpp's ten `--spec-type`s, one entry each (draft_type.py).
+"""The draft-type registry: llama.cpp's ten `--spec-type`s and ggspec's `suffix` (SuffixDecoding),
+one entry each (draft_type.py).
 
 Every entry lives at the end of its proposer's module; this module only collects them, in
 llama.cpp's order of preference (common_speculative_init, the pinned common/speculative.cpp:
@@ -13,11 +14,11 @@ from __future__ import annotations
 from typing import Any
 
 from ggspec.errors import InputError
-from ggspec.speculative.types import dflash, draft_model, eagle3, mtp, ngram, ngram_cache, ngram_map, ngram_mod
+from ggspec.speculative.types import dflash, draft_model, eagle3, mtp, ngram, ngram_cache, ngram_map, ngram_mod, suffix
 from ggspec.speculative.types.draft_type import DraftType, OptionField, Options
 
 # the modules whose `TYPES` tuple holds their entries
-_MODULES = (ngram, ngram_map, ngram_mod, ngram_cache, draft_model, eagle3, mtp, dflash)
+_MODULES = (ngram, ngram_map, ngram_mod, ngram_cache, suffix, draft_model, eagle3, mtp, dflash)
 
 
 def _collect() -> dict[str, DraftType]:
@@ -27,6 +28,10 @@ def _collect() -> dict[str, DraftType]:
 
 TYPES: dict[str, DraftType] = _collect()
 SPEC_TYPES: tuple[str, ...] = tuple(TYPES)  # in llama.cpp's order of preference
+# what a lone model drafts with when nothing is given (no draft file, no type, no drafting block
+# in the target): the text itself, under the adaptive length, which verifies drafts only where
+# they pay (run, serve and bench apply it; a library PairConfig without a type decodes plainly)
+LONE_MODEL = "suffix"
 
 
 def get(name: str) -> DraftType:
