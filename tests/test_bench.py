@@ -235,13 +235,31 @@ def _prompts(tmp_path, n: int = 2) -> Path:
     return path
 
 
+def test_a_lone_model_benches_its_text_drafter_beside_llama_cpps_ngram_types(tmp_path, build_info):
+    """No draft, no type: the lone-model default (suffix, adaptive) against ggspec's plain, and
+    llama.cpp's plain and its own loop with each of its n-gram types on the same prompts; every
+    row's text is plain greedy text."""
+    target = Path(__file__).resolve().parents[1] / "models" / "tiny" / "tiny-coder.gguf"
+    out = tmp_path / "lone.json"
+    proc = run_cli("bench", "-m", str(target), "--native", "--prompts", str(_prompts(tmp_path)), "-r", "1", "-n", "32",
+                   "--no-warmup", "-o", "md", "--save", str(out), "--no-plot", timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "drafts from the text itself (suffix)" in proc.stderr
+    doc = json.loads(out.read_text())
+    assert doc["settings"]["spec_type"] == "suffix"
+    labels = {r["label"] for r in doc["rows"] if r["category"] == "all"}
+    natives = sorted(r["label"].split()[1] for r in doc["rows"] if r["kind"] == "native" and r["category"] == "all")
+    assert natives == ["ngram-cache", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-simple"], labels
+    assert all(r["identical"] == "2/2" for r in doc["rows"] if r["kind"] in ("spec", "native") and r["category"] == "all")
+
+
 def test_native_target_only_bench_runs_both_plain_rows(tmp_path, build_info):
-    """No draft: ggspec's --no-spec and llama.cpp's plain greedy (llama-completion), same text, with
-    their ratio both ways."""
+    """--spec-type none: ggspec's --no-spec and llama.cpp's plain greedy (llama-completion), same
+    text, with their ratio both ways."""
     target = Path(__file__).resolve().parents[1] / "models" / "tiny" / "tiny-coder.gguf"
     out = tmp_path / "runs" / "plain.json"  # --save creates its directory
-    proc = run_cli("bench", "-m", str(target), "--native", "--prompts", str(_prompts(tmp_path)), "-r", "2", "-n", "32",
-                   "--no-warmup", "-o", "md", "--save", str(out), "--no-plot", timeout=300)
+    proc = run_cli("bench", "-m", str(target), "--spec-type", "none", "--native", "--prompts", str(_prompts(tmp_path)),
+                   "-r", "2", "-n", "32", "--no-warmup", "-o", "md", "--save", str(out), "--no-plot", timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "| llama.cpp no-spec f16/f16 | all |" in proc.stdout and "vs llama.cpp no-spec" in proc.stdout
     doc = json.loads(out.read_text())
@@ -273,8 +291,9 @@ def test_bench_fits_the_default_draft_length_to_the_block(dense_pair, tmp_path, 
 
 
 @pytest.mark.parametrize("args, msg", [
-    ((), "no draft model: give -md FILE, or --native"),
-    (("--native", "--spec-draft-n-max", "7"), "--spec-draft-n-max: speculative settings need a draft model"),
+    (("--spec-type", "none"), "--spec-type none: nothing speculates; add --native"),
+    (("--spec-type", "none", "--native", "--spec-draft-n-max", "7"),
+     "--spec-draft-n-max: speculative settings do not apply: --spec-type none decodes plainly"),
 ])
 def test_target_only_bench_input(args, msg, dense_pair):
     proc = run_cli("bench", "-m", str(dense_pair.target), *args)
@@ -361,17 +380,19 @@ def test_every_column_is_documented_on_the_bench_page():
 
 @pytest.mark.real
 def test_real_pair_plain_side_by_side_with_llama_cpp(real_target, tmp_path, build_info):
-    """The issue's check on the real Gemma 3 270M (262k vocabulary, Q4_K_M): `--pair gemma-3-270m
-    --native` runs only the two plain rows, and llama.cpp's own greedy text equals ggspec's byte
-    for byte (the same build, the same attention setting, the CPU backend's batch invariance)."""
+    """The real Gemma 3 270M (262k vocabulary, Q4_K_M) alone: `--pair gemma-3-270m --native` runs
+    the lone-model default (suffix) and the plain rows, and llama.cpp's own loop with each of its
+    n-gram types; every text equals ggspec's plain greedy text byte for byte (the same build, the
+    same attention setting, the CPU backend's batch invariance)."""
     proc = run_cli("bench", "--pair", "gemma-3-270m", "--native", "--prompts", str(_prompts(tmp_path)), "-r", "1",
-                   "-n", "16", "--no-warmup", "-o", "jsonl", timeout=600)
+                   "-n", "16", "--no-warmup", "-o", "jsonl", timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    rows = {r["kind"]: r for r in map(json.loads, proc.stdout.splitlines()) if r["category"] == "all"}
-    assert set(rows) == {"baseline", "native-baseline"}
-    base = rows["native-baseline"]
-    assert base["identical"] == "2/2" and not base["near_ties"] and not base["real_divergences"], base
-    assert rows["baseline"]["native_speedup_mean"] > 0
+    rows = [r for r in map(json.loads, proc.stdout.splitlines()) if r["category"] == "all"]
+    assert sorted({r["kind"] for r in rows}) == ["baseline", "native", "native-baseline", "spec"]
+    for r in rows:
+        if r["kind"] != "baseline":
+            assert r["identical"] == "2/2" and not r["near_ties"] and not r["real_divergences"], r
+    assert next(r for r in rows if r["kind"] == "baseline")["native_speedup_mean"] > 0
 
 
 # --- parallel sequences ---------------------------------------------------------------------------

@@ -84,10 +84,11 @@ def test_real_pair_runs_plain_from_its_name(real_target, build_info):
 
 
 @pytest.mark.real
-def test_real_pair_without_a_draft_says_so(real_target, build_info):
+def test_real_pair_without_a_draft_says_what_it_drafts_with(real_target, build_info):
+    """A target-only pair drafts from the text (the lone-model default), and says so."""
     proc = run_cli("run", "--pair", REAL_PAIR, "-n", "4", "-p", "Hello")
     assert proc.returncode == 0, proc.stderr[-1500:]
-    assert "has no draft model yet" in proc.stderr and "(no speculation)" in proc.stderr
+    assert "drafts from the text itself (suffix)" in proc.stderr and "suffix auto" in proc.stderr
 
 
 def test_a_pair_that_is_not_pulled_says_what_to_run(tmp_path, build_info):

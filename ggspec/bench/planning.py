@@ -107,8 +107,10 @@ def new_plan(shared: opts.Shared, axes: AxisFlags, *, prompts: Path | None, n_pr
     if save is not None:
         check_writable(save, f"--save {save}")  # before anything is measured, not after
     target, draft_path, rec = config.resolve_models(shared, plain=True)
-    given_type = shared.spec_type
-    if shared.spec_type is None:  # a type that drafts without a draft model of its own, detected as `run` does
+    plain, given_type = shared.plain, None if shared.plain else shared.spec_type
+    if plain:  # --spec-type none: a target-only benchmark
+        shared = replace(shared, spec_type=None)
+    elif shared.spec_type is None:  # a type that drafts without a draft model of its own, detected as `run` does
         found = config.detected_type(target, draft_path)
         if found is not None and found.traits.draft_model != "required":
             shared = replace(shared, spec_type=SpecTypes.of(found))
@@ -117,15 +119,17 @@ def new_plan(shared: opts.Shared, axes: AxisFlags, *, prompts: Path | None, n_pr
     draft_free = shared.spec_type is not None and shared.spec_type.draft_file_optional
     if draft_path is None and not draft_free:
         if not native:
-            raise InputError("no draft model: give -md FILE, or --native for a target-only benchmark "
-                             "(ggspec's plain greedy against llama.cpp's), or --spec-type ngram-simple")
+            raise InputError("--spec-type none: nothing speculates; add --native for a target-only benchmark "
+                             "(ggspec's plain greedy against llama.cpp's)" if plain else
+                             f"no draft model: --spec-type {given_type.text} drafts with one: give -md FILE")
         spec_only = [flag for flag, v in (("--spec-draft-n-max", axes.n_max), ("--spec-draft-rs-planes", axes.rs_planes),
                                           ("--spec-draft-rs-planes-lead", axes.rs_lead),
                                           ("--spec-dflash-inject", axes.inject), ("--acceptance-profile", profile),
                                           ("--spec-type", given_type))
                      if v is not None]
         if spec_only:
-            raise InputError(f"{', '.join(spec_only)}: speculative settings need a draft model (-md)")
+            why = "--spec-type none decodes plainly" if plain else "they need a draft model (-md)"
+            raise InputError(f"{', '.join(spec_only)}: speculative settings do not apply: {why}")
     if draft_free and axes.inject is not None:
         raise InputError(f"--spec-dflash-inject: {shared.spec_type.text} has no draft model to inject into")
     trees = split_list("--spec-tree-budget", axes.tree_budget, ("",), _tree_item)

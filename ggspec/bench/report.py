@@ -287,13 +287,20 @@ _STATS_TYPES.update({f: (lambda v: isinstance(v, list) and all(is_int(x) and x >
                      for f in ("accept_hist", "pos_drafted", "pos_accepted", "k_hist")})
 _CONFIG_TYPES = {"kind": (str,), "ctk": (str,), "ctv": (str,), "n_ctx": is_int, "n_max": is_int,
                  "planes": (str,), "lead": (str,), "inject": (str,), "parallel": is_int,
-                 "temp": lambda v: _is_num(v) and v >= 0, "adaptive": (bool,), "tree": (str,)}
+                 "temp": lambda v: _is_num(v) and v >= 0, "adaptive": (bool,), "tree": (str,), "spec_type": (str,)}
 _RUN_TYPES = {"config": (str,), "rep": is_int, "prompt": is_int, "category": (str,), "stats": (dict,),
               "identical": lambda v: v is None or isinstance(v, bool), "paired_with": (str,),
               "divergence": lambda v: v in (None, "near-tie", "real"), "margin": lambda v: v is None or _is_num(v),
               "diverged_at": lambda v: v is None or is_int(v),
               "rss_mib": _is_num, "peak_rss_mib": _is_num, "plane_bytes": is_int, "plane_layout": (str,),
               **{f: lambda v: _is_num(v) and v >= 0 for f in ("engine_t", "engine_calls", "engine_steps")}}
+def _option_check(annotation: type):
+    """A type option's check in a saved document: by its type (bool, a float, an int)."""
+    if annotation is bool:
+        return (bool,)
+    return _is_num if annotation is float else is_int
+
+
 _SETTINGS_TYPES = {"target": (str,), "draft": (str,), "n_predict": is_int, "reps": is_int, "threads": is_int,
                    "warmup": (bool,), "profile": lambda v: v is None or isinstance(v, str),
                    "profile_weights": lambda v: v is None or (isinstance(v, list) and all(_is_num(x) for x in v)),
@@ -301,7 +308,7 @@ _SETTINGS_TYPES = {"target": (str,), "draft": (str,), "n_predict": is_int, "reps
                    "n_gpu_layers": is_int, "flash_attn": lambda v: v in ("auto", "on", "off"),
                    "spec_type": lambda v: v is None or isinstance(v, str),
                    "p_min": _is_num,
-                   **{f.key: (bool,) if f.annotation is bool else is_int for f in registry.option_fields()},
+                   **{f.key: _option_check(f.annotation) for f in registry.option_fields()},
                    "spec_select": (str,), "plan_pool": is_int, "top_k": is_int,
                    "top_p": _is_num, "min_p": _is_num, "seed": is_int}
 def _draft_free(spec_type: str | None) -> bool:

@@ -102,7 +102,7 @@ def base_config(shared: Shared, target: Path, draft: Path | None, *, plain: bool
     settings.setdefault("ctx", ContextParams(n_threads=shared.threads, flash_attn=shared.flash_attn))
     if shared.tree_budget is not None:
         settings["tree_budget"], settings["tree_auto"] = parse_tree_budget(shared.tree_budget)
-    spec_type = None if plain or shared.spec_type is None else shared.spec_type.text
+    spec_type = None if plain or shared.plain or shared.spec_type is None else shared.spec_type.text
     cfg = PairConfig(target=target, draft=None if plain else draft, use_draft=not plain and not shared.no_draft,
                      fixed_block=not plain and shared.fixed_block, spec_type=spec_type,
                      spec_select=shared.spec_select, plan_pool=shared.plan_pool, p_min=shared.p_min,
