@@ -4,7 +4,10 @@ Acceptance depends on the workload far more than on anything else (measured on r
 accepts nearly everything, prose least), so every figure is reported per category as well as
 over all prompts. The built-in set is raw text (no chat template), written so that a code model
 of any size has something to continue: new code, an edit of shown code, a verbatim repeat of
-shown code, and English prose.
+shown code, and English prose. The shipped `stdlib` set (workloads/, made by
+scripts/make_workloads.py from CPython's standard library, not written here) holds the workloads
+where drafting from the text pays (edits and refactors returned whole, answers quoting a document,
+JSON extraction) and those where it must not lose (open code generation, prose).
 """
 
 from __future__ import annotations
@@ -81,10 +84,22 @@ BUILTIN: tuple[Prompt, ...] = (
 )
 
 
+WORKLOADS = Path(__file__).resolve().parent / "workloads"  # shipped sets (scripts/make_workloads.py)
+
+
+def shipped_sets() -> list[str]:
+    """The names of the shipped prompt sets (`--prompts NAME`)."""
+    return sorted(p.stem for p in WORKLOADS.glob("*.jsonl"))
+
+
 def load_prompts(path: Path | None) -> list[Prompt]:
-    """The built-in set, or a JSONL file of {"prompt": str, "category": str (optional)}."""
+    """The built-in set, a shipped set by name (`stdlib`: workloads made of CPython's standard
+    library, each prompt with its provenance), or a JSONL file of {"prompt": str, "category": str
+    (optional)} (other keys, such as a prompt's source, are kept in the file only)."""
     if path is None:
         return list(BUILTIN)
+    if not path.exists() and str(path) in shipped_sets():
+        path = WORKLOADS / f"{path}.jsonl"
     prompts = []
     for n, obj in json_lines(path, f"--prompts {path}"):
         if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str) or not obj["prompt"]:

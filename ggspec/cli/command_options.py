@@ -97,8 +97,9 @@ RpcCache = Annotated[bool, typer.Option("--cache/--no-cache", help="Let the work
 
 # --- bench ----------------------------------------------------------------------------------------
 BenchPrompts = Annotated[Optional[Path], typer.Option(
-    "--prompts", help="JSONL file of {\"prompt\": ..., \"category\": ...} \\[default: the built-in set: "
-                      "code-gen, code-edit, code-echo, prose].")]
+    "--prompts", help="JSONL file of {\"prompt\": ..., \"category\": ...}, or a shipped set by name: stdlib "
+                      "(CPython's standard library: edit, refactor, quote, json, code-gen, prose) \\[default: the "
+                      "built-in set: code-gen, code-edit, code-echo, prose].")]
 BenchReps = Annotated[int, typer.Option("-r", "--repetitions", help="Repetitions of every configuration.")]
 BenchWarmup = Annotated[bool, typer.Option("--warmup/--no-warmup", help="An untimed run before each configuration.")]
 BenchMatrix = Annotated[bool, typer.Option("--matrix", help="Run every combination of the comma-list axes.")]
