@@ -19,7 +19,7 @@ from ggspec.native import suffix_oracle
 from ggspec.speculative.driver import generate_spec
 from ggspec.speculative.engine import Engine
 from ggspec.speculative.models import PairConfig
-from ggspec.speculative.types.suffix import SuffixCache, SuffixOptions
+from ggspec.speculative.types.suffix import DEFAULT_DEPTH, SuffixCache, SuffixOptions
 from ggspec.speculative.types.suffix_trie import SuffixTrie
 
 
@@ -138,7 +138,7 @@ def test_the_engine_drafts_as_the_reference_on_real_streams(oracle):
     prompts and outputs in the same order; every output is plain greedy."""
     cfg = PairConfig(target=TARGET, spec_type="suffix", n_max=16, adaptive=False, ctx=CPP_CTX)
     texts = [STACK, STACK.replace("items", "things"), PROMPTS[0], STACK]
-    ref = oracle.SuffixDecodingCache(max_tree_depth=24)
+    ref = oracle.SuffixDecodingCache(max_tree_depth=DEFAULT_DEPTH)
     drafted = 0
     with Engine.open(cfg) as eng:
         for req, text in enumerate(texts):
@@ -152,7 +152,7 @@ def test_the_engine_drafts_as_the_reference_on_real_streams(oracle):
             for tokens, draft, n in log.log:
                 ref.add_active_response(req, tokens[fed:])
                 fed = len(tokens)
-                context = (prompt.tolist() + tokens)[-24:]
+                context = (prompt.tolist() + tokens)[-DEFAULT_DEPTH:]
                 want = ref.speculate(req, context, max_spec_tokens=n, min_token_prob=0.1).token_ids
                 assert draft == list(want), (req, len(tokens))
                 drafted += len(draft)

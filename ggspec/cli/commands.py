@@ -103,7 +103,7 @@ def serve(
     """An OpenAI- and llama-server-compatible HTTP server (/v1/completions, /v1/chat/completions,
     /completion, /tokenize, /props, ...) decoding every request speculatively (or as the request
     says), -np of them batched in each step."""
-    from ggspec.cli.config import pair_config
+    from ggspec.cli.config import drafter_reason, pair_config
     from ggspec.cli.serve import listen_address
     from ggspec.server.chat import Reasoning
 
@@ -118,6 +118,7 @@ def serve(
     options = ServeOptions(host=address, port=port, model_id=alias or shared.pair or Path(cfg.target).stem,
                            max_queue=max_queue, chat_template=chat_template, chat_template_file=chat_template_file,
                            reasoning=reasoning, drain_timeout=drain_timeout, plain=shared.plain,
+                           drafter=drafter_reason(shared, cfg),
                            prompt_cache=cache_prompt, cache_ram_mib=cache_ram)
     run_server(cfg, options, log=lambda line: err.print(line, soft_wrap=True, highlight=False))
 

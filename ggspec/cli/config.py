@@ -75,6 +75,17 @@ def with_lone_default(shared: Shared, target: Path, draft: Path | None) -> Share
     return replace(shared, spec_type=SpecTypes.of(registry.get(registry.LONE_MODEL)))
 
 
+def drafter_reason(shared: Shared, cfg: PairConfig) -> str:
+    """Why a run drafts with what it does, in words (/props' `speculative.drafter`)."""
+    if shared.plain:
+        return "none: plain decoding asked for (--no-spec or --spec-type none)"
+    if shared.spec_type is not None:
+        return "given (--spec-type)"
+    if cfg.spec_type == registry.LONE_MODEL and cfg.draft is None:
+        return "a lone model's default: drafts from the text, verified only where it pays"
+    return "detected from the files"
+
+
 def placement(shared: Shared):
     """The devices, and the target and draft layers to offload (all of the target's when --rpc
     adds devices; the draft's as the target's when not given)."""

@@ -187,7 +187,9 @@ async def props(request: Request) -> Response:
         "chat_template": template.text, "chat_template_caps": template.caps, "bos_token": template.bos,
         "eos_token": template.eos,
         "build_info": svc.info["build"], "is_sleeping": False,
-        "speculative": svc.info,  # ggspec's: the pair, its draft type and lengths, plain by cost or not
+        # ggspec's: the pair, its draft type (and why), lengths, plain by cost or not; what its
+        # drafters keep across requests (suffix's global trie), as it stands
+        "speculative": {**svc.info, "kept": eng.proposer.memory() if eng.proposer is not None else None},
     })
 
 

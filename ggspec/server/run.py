@@ -30,6 +30,7 @@ class ServeOptions:
     reasoning: Reasoning = Reasoning()  # the thinking format and budget a request does not give
     drain_timeout: float = 30.0
     plain: bool = False  # no drafting (the A/B baseline)
+    drafter: str = ""  # why it drafts with what it does (/props): given, detected, a lone model's default
     prompt_cache: bool = True  # a slot keeps its cells for a later prompt with the same beginning
     cache_ram_mib: int = 8192  # host memory for cells a new prompt overwrites (-1: no limit, 0: off)
     log_level: str = "warning"  # uvicorn's
@@ -52,7 +53,7 @@ def build_service(engine: Engine, options: ServeOptions):
     scheduler.metrics = metrics
     cfg = engine.cfg
     info = {"target": str(cfg.target), "draft": None if options.plain or cfg.draft is None else str(cfg.draft),
-            "speculative": engine.speculative, "spec_type": engine.plan.spec_type,
+            "speculative": engine.speculative, "spec_type": engine.plan.spec_type, "drafter": options.drafter,
             "request_types": list(engine.request_types), "n_max": engine.n_max,
             "adaptive": engine.draft_length is not None, "plain_by_cost": engine.plain_by_cost,
             "tree_budget": None if engine.tree_rule is None else ("auto" if engine.tree_rule.auto else engine.tree_rule.cap),

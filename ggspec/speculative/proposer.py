@@ -42,6 +42,10 @@ class Draft:
     probs: Candidates | None = None
     # a token tree to verify instead of the chain (tree.py): `tokens` are its top-1 chain
     tree: Tree | None = None
+    # the drafter's own estimate of each drafted token's chance to be right, given the ones before
+    # it (suffix: SuffixDecoding's count ratios); the adaptive rule starts from it where its own
+    # counts of the sequence's drafts are thin; None: no estimate
+    confidence: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -55,7 +59,8 @@ class Draft:
         if len(self) <= k:
             return self
         return Draft(self.tokens[:k], None if self.probs is None else self.probs[:k],
-                     None if self.tree is None else self.tree.within(k))
+                     None if self.tree is None else self.tree.within(k),
+                     None if self.confidence is None else self.confidence[:k])
 
 
 @dataclass(slots=True)
@@ -128,6 +133,11 @@ class Proposer:
 
     def reset(self) -> None:
         """Forget every sequence and whatever was learnt (Engine.reset)."""
+
+    def memory(self) -> dict[str, int] | None:
+        """What it keeps across requests, for the server's report (suffix: its global trie's
+        outputs, tokens, nodes and bytes); None: nothing worth reporting."""
+        return None
 
     def close(self) -> None:
         """Free owned llama.cpp objects."""

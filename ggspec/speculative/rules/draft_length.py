@@ -13,8 +13,11 @@ included. Hybrid targets with several sequences verify equal spans (engine._span
 every sequence gets the same k.
 
 What the rule does not change: a DFlash-family block keeps its length n (its drafts depend on it,
-so only how many of them are verified changes); the n-gram types draft at their full length
-whatever k is (it costs microseconds, and the tokens past k are scored against the text); a model
+so only how many of them are verified changes); the text drafters (n-gram types, suffix) draft at
+their full length whatever k is (it costs microseconds, and the tokens past k are scored against
+the text), but after IDLE_MIN drafting steps in a row that verified nothing they draft every
+other step, then every 4th, up to every IDLE_WAIT_MAX-th, until a draft is verified again (where
+the text does not repeat, drafting and scoring every step cost a small model a few per cent); a model
 drafter is asked for max k_s tokens (their first k are what a longer draft would start with).
 Every choice is made from the past only, so greedy output equals plain greedy and sampled output
 keeps its distribution whatever k is.
@@ -74,6 +77,8 @@ GIVE_UP = 3  # probes in a row that did not pay before a sequence with a model d
 HOPE = 0.95  # the chance a drafted token survives on the best workloads (the real Qwen2.5-Coder pair: 91-96 % on
 # code): where no draft length pays even at this rate, a model drafter is not called at all
 WARM_UP = 8  # steps at the full length, then as many without drafts, before the rule decides
+IDLE_MIN = 4  # a text drafter's drafting steps in a row that verified nothing before it drafts less often
+IDLE_WAIT_MAX = 8  # then it drafts at least every this many steps (a repeat that starts is found soon)
 
 
 @dataclass
@@ -90,6 +95,9 @@ class _Track:
     fixed: bool = False  # it verifies every draft, at the full length (a seeded sampled sequence)
     failed: int = 0  # probes in a row that did not pay, since the rule last chose to verify drafts
     chose: bool = False  # the rule chose to verify its drafts at least once
+    idle: int = 0  # a text drafter's drafting steps in a row that verified nothing
+    skip: int = 0  # steps it leaves out before drafting again
+    idle_wait: int = 1  # the next such wait
 
 
 class DraftLength:
@@ -202,8 +210,9 @@ class DraftLength:
             if self.cheap:
                 return n, eligible
             return (self._ask(n, [k]), eligible) if k else (0, [])
-        if self.cheap:  # drafting is free: draft everywhere, choose k once the drafts are known (after)
-            return n, eligible
+        if self.cheap:  # drafting is cheap: draft, choose k once the drafts are known (after)
+            drafting = [seq for seq in eligible if self._drafts_now(self.tracks[seq.seq_id])]
+            return (n, drafting) if drafting else (0, [])
         if self._steps <= 2 * WARM_UP:  # measure both ends first: the full length, then none
             full = self._steps <= WARM_UP
             self._plan = dict.fromkeys((seq.seq_id for seq in eligible), n if full else 0)
@@ -223,6 +232,28 @@ class DraftLength:
         if not any(ks):
             return self._probe(eligible, n)
         return self._ask(n, ks), eligible  # (sequences at k = 0 ride along: their drafts are scored, not verified)
+
+    @staticmethod
+    def _drafts_now(t: _Track) -> bool:
+        """Whether a text drafter drafts for this sequence this step: after IDLE_MIN drafting steps
+        in a row that verified nothing, it drafts every other step, then every 4th, up to every
+        IDLE_WAIT_MAX-th (drafting and scoring cost tens of microseconds a step, a few per cent
+        of a small model's step, where the text does not repeat); verifying a draft again ends it."""
+        if t.skip > 0:
+            t.skip -= 1
+            return False
+        return True
+
+    def _idle(self, drafts: dict, ks: dict) -> None:
+        """A text drafter's idle count and wait, after its drafts' k were chosen."""
+        for seq in drafts:
+            t = self.tracks[seq.seq_id]
+            if ks[seq] > 0:
+                t.idle, t.idle_wait = 0, 1
+                continue
+            t.idle += 1
+            if t.idle >= IDLE_MIN:
+                t.skip, t.idle_wait = t.idle_wait, min(2 * t.idle_wait, IDLE_WAIT_MAX)
 
     def _ask(self, n: int, ks: list[int]) -> int:
         """The draft length to ask for verified lengths ks: a DFlash block stays n, a model drafter
@@ -287,20 +318,25 @@ class DraftLength:
         if self.cheap and not self._forcing:
             fixed = {seq: len(d) for seq, d in drafts.items() if self.tracks[seq.seq_id].fixed}
             seqs = [seq for seq, d in drafts.items() if len(d) and seq not in fixed]
-            ks = self._choose(live, seqs, self.n_max, [len(drafts[seq]) for seq in seqs]) if seqs else []
-            return {**dict.fromkeys(drafts, 0), **dict(zip(seqs, ks)), **fixed}
+            ks = self._choose(live, seqs, self.n_max, [len(drafts[seq]) for seq in seqs],
+                              confidence=[drafts[seq].confidence for seq in seqs]) if seqs else []
+            chosen = {**dict.fromkeys(drafts, 0), **dict(zip(seqs, ks)), **fixed}
+            self._idle(drafts, chosen)
+            return chosen
         return {seq: min(len(d), self._plan.get(seq.seq_id, 0)) for seq, d in drafts.items()}
 
-    def _choose(self, live: list, seqs: list, n: int, lengths: list[int], probe: bool = False) -> list[int]:
+    def _choose(self, live: list, seqs: list, n: int, lengths: list[int], probe: bool = False,
+                confidence: list | None = None) -> list[int]:
         """The rule of the module docstring: k for each of `seqs`, whose drafts can be this long.
-        `probe`: the best choice that verifies drafts, even where plain decoding is worth more."""
+        `probe`: the best choice that verifies drafts, even where plain decoding is worth more;
+        `confidence`: each draft's own estimate per position (Draft.confidence), or None."""
         n_live, m = len(live), max(1, n)
         if not (self.plain or self.spec):  # nothing measured yet (no calibration): verify whole drafts
             return [min(length, m, max(0, seq.left - 1)) for seq, length in zip(seqs, lengths)]
         gains = np.zeros((len(seqs), m))
         for e, (seq, length) in enumerate(zip(seqs, lengths)):
             room = max(0, min(length, m, seq.left - 1))  # drafts past the budget are never verified
-            gains[e, :room] = self.tracks[seq.seq_id].acceptance.gains(room)
+            gains[e, :room] = self.tracks[seq.seq_id].acceptance.gains(room, confidence[e] if confidence else None)
         plain_cost, spec, draft = self._tables(n_live, len(seqs), m)  # spec[r - n_live]: r rows; draft[length]
         # the step without drafts to beat: n-gram drafts are made either way; a model drafter's
         # sequences can stop speculating (gave_up), so its bar is a step that keeps no draft current

@@ -32,7 +32,10 @@ from ggspec.speculative.types.draft_type import TEXT_TRAITS, DraftType, Options,
 from ggspec.speculative.types.ngram import split_history
 from ggspec.speculative.types.suffix_trie import SuffixDraft, SuffixTrie
 
-DEFAULT_DEPTH = 24  # vLLM's suffix_decoding_max_tree_depth
+# the longest substring held: a draft and the match it follows fit in it together, so 32 lets a
+# 16-token match draft 16 (vLLM's default is 24, arctic-inference's 64: each appended token costs
+# a step per depth)
+DEFAULT_DEPTH = 32
 DEFAULT_N_MAX = 16  # tokens one draft holds at most
 DEFAULT_CACHE_TOKENS = 1 << 17  # output tokens the global trie holds (a few tens of MB at most)
 DEFAULT_P_MIN = 0.1  # vLLM's suffix_decoding_min_token_prob
@@ -96,6 +99,7 @@ class SuffixCache:
         """The better of the request's own trie's draft and the global trie's (ties: its own)."""
         context = context[-self.depth:]
         own = self.own[key].speculate(context, max_tokens, factor, offset, min_prob, tree)
+        own.own = True
         if not self.enabled or not self._kept:
             return own
         other = self.shared.speculate(context, max_tokens, factor, offset, min_prob, tree)
@@ -152,7 +156,7 @@ class SuffixProposer(Proposer):
             hist, id_last = split_history(seq)  # (prompt and committed tokens, id_last last)
             context = hist[-self.cache.depth:] + ([] if id_last is None else [id_last])
             d = self.cache.speculate(key, context, min(n, o.n_max), o.factor, 0.0, o.p_min)
-            out.append(Draft(np.asarray(d.tokens, dtype=np.int32)))
+            out.append(Draft(np.asarray(d.tokens, dtype=np.int32), confidence=_confidence(d)))
         return out
 
     def release(self, seq: Sequence, keep: int = 0) -> int:
@@ -174,6 +178,21 @@ class SuffixProposer(Proposer):
 
     def memory(self) -> dict[str, int]:
         return self.cache.memory()
+
+
+def _confidence(d: SuffixDraft) -> np.ndarray | None:
+    """Each drafted token's estimated chance given the ones before it (the draft's probabilities
+    are running products). In the sequence's own trie one occurrence of the matched context is
+    the context itself, at the text's end, with nothing after it yet: the first token's estimate
+    leaves it out (of two occurrences, one continues: an even chance by the counts, a sure one
+    by the text)."""
+    if not d.tokens:
+        return None
+    p = np.asarray(d.probs)
+    conf = p / np.concatenate(([1.0], p[:-1]))
+    if d.own and d.count > 1:
+        conf[0] = min(1.0, conf[0] * d.count / (d.count - 1))
+    return conf
 
 
 # --- the registry entry ----------------------------------------------------------------------------

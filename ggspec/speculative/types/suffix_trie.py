@@ -95,6 +95,8 @@ class SuffixDraft:
     probs: list[float] = field(default_factory=list)
     score: float = 0.0
     match_len: int = 0
+    count: int = 0  # occurrences of the matched context (not the reference's: the confidence's)
+    own: bool = False  # it came from the sequence's own trie (SuffixCache)
 
 
 class SuffixTrie:
@@ -224,7 +226,7 @@ class SuffixTrie:
             draft = (_tree if tree else _path)(node, used, cap, min_prob)
             if draft.score >= best.score:
                 best = draft
-                best.match_len = m
+                best.match_len, best.count = m, node.count
         return best
 
 

@@ -82,6 +82,9 @@ class SeveralProposer(Proposer):
         for p in self.proposers:
             p.observe(spans)
 
+    def memory(self) -> dict[str, int] | None:
+        return next((m for p in self.proposers if (m := p.memory()) is not None), None)
+
     def flush(self) -> None:
         for p in self.proposers:
             p.flush()

@@ -1,0 +1,230 @@
+#!/usr/bin/env python3
+"""Multi-turn agent replays against `ggspec serve` and llama-server of the same build, side by side.
+
+    python scripts/agent_replay.py --pair gemma-3-270m                 # 20 turns, 1 and 4 clients
+    python scripts/agent_replay.py --pair gemma-3-270m --clients 1 --turns 24 --reps 3
+
+A conversation is what a coding agent sends: each user turn hands the model a tool's output (a
+function read from a file of CPython's standard library, or the same file read again) and asks
+for it back, edited or unchanged, or for the model's own earlier answer again with a change; each
+answer joins the conversation, so later turns re-read tool output and earlier answers. Every
+request is a chat completion of the whole conversation so far (the server's chat template, its
+prompt cache), greedy. `--clients` conversations run at once, each over its own module's
+functions. Four servers, each alone on the machine, one after the other (the order alternating
+between repetitions): ggspec serve with no drafting flags (a lone model drafts with `suffix`),
+llama-server with `--spec-type ngram-mod` (llama.cpp's text drafter for servers), ggspec
+`--no-spec` and plain llama-server. Reported per server and client count: generated tokens per
+second over the whole replay (the median repetition), its ratio to each llama-server, the paired
+ratios, the acceptance, and how many answers equal ggspec plain's answer to the same turn.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import inspect
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rich.console import Console
+from rich.table import Table
+
+from ggspec.bench.native import find_tool
+from ggspec.bench.serving import free_port
+from ggspec.catalogue.pairs import get_entry, resolve
+from serve_bench import drafted, start, stop  # noqa: E402 (scripts/ is on the path when run as a script)
+
+console = Console(stderr=True)
+
+MODULES = ["textwrap", "shlex", "fnmatch", "string", "calendar", "queue", "heapq", "bisect", "statistics",
+           "glob", "difflib", "base64", "html", "gettext", "posixpath", "urllib.parse"]
+ASKS = ["Return `{name}` whole, with type hints added to its signature.",
+        "Now return your previous version again, with its comments removed and nothing else changed.",
+        "Here is the file again. Return `{name}` exactly as it is in the file, unchanged.",
+        "Return your version from two turns ago again, exactly as you wrote it."]
+SERVERS = ("ggspec default", "llama-server ngram-mod", "ggspec plain", "llama-server plain")
+
+
+def functions() -> list[tuple[str, str, str]]:
+    """The standard library's functions of 8-40 lines from MODULES, in order: (file, name, source)."""
+    found = []
+    for module in MODULES:
+        mod = importlib.import_module(module)
+        path = Path(inspect.getsourcefile(mod)).name
+        for name, fn in sorted(vars(mod).items()):
+            if inspect.isfunction(fn) and fn.__module__ == mod.__name__ and not name.startswith("__"):
+                try:
+                    src = textwrap.dedent(inspect.getsource(fn))
+                except OSError:  # (made at run time: no source)
+                    continue
+                if 8 <= src.count("\n") <= 40:
+                    found.append((path, name, src))
+    return found
+
+
+def conversations(count: int, n: int) -> list[list[str]]:
+    """The user messages of `count` conversations of n turns: per function, four turns (ASKS),
+    the tool's output (the function as read from its file) in the first and the third; each
+    conversation over functions of its own."""
+    pool, per = functions(), (n + 3) // 4
+    out = []
+    for j in range(count):
+        users = []
+        for path, name, src in pool[j * per:(j + 1) * per]:
+            tool = f"Tool output (read_file {path}, `{name}`):\n```python\n{src}```\n\n"
+            users += [(tool if i in (0, 2) else "") + ask.format(name=name) for i, ask in enumerate(ASKS)]
+        out.append(users[:n])
+    return out
+
+
+@dataclass
+class Replay:
+    """One conversation's answers and the tokens they took."""
+
+    answers: list[str] = field(default_factory=list)
+    tokens: int = 0
+    error: str | None = None
+
+
+def chat(url: str, messages: list[dict], max_tokens: int, timeout: float) -> tuple[str, int]:
+    body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0.0, "cache_prompt": True}
+    req = urllib.request.Request(url + "/v1/chat/completions", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        doc = json.load(r)
+    return doc["choices"][0]["message"]["content"] or "", int(doc["usage"]["completion_tokens"])
+
+
+def replay(url: str, users: list[str], max_tokens: int, timeout: float) -> Replay:
+    out, messages = Replay(), []
+    try:
+        for text in users:
+            messages.append({"role": "user", "content": text})
+            answer, n = chat(url, messages, max_tokens, timeout)
+            messages.append({"role": "assistant", "content": answer})
+            out.answers.append(answer)
+            out.tokens += n
+    except OSError as exc:
+        out.error = str(exc)
+    return out
+
+
+def run(url: str, conversations: list[list[str]], max_tokens: int, timeout: float) -> tuple[list[Replay], float]:
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(len(conversations)) as pool:
+        done = list(pool.map(lambda users: replay(url, users, max_tokens, timeout), conversations))
+    return done, time.perf_counter() - t0
+
+
+def commands(args, target: Path, port: int) -> dict[str, list[str]]:
+    common = ["-np", str(args.parallel), "-c", str(args.ctx), "-t", str(args.threads), "-fa", "off",
+              "--port", str(port), "--host", "127.0.0.1"]
+    ggspec = [sys.executable, "-m", "ggspec.cli", "serve", "-m", str(target), *common]
+    # llama-server's -c is every slot's together; ggspec's is per slot
+    server = [str(find_tool("llama-server")), "-m", str(target), *common, "--jinja", "--no-webui",
+              "-tb", str(args.threads)]
+    server[server.index("-c") + 1] = str(args.ctx * args.parallel)
+    return {"ggspec default": ggspec, "llama-server ngram-mod": [*server, "--spec-type", "ngram-mod"],
+            "ggspec plain": [*ggspec, "--no-spec"], "llama-server plain": server}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pair", default="gemma-3-270m")
+    ap.add_argument("--clients", default="1,4", help="conversations at once, a comma list")
+    ap.add_argument("--turns", type=int, default=20)
+    ap.add_argument("-np", "--parallel", type=int, default=4)
+    ap.add_argument("-c", "--ctx", type=int, default=8192, help="context per slot")
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--only", help="comma list of servers to run (default: all four)")
+    ap.add_argument("--json", type=Path, help="also write the rows here")
+    ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--logs", type=Path, default=Path(tempfile.gettempdir()) / "ggspec-agent-replay")
+    args = ap.parse_args()
+    args.logs.mkdir(parents=True, exist_ok=True)
+    target = resolve(get_entry(args.pair)).target
+    levels = [int(c) for c in args.clients.split(",")]
+    convs = conversations(max(levels), args.turns)
+    names = [n for n in SERVERS if not args.only or n in args.only.split(",")]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_ARG_")}
+    results: dict[tuple[str, int], list[tuple[list[Replay], float, tuple[float, float]]]] = {}
+    for rep in range(args.reps):
+        for name in names if rep % 2 == 0 else names[::-1]:
+            port = free_port()
+            url = f"http://127.0.0.1:{port}"
+            cmd = commands(args, target, port)[name]
+            log = args.logs / f"{name.replace(' ', '-')}.log"
+            proc = start(cmd, url, env, log)
+            try:
+                replay(url, ["Say hello."], 8, args.timeout)  # warm-up
+                for c in levels:
+                    before = drafted(url, log)
+                    done, seconds = run(url, convs[:c], args.max_tokens, args.timeout)
+                    after = drafted(url, log)
+                    results.setdefault((name, c), []).append((done, seconds, (after[0] - before[0], after[1] - before[1])))
+                    tokens = sum(r.tokens for r in done)
+                    console.print(f"  rep {rep + 1} {name} c={c}: {tokens / seconds:.1f} t/s ({tokens} tokens, "
+                                  f"{seconds:.0f} s), errors {sum(r.error is not None for r in done)}")
+            finally:
+                stop(proc)
+    rows = _rows(results, levels)
+    _table(rows, args)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 0 if all(r["errors"] == 0 for r in rows) else 1
+
+
+def _rows(results, levels) -> list[dict]:
+    rows = []
+    for (name, c), runs in results.items():
+        tps = [sum(r.tokens for r in done) / s for done, s, _ in runs]
+        ref = results.get(("ggspec plain", c))
+        same = total = 0
+        for i, (done, _, _) in enumerate(runs):
+            want = ref[min(i, len(ref) - 1)][0] if ref else done
+            for mine, theirs in zip(done, want):
+                same += sum(a == b for a, b in zip(mine.answers, theirs.answers))
+                total += len(theirs.answers)
+        acc, gen = sum(a for _, _, (a, _) in runs), sum(g for _, _, (_, g) in runs)
+        rows.append({"server": name, "clients": c, "tps": statistics.median(tps), "tps_runs": [round(t, 2) for t in tps],
+                     "accept": acc / gen if gen else None, "equal_to_plain": f"{same}/{total}",
+                     "errors": sum(r.error is not None for done, _, _ in runs for r in done)})
+    for r in rows:
+        for other in ("llama-server ngram-mod", "llama-server plain", "ggspec plain"):
+            o = next((x for x in rows if x["server"] == other and x["clients"] == r["clients"]), None)
+            if o is not None:
+                pairs = [a / b for a, b in zip(r["tps_runs"], o["tps_runs"]) if b]
+                r[f"x {other}"] = statistics.median(pairs) if pairs else None
+    return rows
+
+
+def _table(rows, args) -> None:
+    table = Table(title=f"{args.pair}: {args.turns}-turn agent replays, -np {args.parallel}, -c {args.ctx} per slot, "
+                        f"-t {args.threads}, at most {args.max_tokens} tokens per answer, greedy, {args.reps} reps")
+    cols = ("server", "clients", "t/s", "× llama-server ngram-mod", "× llama-server plain", "× ggspec plain",
+            "accept", "= plain answers", "errors")
+    for col in cols:
+        table.add_column(col, justify="left" if col == "server" else "right")
+    for r in sorted(rows, key=lambda r: (r["clients"], SERVERS.index(r["server"]))):
+        ratio = [r.get(f"x {o}") for o in ("llama-server ngram-mod", "llama-server plain", "ggspec plain")]
+        table.add_row(r["server"], str(r["clients"]), f"{r['tps']:.1f}", *("" if x is None else f"{x:.2f}" for x in ratio),
+                      "" if r["accept"] is None else f"{100 * r['accept']:.0f}%", r["equal_to_plain"], str(r["errors"]))
+    Console(width=170).print(table)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
