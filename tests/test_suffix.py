@@ -213,3 +213,26 @@ def test_a_lone_model_drafts_from_the_text_by_default(real_target):
     assert "no speculation" in plain.stderr and "suffix" not in plain.stderr
     assert spec.stdout == plain.stdout
     assert np.any([line.startswith("speculation") for line in spec.stderr.splitlines()]) or "τ" in spec.stderr
+
+
+def test_a_lone_model_server_drafts_from_earlier_answers_and_says_why(build_info):
+    """`serve -m model` with nothing else: suffix, the reason and the shared trie in /props; a
+    repeated request drafts from the first answer (the global trie) and answers the same; a
+    request may still ask for plain decoding."""
+    from helpers.serving import LiveServer
+
+    s = LiveServer("-m", str(TARGET), "-np", "2", "-t", "1")
+    try:
+        props = s.get("/props")[1]["speculative"]
+        assert props["spec_type"] == "suffix" and "lone model" in props["drafter"], props
+        body = {"prompt": PROMPTS[1], "max_tokens": 48, "temperature": 0, "ignore_eos": True}
+        first = s.post("/v1/completions", body)[1]
+        second = s.post("/v1/completions", body)[1]
+        plain = s.post("/v1/completions", {**body, "speculative.type": "none"})[1]
+        assert first["choices"][0]["text"] == second["choices"][0]["text"] == plain["choices"][0]["text"]
+        assert second["usage"]["accepted_tokens"] >= 0.75 * 48 > first["usage"]["accepted_tokens"]
+        kept = s.get("/props")[1]["speculative"]["kept"]
+        assert kept["outputs"] >= 2 and kept["tokens"] >= 96 and kept["bytes"] > 0, kept
+    finally:
+        code, err = s.stop()
+    assert code == 0, err
