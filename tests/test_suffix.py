@@ -136,7 +136,8 @@ def test_the_engine_drafts_as_the_reference_on_real_streams(oracle):
     """The tiny target's own text, four prompts through one engine (the global trie carries from
     one to the next): every draft the engine made equals the reference cache's, fed the same
     prompts and outputs in the same order; every output is plain greedy."""
-    cfg = PairConfig(target=TARGET, spec_type="suffix", n_max=16, adaptive=False, ctx=CPP_CTX)
+    cfg = PairConfig(target=TARGET, spec_type="suffix", n_max=16, adaptive=False, ctx=CPP_CTX,
+                     spec_options={"suffix": SuffixOptions(min_match=1)})  # (every draft, as the reference's)
     texts = [STACK, STACK.replace("items", "things"), PROMPTS[0], STACK]
     ref = oracle.SuffixDecodingCache(max_tree_depth=DEFAULT_DEPTH)
     drafted = 0

@@ -190,7 +190,8 @@ def run_cpp(tool: Path, target: Path, draft: Path | None, prompt: str, n: int, n
         cmd += ["--spec-draft-p-min", str(p_min)]
     if n_min is not None:
         cmd += ["--spec-draft-n-min", str(n_min)]
-    cmd += ["-p", prompt, "-n", str(n), *sampler_args(sampling),
+    # (--no-escape: the prompt is raw text; llama.cpp would turn a "\\t" in code into a tab)
+    cmd += ["-p", prompt, "--no-escape", "-n", str(n), *sampler_args(sampling),
             "-t", str(threads), "-td", str(threads), "-c", str(n_ctx), "-ctk", ctk, "-ctv", ctv,
             "--ignore-eos", "-fa", flash_attn, *gpu_layer_args(n_gpu_layers, draft=draft is not None)]
     with tempfile.TemporaryDirectory(prefix="ggspec-drafts-") as tmp:
@@ -217,7 +218,7 @@ def run_plain(tool: Path, target: Path, prompt: str, n: int, *, n_ctx: int = 204
     """One plain run of llama.cpp's llama-completion (greedy unless `sampling` has a temperature):
     exactly n tokens (EOG never sampled), raw prompt (no chat template), decode timed by patch 0007."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_ARG_")}
-    cmd = [str(tool), "-m", str(target), "-p", prompt, "-n", str(n), *sampler_args(sampling), "-no-cnv",
+    cmd = [str(tool), "-m", str(target), "-p", prompt, "--no-escape", "-n", str(n), *sampler_args(sampling), "-no-cnv",
            "-t", str(threads), "-tb", str(threads), "-c", str(n_ctx), "-ctk", ctk, "-ctv", ctv,
            "--ignore-eos", "-fa", flash_attn, *gpu_layer_args(n_gpu_layers)]
     proc = _run(tool, cmd, env, timeout)
