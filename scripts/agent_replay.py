@@ -26,7 +26,6 @@ import inspect
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import textwrap

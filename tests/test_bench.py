@@ -245,6 +245,7 @@ def test_a_lone_model_benches_its_text_drafter_beside_llama_cpps_ngram_types(tmp
                    "--no-warmup", "-o", "md", "--save", str(out), "--no-plot", timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert "drafts from the text itself (suffix)" in proc.stderr
+    assert "drafter: suffix (a lone model's default" in proc.stdout
     doc = json.loads(out.read_text())
     assert doc["settings"]["spec_type"] == "suffix"
     labels = {r["label"] for r in doc["rows"] if r["category"] == "all"}

@@ -532,7 +532,11 @@ def to_markdown(rows: list[dict], settings: Settings) -> str:
     out = ["| " + " | ".join(head[i] for i in keep) + " |", "|" + "---|" * len(keep)]
     out += ["| " + " | ".join(cells[i] for i in keep) + " |" for cells in table]
     lines = "\n".join(out)
-    note = (f"\n\n{settings.n_predict} tokens per prompt, {settings.reps} repetitions, {len(settings.prompts)} prompts; "
+    drafter = (f"drafter: {settings.spec_type}" + (" (a lone model's default: drafts from the text)"
+                                                  if settings.spec_type == registry.LONE_MODEL and not settings.draft else "")
+               if settings.spec_type else "")
+    note = (f"\n\n{drafter + '; ' if drafter else ''}{settings.n_predict} tokens per prompt, {settings.reps} repetitions, "
+            f"{len(settings.prompts)} prompts; "
             "speedup = mean of paired ratios to the no-spec baseline with the same cache types"
             + (" and parallel level; decode t/s (aggregate) = tokens of all sequences / the engine's transaction "
                "time, per-seq t/s = one sequence's tokens / the time of the steps it was in; identical = every "
