@@ -115,8 +115,9 @@ def replay(url: str, users: list[str], max_tokens: int, timeout: float) -> Repla
             messages.append({"role": "assistant", "content": answer})
             out.answers.append(answer)
             out.tokens += n
-    except OSError as exc:
-        out.error = str(exc)
+    except OSError as exc:  # (an HTTPError is one: its body says why)
+        body = exc.read().decode(errors="replace")[:200] if hasattr(exc, "read") else ""
+        out.error = f"{exc} {body}".strip()
     return out
 
 
@@ -128,13 +129,12 @@ def run(url: str, conversations: list[list[str]], max_tokens: int, timeout: floa
 
 
 def commands(args, target: Path, port: int) -> dict[str, list[str]]:
-    common = ["-np", str(args.parallel), "-c", str(args.ctx), "-t", str(args.threads), "-fa", "off",
+    # -c is every slot's together, on both servers
+    common = ["-np", str(args.parallel), "-c", str(args.ctx * args.parallel), "-t", str(args.threads), "-fa", "off",
               "--port", str(port), "--host", "127.0.0.1"]
     ggspec = [sys.executable, "-m", "ggspec.cli", "serve", "-m", str(target), *common]
-    # llama-server's -c is every slot's together; ggspec's is per slot
     server = [str(find_tool("llama-server")), "-m", str(target), *common, "--jinja", "--no-webui",
               "-tb", str(args.threads)]
-    server[server.index("-c") + 1] = str(args.ctx * args.parallel)
     return {"ggspec default": ggspec, "llama-server ngram-mod": [*server, "--spec-type", "ngram-mod"],
             "ggspec plain": [*ggspec, "--no-spec"], "llama-server plain": server}
 
@@ -176,8 +176,9 @@ def main() -> int:
                     after = drafted(url, log)
                     results.setdefault((name, c), []).append((done, seconds, (after[0] - before[0], after[1] - before[1])))
                     tokens = sum(r.tokens for r in done)
+                    errors = [r.error for r in done if r.error is not None]
                     console.print(f"  rep {rep + 1} {name} c={c}: {tokens / seconds:.1f} t/s ({tokens} tokens, "
-                                  f"{seconds:.0f} s), errors {sum(r.error is not None for r in done)}")
+                                  f"{seconds:.0f} s), errors {len(errors)}" + (f" (first: {errors[0]})" if errors else ""))
             finally:
                 stop(proc)
     rows = _rows(results, levels)

@@ -212,7 +212,14 @@ class SuffixTrie:
         """The best draft after `context` (module docstring)."""
         best = SuffixDraft()
         factor, offset, min_prob = f32(factor), f32(offset), f32(min_prob)
+        caps = [max(0, min(max_tokens, int(f32(f32(m * factor) + offset) + 1e-6))) for m in range(len(context))]
+        # the most any longer match can score: its tokens, at most its cap and what the depth leaves
+        later = [0] * (len(context) + 1)
+        for m in range(len(context) - 1, 0, -1):
+            later[m - 1] = max(later[m], min(caps[m], self.depth - m))
         for m in range(1, len(context)):
+            if best.score > later[m - 1]:  # no longer match can win (nor tie): the rest is not walked
+                break
             at = self._match(context, len(context) - m)
             if at is None:
                 break
@@ -222,8 +229,7 @@ class SuffixTrie:
                 if best.score == 0.0:
                     best = SuffixDraft(match_len=_longest_tail(context, node.seq, m, self.depth))
                 break
-            cap = max(0, min(max_tokens, int(f32(f32(m * factor) + offset) + 1e-6)))
-            draft = (_tree if tree else _path)(node, used, cap, min_prob)
+            draft = (_tree if tree else _path)(node, used, caps[m], min_prob)
             if draft.score >= best.score:
                 best = draft
                 best.match_len, best.count = m, node.count
