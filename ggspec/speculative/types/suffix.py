@@ -9,7 +9,10 @@ sequence's own):
   `run -f` and `bench` across the prompts of one run (bench starts each repetition afresh, so
   a prompt never drafts from its own earlier output). It holds at most `cache_tokens` tokens of
   outputs, the oldest evicted first; 0 turns it off.
-A draft is at most min(n_max, the asked length, the match length) tokens long. What reaches the
+A draft is at most min(n_max, the asked length, the match length) tokens long; one that follows a
+match shorter than `min_match` is dropped, and the first token's estimated probability, capped by
+how long the match is (MATCH_SURVIVAL), reaches the adaptive length as the draft's confidence
+(proposer.Draft.confidence), with which it decides how much of the draft to verify. What reaches the
 output is only what the target itself computes, so another request's text cannot leak into an
 answer; whether a draft was accepted, though, shows in timing: a server shared by tenants who
 must not learn about each other's text turns the global trie off (`--spec-suffix-cache-tokens
@@ -20,7 +23,7 @@ must not learn about each other's text turns the global trie off (`--spec-suffix
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import count
 
 import numpy as np
@@ -242,8 +245,6 @@ class SuffixOptions(Options):
                              field="suffix_factor")
 
     def with_length(self, n_max: int) -> "SuffixOptions":
-        from dataclasses import replace  # noqa: PLC0415
-
         return replace(self, n_max=n_max)
 
 
