@@ -237,3 +237,21 @@ def test_a_lone_model_server_drafts_from_earlier_answers_and_says_why(build_info
     finally:
         code, err = s.stop()
     assert code == 0, err
+
+
+def test_a_request_names_suffix_on_a_server_with_a_draft_model(build_info):
+    """A DFlash server holds suffix on standby with the n-gram types: a request naming it drafts
+    from the text and answers what a plain request does."""
+    from helpers.serving import LiveServer
+
+    s = LiveServer("--pair", "tiny-coder", "--spec-draft-n-max", "7", "-np", "2", "-t", "1")
+    try:
+        assert "suffix" in s.get("/props")[1]["speculative"]["request_types"]
+        body = {"prompt": STACK, "max_tokens": 48, "temperature": 0, "ignore_eos": True}
+        code, named = s.post("/v1/completions", {**body, "speculative.type": "suffix"})
+        plain = s.post("/v1/completions", {**body, "speculative.type": "none"})[1]
+        assert code == 200 and named["choices"][0]["text"] == plain["choices"][0]["text"]
+        assert named["usage"]["draft_tokens"] > 0
+    finally:
+        code, err = s.stop()
+    assert code == 0, err
