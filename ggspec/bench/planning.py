@@ -134,6 +134,7 @@ def new_plan(shared: opts.Shared, axes: AxisFlags, *, prompts: Path | None, n_pr
         raise InputError(f"--spec-dflash-inject: {shared.spec_type.text} has no draft model to inject into")
     trees = split_list("--spec-tree-budget", axes.tree_budget, ("",), _tree_item)
     base = config.base_config(shared, target, draft_path)  # the options' own checks, each naming its flag
+    config.note_lone_default(shared)
     d, recommended = opts.DEFAULTS, config.recommended
     n_max = int(recommended(rec, "n_max"))
     grid = Axes(

@@ -67,12 +67,17 @@ def with_lone_default(shared: Shared, target: Path, draft: Path | None) -> Share
     """`shared` with what a lone model drafts with by default: with no draft file, no --spec-type,
     no --no-spec and a target that does not draft for itself (an MTP block), the text drafter
     (registry.LONE_MODEL) under the adaptive length, which verifies drafts only where they pay;
-    a note says so once."""
+    `note_lone_default` says so once the options are checked."""
     if shared.plain or shared.spec_type is not None or draft is not None or target_drafts_alone(target):
         return shared
-    err.print(f"[dim]note:[/] a lone model drafts from the text itself ({registry.LONE_MODEL}), verifying drafts "
-              "only where they pay; --spec-type none decodes plainly", soft_wrap=True, highlight=False)
-    return replace(shared, spec_type=SpecTypes.of(registry.get(registry.LONE_MODEL)))
+    return replace(shared, spec_type=SpecTypes.of(registry.get(registry.LONE_MODEL)), lone_default=True)
+
+
+def note_lone_default(shared: Shared) -> None:
+    """The note a run gets when it drafts with the lone-model default (with_lone_default)."""
+    if shared.lone_default:
+        err.print(f"[dim]note:[/] a lone model drafts from the text itself ({registry.LONE_MODEL}), verifying "
+                  "drafts only where they pay; --spec-type none decodes plainly", soft_wrap=True, highlight=False)
 
 
 def drafter_reason(shared: Shared, cfg: PairConfig) -> str:
@@ -148,6 +153,7 @@ def pair_config(shared: Shared, *, parallel: int, parallel_given: bool = True) -
         planes=PlaneOptions.parse(pick(shared.rs_planes, rec, "planes"), pick(shared.rs_lead, rec, "lead")),
         inject=shared.inject if shared.inject is not None else DEFAULTS["inject"],
     )
+    note_lone_default(shared)
     if not shared.fit:
         return cfg
     return fitted(cfg, n_ctx_given=shared.n_ctx is not None, parallel_given=parallel_given)

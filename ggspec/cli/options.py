@@ -248,6 +248,8 @@ class Shared:
     type_options: dict[str, Any] = field(default_factory=dict)
     # bench's comma lists as given (None: not given), by field name: the axes of its matrix
     swept: dict[str, str | None] = field(default_factory=dict)
+    # the drafter is a lone model's default, not given (config.with_lone_default)
+    lone_default: bool = False
 
     @property
     def sampling(self) -> SamplerSettings:

@@ -102,7 +102,10 @@ class SpecTypes:
 def spec_types(text: str) -> SpecTypes:
     """--spec-type: one type or llama.cpp's comma list (registry.parse's checks); `none`: no
     drafting at all (plain decoding, as llama.cpp's `--spec-type none`)."""
-    if text.strip() == "none":
+    names = [t.strip() for t in text.split(",")]
+    if "none" in names:
+        if len(names) > 1:
+            raise InputError(f"{text}: none means no drafting at all: it takes no other type", field="spec_type")
         return SpecTypes("none", ())
     return SpecTypes(text, registry.parse(text))
 

@@ -180,17 +180,10 @@ class SuffixProposer(Proposer):
         return out
 
     def release(self, seq: Sequence, keep: int = 0) -> int:
-        running = self._running.pop(seq, None)
-        if running is not None:
-            self._sync_last(seq, running)
-            self.cache.stop(running[0])
+        if seq in self._running:  # (what it committed after its last draft joins the global trie too)
+            self.cache.stop(self._sync(seq))
+            del self._running[seq]
         return keep
-
-    def _sync_last(self, seq: Sequence, running: tuple[int, int]) -> None:
-        """The tokens committed after its last draft also join the global trie."""
-        key, added = running
-        if len(seq.tokens) > added:
-            self.cache.add(key, seq.tokens[added:])
 
     def reset(self) -> None:
         self.cache.clear()

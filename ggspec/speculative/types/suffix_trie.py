@@ -109,10 +109,6 @@ class SuffixTrie:
         self._active: dict[Hashable, list[_Node]] = {}  # each sequence's last `depth` suffixes' nodes
         self.inner = self.leaves = 0  # nodes held (the memory report)
 
-    @property
-    def tokens(self) -> int:
-        return sum(len(s) for s in self.seqs.values())
-
     def extend(self, key: Hashable, tokens: Iterable[int]) -> None:
         """Append tokens to a sequence (a new key starts one)."""
         seq = self.seqs.setdefault(key, [])
