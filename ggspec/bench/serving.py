@@ -35,14 +35,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_ready(url: str, proc: subprocess.Popen | None = None, timeout: float = 180.0) -> None:
-    """Return once url + /health answers 200; NotReady when `proc` exits first or time runs out."""
+def wait_ready(url: str, proc: subprocess.Popen | None = None, timeout: float = 180.0, context=None) -> None:
+    """Return once url + /health answers 200; NotReady when `proc` exits first or time runs out.
+    `context`: the ssl.SSLContext an https url is checked with."""
     t_end = time.monotonic() + timeout
     while time.monotonic() < t_end:
         if proc is not None and proc.poll() is not None:
             raise NotReady(f"the server exited ({proc.returncode}) before it was ready")
         try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+            with urllib.request.urlopen(url + "/health", timeout=2, context=context) as r:
                 if r.status == 200:
                     return
         except OSError:

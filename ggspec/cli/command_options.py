@@ -88,6 +88,19 @@ ServeCacheRam = Annotated[int, typer.Option(
                                  "to a later prompt that starts the same way (-1: no limit, 0: off).")]
 ServeDrainTimeout = Annotated[float, typer.Option(
     "--drain-timeout", help="On SIGINT/SIGTERM, seconds the requests in progress may take to finish.")]
+ServeApiKey = Annotated[Optional[list[str]], typer.Option(
+    "--api-key", envvar="LLAMA_API_KEY", show_envvar=True,
+    help="A key every request but /health must bring (Authorization: Bearer KEY, or X-Api-Key: KEY); several: "
+         "a comma-separated list, or the flag again.")]
+ServeApiKeyFile = Annotated[Optional[Path], typer.Option(
+    "--api-key-file", envvar="LLAMA_ARG_API_KEY_FILE", show_envvar=True,
+    help="A file of keys, one per line (lines starting with # are comments).")]
+ServeSslKeyFile = Annotated[Optional[Path], typer.Option(
+    "--ssl-key-file", envvar="LLAMA_ARG_SSL_KEY_FILE", show_envvar=True,
+    help="A PEM private key: serve HTTPS (with --ssl-cert-file).")]
+ServeSslCertFile = Annotated[Optional[Path], typer.Option(
+    "--ssl-cert-file", envvar="LLAMA_ARG_SSL_CERT_FILE", show_envvar=True,
+    help="A PEM certificate (chain) for --ssl-key-file.")]
 
 # --- rpc-server -----------------------------------------------------------------------------------
 RpcHost = Annotated[str, typer.Option("-H", "--host", help="Address to bind (default: loopback only).")]

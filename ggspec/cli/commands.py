@@ -99,17 +99,24 @@ def serve(
     cache_prompt: own.ServeCachePrompt = True,
     cache_ram: own.ServeCacheRam = 8192,
     drain_timeout: own.ServeDrainTimeout = 30.0,
+    api_key: own.ServeApiKey = None,
+    api_key_file: own.ServeApiKeyFile = None,
+    ssl_key_file: own.ServeSslKeyFile = None,
+    ssl_cert_file: own.ServeSslCertFile = None,
 ) -> None:
     """An OpenAI- and llama-server-compatible HTTP server (/v1/completions, /v1/chat/completions,
     /completion, /tokenize, /props, ...) decoding every request speculatively (or as the request
     says), -np of them batched in each step."""
     from ggspec.cli.config import drafter_reason, pair_config
-    from ggspec.cli.serve import listen_address
+    from ggspec.cli.serve import api_keys, listen_address, tls_files
     from ggspec.server.chat import Reasoning
 
     reasoning = Reasoning(reasoning_format, reasoning_budget, reasoning_budget_message)
     reasoning.validate()
-    address = listen_address(host, port, max_queue=max_queue, drain_timeout=drain_timeout, cache_ram=cache_ram)
+    keys = api_keys(api_key or [], api_key_file)
+    tls = tls_files(ssl_key_file, ssl_cert_file)
+    address = listen_address(host, port, max_queue=max_queue, drain_timeout=drain_timeout, cache_ram=cache_ram,
+                             keyed=bool(keys), tls=tls is not None)
     given = shared.parallel is not None  # (not given: the slots the memory fit may lower)
     cfg = pair_config(shared, parallel=shared.parallel if given else SERVE_SLOTS, parallel_given=given)
     from ggspec.server.run import ServeOptions  # only now: it needs the packages listen_address looked for
@@ -119,7 +126,7 @@ def serve(
                            max_queue=max_queue, chat_template=chat_template, chat_template_file=chat_template_file,
                            reasoning=reasoning, drain_timeout=drain_timeout, plain=shared.plain,
                            drafter=drafter_reason(shared, cfg),
-                           prompt_cache=cache_prompt, cache_ram_mib=cache_ram)
+                           prompt_cache=cache_prompt, cache_ram_mib=cache_ram, api_keys=keys, tls=tls)
     run_server(cfg, options, log=lambda line: err.print(line, soft_wrap=True, highlight=False))
 
 

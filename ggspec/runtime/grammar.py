@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,6 +37,13 @@ from ggspec.errors import ClosedError, GGSpecError, InputError
 TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")], align=True)  # llama_token_data
 # common_reasoning_budget_state: the budget lets a lazy grammar apply only while idle or done
 BUDGET_IDLE, BUDGET_DONE = 0, 4
+# llama.cpp's GBNF parser recurses once per parenthesised group, with no limit: 200,000 nested
+# groups overflow the stack and kill the process. Bounded here, before it runs (the grammars
+# llama.cpp's JSON-schema converter writes nest a few levels; rules refer to each other by name)
+MAX_GBNF_NESTING = 256
+MAX_GBNF_BYTES = 4 << 20
+# what the nesting count skips: string literals, character classes, comments
+_NOT_GROUPS = re.compile(r'"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]|#[^\n]*')
 
 
 class GrammarDeadEnd(GGSpecError):
@@ -69,6 +77,23 @@ class GrammarSpec:
     budget: ReasoningBudget | None = None  # a reasoning budget beside (or instead of) the GBNF
 
 
+def nesting(gbnf: str) -> int:
+    """The deepest nesting of parenthesised groups in a GBNF text (strings, classes, comments
+    skipped)."""
+    groups = np.frombuffer(re.sub(r"[^()]", "", _NOT_GROUPS.sub("", gbnf)).encode("ascii"), dtype=np.uint8)
+    return int(np.cumsum(np.where(groups == ord("("), 1, -1)).max(initial=0))
+
+
+def check_gbnf(gbnf: str) -> None:
+    """InputError for a grammar llama.cpp's parser must not see: too large, or nested too deeply."""
+    size = len(gbnf.encode("utf-8"))
+    if size > MAX_GBNF_BYTES:
+        raise InputError(f"the grammar is {size} bytes: at most {MAX_GBNF_BYTES} are read", field="grammar")
+    if (depth := nesting(gbnf)) > MAX_GBNF_NESTING:
+        raise InputError(f"the grammar nests {depth} groups deep: at most {MAX_GBNF_NESTING} are read",
+                         field="grammar")
+
+
 class Grammar:
     def __init__(self, model, gbnf: str | GrammarSpec, root: str = "root", *, _ptrs=None) -> None:
         self._lc, self._model = model.lc, model
@@ -96,6 +121,7 @@ class Grammar:
     def _init(self, spec: GrammarSpec, root: str):
         if not spec.gbnf.strip():
             raise InputError("the grammar is empty", field="grammar")
+        check_gbnf(spec.gbnf)
         gbnf, start = spec.gbnf.encode("utf-8"), root.encode("utf-8")
         if spec.lazy:
             patterns = [p.encode("utf-8") for p in spec.trigger_patterns]

@@ -9,13 +9,13 @@ events (SSE).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from contextlib import asynccontextmanager
 
 import numpy as np
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -25,6 +25,7 @@ from ggspec.runtime.chat import ChatError
 from ggspec.server import llama_protocol as lp
 from ggspec.server import llama_routes
 from ggspec.server import protocol as p
+from ggspec.server.access import ApiKeys
 from ggspec.server.chat import ChatJob
 from ggspec.server.metrics import CONTENT_TYPE_LATEST
 from ggspec.server.scheduler import Done, Draining, Failed, Overloaded, Tokens
@@ -261,9 +262,9 @@ async def chat_control(request: Request) -> Response:
     answer is {"success": bool} with a message where it did nothing."""
     svc: Service = request.app.state.service
     try:
-        body = json.loads(await request.body())
-    except ValueError:
-        raise ApiError(400, "the request body is not JSON") from None
+        body = p.loads(await request.body())
+    except ValueError as exc:
+        raise ApiError(400, f"the body is not valid JSON: {exc}") from None
     body = body if isinstance(body, dict) else {}
     cmpl_id, action = body.get("id"), body.get("action")
     if not isinstance(cmpl_id, str) or not cmpl_id:
@@ -335,9 +336,10 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
     return ApiError(500, f"internal error: {exc.__class__.__name__}: {exc}").response()
 
 
-def create_app(service: Service) -> Starlette:
+def create_app(service: Service, api_keys: tuple[str, ...] = ()) -> Starlette:
     """The application; its lifespan starts the scheduler's thread and, at shutdown (after the
-    server stopped taking connections and the open ones finished), stops it."""
+    server stopped taking connections and the open ones finished), stops it. With `api_keys`,
+    a request must bring one of them (server.access)."""
 
     @asynccontextmanager
     async def lifespan(app: Starlette):
@@ -358,6 +360,8 @@ def create_app(service: Service) -> Starlette:
     ]
     handlers = {ApiError: _api_error, InputError: _input_error, Overloaded: _busy, Draining: _busy,
                 HTTPException: _http_error, Exception: _unexpected}
-    app = Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
+    middleware = [Middleware(ApiKeys, keys=api_keys, on_refused=lambda: service.metrics.reject("unauthorized"))] \
+        if api_keys else []
+    app = Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan, middleware=middleware)
     app.state.service = service
     return app

@@ -27,7 +27,7 @@ _ITL_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.
 _ITL_DOC = "Time between a request's successive tokens (a step's tokens arrive together: the gap over their count)."
 PHASES = ("prefill", "draft", "verify", "inject", "replay", "other")
 FINISH_REASONS = ("stop", "length", "abort")
-REJECT_REASONS = ("invalid", "too_long", "overloaded", "draining")
+REJECT_REASONS = ("invalid", "too_long", "overloaded", "draining", "unauthorized")
 
 
 class Buckets:
@@ -160,7 +160,7 @@ class Metrics:
         yield counter("ggspec:request_success", "Requests finished, by finish reason (stop, length, abort).",
                       "finished_reason", tot.requests)
         yield counter("ggspec:request_rejected", "Requests refused before decoding, by reason "
-                      "(invalid, too_long, overloaded, draining).", "reason", tot.rejected)
+                      "(invalid, too_long, overloaded, draining, unauthorized).", "reason", tot.rejected)
         for attr, name, doc in _PLAIN_COUNTERS:
             fam = counter(name, doc)
             fam.add_metric(model, getattr(tot, attr))

@@ -50,9 +50,29 @@ NOT_YET = frozenset({"best_of", "echo", "suffix", "repeat_penalty", "typical_p",
 
 
 class Body(BaseModel):
-    """A request body: strict types, unknown fields ignored."""
+    """A request body: strict types, unknown fields ignored, numbers finite."""
 
-    model_config = ConfigDict(extra="ignore", strict=True, populate_by_name=True)
+    model_config = ConfigDict(extra="ignore", strict=True, populate_by_name=True, allow_inf_nan=False)
+
+
+def _not_json(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+def check_json(raw: bytes) -> None:
+    """ValueError where a body is not strict JSON in a way the fast parser lets through: the
+    literals NaN and Infinity (JavaScript's, not JSON's: llama-server refuses such a body) and
+    nesting too deep to read. Only bodies holding those words pay for the second parse."""
+    if b"NaN" in raw or b"Infinity" in raw:
+        loads(raw)
+
+
+def loads(raw: bytes):
+    """A body parsed as strict JSON: ValueError for NaN / Infinity and for nesting too deep."""
+    try:
+        return json.loads(raw, parse_constant=_not_json)
+    except RecursionError:
+        raise ValueError("it is nested too deeply") from None
 
 
 class StreamOptions(Body):
@@ -247,6 +267,13 @@ class ChatRequest(Sampling, ChatFields):
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _needs_logprobs(cls, v, info):
+        if v is not None and not info.data.get("logprobs"):
+            raise ValueError("top_logprobs requires logprobs to be set to true")  # (llama-server's words)
+        return v
 
     @property
     def n_probs(self) -> int:

@@ -34,6 +34,8 @@ class ServeOptions:
     prompt_cache: bool = True  # a slot keeps its cells for a later prompt with the same beginning
     cache_ram_mib: int = 8192  # host memory for cells a new prompt overwrites (-1: no limit, 0: off)
     log_level: str = "warning"  # uvicorn's
+    api_keys: tuple[str, ...] = ()  # a request must bring one of these (none: open)
+    tls: tuple[Path, Path] | None = None  # (PEM key, PEM certificate): HTTPS
 
 
 class _Stop(Exception):
@@ -87,9 +89,12 @@ def serve(cfg: PairConfig, options: ServeOptions, log: Callable[[str], None] = p
         service = build_service(engine, options)  # (its option errors first, alone on their line)
         for n in engine.notes:
             log(f"note: {n}")
-        config = uvicorn.Config(create_app(service), host=options.host, port=options.port,
+        key, cert = options.tls or (None, None)
+        config = uvicorn.Config(create_app(service, options.api_keys), host=options.host, port=options.port,
                                 log_level=options.log_level, access_log=False, lifespan="on",
-                                timeout_graceful_shutdown=options.drain_timeout)
+                                timeout_graceful_shutdown=options.drain_timeout,
+                                ssl_keyfile=None if key is None else str(key),
+                                ssl_certfile=None if cert is None else str(cert))
         server = uvicorn.Server(config)
         # everything loaded so far lives as long as the server: out of the collector's sight, a
         # full collection (which may run on the engine's thread, in the middle of a step) only
@@ -99,7 +104,9 @@ def serve(cfg: PairConfig, options: ServeOptions, log: Callable[[str], None] = p
         length = f"auto ≤ {engine.n_max}" if engine.draft_length is not None else f"n_max {engine.n_max}"
         spec = ("plain decoding (no draft length pays here)" if engine.plain_by_cost
                 else f"speculative ({engine.plan.spec_type}, {length})" if engine.speculative else "plain decoding")
-        log(f"serving '{options.model_id}' on http://{options.host}:{options.port}/v1  ({spec}, {engine.parallel} "
+        scheme = "https" if options.tls else "http"
+        keyed = f", {len(options.api_keys)} API key{'s' if len(options.api_keys) != 1 else ''}" if options.api_keys else ""
+        log(f"serving '{options.model_id}' on {scheme}://{options.host}:{options.port}/v1  ({spec}{keyed}, {engine.parallel} "
             f"slot{'s' if engine.parallel != 1 else ''} of {engine.capacity} tokens, chat template: {service.template.source}); Ctrl-C stops")
         previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
 

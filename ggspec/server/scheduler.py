@@ -7,7 +7,8 @@ queued jobs into free slots, and after the step hands each job its new tokens. T
 (asyncio) only submits jobs and reads their events.
 
 A job's events: `Tokens` (each step's committed tokens), then one `Done` (finish reason and the
-sequence's statistics) or one `Failed`.
+sequence's statistics) or one `Failed`. A sequence that cannot go on (its grammar allows no
+token) fails alone; only a decode llama.cpp refuses fails every job of that step.
 
 This is the one engine loop that does not run through speculative.driver's `drive` generator: its
 requests arrive on another thread while it runs, a client may leave at any step, and each prompt's
@@ -244,7 +245,11 @@ class Scheduler:
             job.t_last = now
         for seq in [s for s in self._running if s.done]:
             job = self._running[seq]
-            events.append((job, self._end(job, self._reason(seq), emit=False)))
+            if seq.failure is not None:  # it could not go on (its grammar's dead end): it alone fails
+                self._end(job, None)
+                events.append((job, Failed(f"decoding failed: {seq.failure}")))
+            else:
+                events.append((job, self._end(job, self._reason(seq), emit=False)))
         if events:
             _publish(events[0][0].loop, events)
         if self.metrics is not None:  # after the clients have their tokens

@@ -55,6 +55,10 @@ class ApiError(Exception):
 def parse(model: type[BaseModel], raw: bytes):
     """A request body as `model`, or a 400 naming the field at fault."""
     try:
+        p.check_json(raw)
+    except ValueError as exc:
+        raise ApiError(400, f"the body is not valid JSON: {exc}") from None
+    try:
         return model.model_validate_json(raw or b"null")
     except ValidationError as exc:
         message, param = p.validation_message(exc)

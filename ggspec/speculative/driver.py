@@ -70,6 +70,9 @@ def step_events(engine) -> list[Event]:
     calls = engine.stats.calls - calls
     verified = sum(1 for _, step in results if step.kind != "prefill")
     last = {seq: k for k, (seq, _) in enumerate(results)}
+    for seq in last:
+        if seq.failure is not None:  # (the engine went on without it; a caller of this driver
+            raise seq.failure        # hears of it as before, as the error it is)
     return [Event(seq.tag, seq, step, seq.done and last[seq] == k, calls, verified)
             for k, (seq, step) in enumerate(results)]
 
@@ -111,6 +114,8 @@ def _one(engine, seq) -> Iterator[Step]:
         while not seq.done:
             for s, step in engine.step():
                 if s is seq:
+                    if seq.failure is not None:
+                        raise seq.failure
                     yield step
     finally:
         engine.cancel(seq)  # an abandoned generator frees its slot (nothing to do once closed)

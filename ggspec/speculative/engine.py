@@ -374,6 +374,9 @@ class Engine:
         if first:
             logits = self.target.logits_view()
             out = self.verifier.verify(logits, [(seq, Draft.empty(), 0)])[0]
+            if out.failure is not None:  # (its grammar allows no first token: it ends here, alone)
+                seq.fail(out.failure)
+                return self._prefilled(seq, step, t0, t_inject)
             if seq.record_margins:
                 step.margins.append(top2_margin(logits[0]))
             probs = token_probs(logits[0], out.tokens[0], seq.n_probs) if seq.n_probs else None
@@ -383,6 +386,10 @@ class Engine:
                 step.probs.append(probs)
         else:  # (with a first token to send, the rows wait for the transaction's own flush)
             t_inject += self.flush()
+        return self._prefilled(seq, step, t0, t_inject)
+
+    def _prefilled(self, seq: Sequence, step: Step, t0: float, t_inject: float) -> Step:
+        """A prefill's step with its times, counted in the sequence's statistics."""
         step.t_total = time.perf_counter() - t0
         step.t_inject, step.t_verify = t_inject, step.t_total - t_inject
         seq.stats.add(step)

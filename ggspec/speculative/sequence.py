@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ggspec.runtime.grammar import Grammar
+from ggspec.errors import GGSpecError
+from ggspec.runtime.grammar import Grammar, GrammarDeadEnd
 from ggspec.speculative.request import DraftLimits, Request
 from ggspec.speculative.sampling import SamplerSettings
 from ggspec.speculative.stats import RunStats
@@ -37,6 +38,7 @@ class Sequence:
     id_last: int = -1  # the last committed token
     done: bool = False
     cancelled: bool = False
+    failure: GGSpecError | None = None  # why it ended where it could not go on (its grammar's dead end)
     stats: RunStats = field(default_factory=RunStats)
     sampling: SamplerSettings = GREEDY  # how its tokens are chosen (temperature 0: greedy)
     seed: int = 0  # sampling: every random draw derives from (seed, purpose, position)
@@ -80,6 +82,10 @@ class Sequence:
         """Tokens still allowed by the budget."""
         return self.n_predict - len(self.tokens)
 
+    def fail(self, error: GGSpecError) -> None:
+        """End this sequence, alone, on an error of its own (the step goes on for the others)."""
+        self.failure, self.done = error, True
+
     @property
     def started(self) -> bool:
         """Whether its prompt has been decoded (id_last is known)."""
@@ -93,9 +99,13 @@ class Sequence:
             self.t_first = time.perf_counter()
         kept = []
         for t in tokens[:self.left]:
-            kept.append(t)
             if self.grammar is not None:
-                self.grammar.accept(t)
+                try:
+                    self.grammar.accept(t)
+                except GrammarDeadEnd as exc:  # (the verifier checks first: a last line of defence)
+                    self.fail(exc)
+                    break
+            kept.append(t)
             if not self.ignore_eos and vocab.is_eog(t):
                 self.done = True
                 break

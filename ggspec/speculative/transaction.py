@@ -285,6 +285,10 @@ class Transaction:
                     t_total=t_total, nodes=len(p.placed.tree) if p.placed is not None else d)
         if p.margin is not None:
             step.margins.append(p.margin)
+        if out.failure is not None:  # it ends alone (its rows were rolled back as rejected drafts)
+            seq.fail(out.failure)
+            seq.stats.add(step)
+            return step
         if e.auto_lead is not None and d:
             e.auto_lead.observe(out.accepted, d)
         if seq.plain_by_cost:

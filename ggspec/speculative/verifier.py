@@ -4,6 +4,9 @@ A verify span of a sequence is [id_last, d1..dn]; row i of the target predicts t
 the span's i-th token. Every rule returns the number of drafts accepted (a leading run) and the
 committed tokens: those drafts plus one token from the target (the correction or the bonus).
 Greedy (temperature 0) and the rejection sampler of speculative sampling (temperature > 0).
+
+A sequence whose grammar allows no token at a row fails alone: its outcome commits nothing and
+carries the error (`Outcome.failure`), and the other sequences of the batch go on.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from typing import Protocol
 
 import numpy as np
 
+from ggspec.errors import GGSpecError
+from ggspec.runtime.grammar import GrammarDeadEnd
 from ggspec.speculative.proposer import Draft
 from ggspec.speculative.sampling import Candidates, SamplerSettings, adjust, candidates
 from ggspec.speculative.sequence import Sequence
@@ -24,6 +29,7 @@ DRAFT, VERIFY = 0, 1  # the purposes of a sequence's random draws (Sequence.rng)
 class Outcome:
     accepted: int  # leading drafts the target accepted
     tokens: list[int]  # committed: d1..d_accepted, then the target's own token
+    failure: GGSpecError | None = None  # this sequence cannot go on (nothing committed)
 
 
 class Verifier(Protocol):
@@ -71,7 +77,10 @@ class SequenceVerifier:
         outcomes: list[Outcome | None] = [None] * len(spans)
         for k, (seq, draft, row0) in enumerate(spans):  # rows judged at their own state, span by span
             if row_by_row(seq):
-                outcomes[k] = verify_rows(logits[row0:row0 + len(draft) + 1], seq, draft)
+                try:
+                    outcomes[k] = verify_rows(logits[row0:row0 + len(draft) + 1], seq, draft)
+                except GrammarDeadEnd as exc:  # this sequence ends; the others go on
+                    outcomes[k] = Outcome(0, [], exc)
         for rule, greedy in ((self.greedy, True), (self.rejection, False)):  # each rule once per step
             mine = [k for k, (seq, _, _) in enumerate(spans) if seq.sampling.greedy == greedy and outcomes[k] is None]
             if mine:
@@ -115,7 +124,10 @@ def verify_rows(rows: np.ndarray, seq: Sequence, draft: Draft) -> Outcome:
             while at[0] < i:
                 walk.accept(tokens[at[0]])
                 at[0] += 1
-            return candidates(walk.mask(logits(i)), seq.sampling)
+            masked = walk.mask(logits(i))
+            if not np.isfinite(masked).any():  # (nothing to draw from: the sampler would pick junk)
+                raise GrammarDeadEnd("the grammar allows no token here")
+            return candidates(masked, seq.sampling)
 
         return RejectionVerifier.verify_one(row, draft, seq.rng(VERIFY))
     finally:

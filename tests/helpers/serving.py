@@ -4,7 +4,9 @@ that concurrent clients of a speculative server get the target's plain greedy te
 from __future__ import annotations
 
 import json
+import os
 import signal
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -63,22 +65,32 @@ def speculating_server(pair: str):
 class LiveServer:
     """`ggspec serve ARGS` in a subprocess on a free loopback port, ready when /health answers."""
 
-    def __init__(self, *args: str) -> None:
+    def __init__(self, *args: str, ca: Path | None = None, api_key: str = "unused", env: dict | None = None) -> None:
+        """`ca`: the server speaks HTTPS with a certificate this file vouches for; `api_key`: the
+        key the client and get/post bring."""
         openai = pytest.importorskip("openai")
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{'https' if ca else 'http'}://127.0.0.1:{self.port}"
+        self.ssl = None if ca is None else ssl.create_default_context(cafile=str(ca))
+        self.headers = {"Authorization": f"Bearer {api_key}"}
         cmd = [sys.executable, "-m", "ggspec.cli", "serve", *args, "--port", str(self.port)]
         self.log = tempfile.TemporaryFile("w+")  # not a pipe: nothing reads it while the server runs
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.log, text=True)
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.log, text=True,
+                                     env=None if env is None else {**os.environ, **env})
         try:
-            wait_ready(self.url, self.proc, timeout=120)
+            wait_ready(self.url, self.proc, timeout=120, context=self.ssl)
         except NotReady as exc:
             raise AssertionError(f"{exc}: {self.output()}") from None
-        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        # (the client's own HTTP client, made to trust the test's certificate)
+        http_client = getattr(openai, "DefaultHttpx2Client", None) or openai.DefaultHttpxClient
+        http = None if ca is None else http_client(verify=self.ssl)
+        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key=api_key, max_retries=0, timeout=120,
+                                    http_client=http)
 
     def get(self, path: str) -> tuple[int, dict | str]:
         try:
-            with urllib.request.urlopen(self.url + path, timeout=30) as r:
+            with urllib.request.urlopen(urllib.request.Request(self.url + path, headers=self.headers), timeout=30,
+                                        context=self.ssl) as r:
                 body = r.read().decode()
                 return r.status, json.loads(body) if r.headers.get_content_type() == "application/json" else body
         except urllib.error.HTTPError as e:
@@ -86,9 +98,9 @@ class LiveServer:
 
     def post(self, path: str, body: bytes | dict) -> tuple[int, dict]:
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        req = urllib.request.Request(self.url + path, data, {"Content-Type": "application/json"})
+        req = urllib.request.Request(self.url + path, data, {"Content-Type": "application/json", **self.headers})
         try:
-            with urllib.request.urlopen(req, timeout=120) as r:
+            with urllib.request.urlopen(req, timeout=120, context=self.ssl) as r:
                 return r.status, json.loads(r.read())
         except urllib.error.HTTPError as e:
             return e.code, json.loads(e.read())
