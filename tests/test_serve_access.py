@@ -7,7 +7,6 @@ import http.client
 import json
 import shutil
 import socket
-import ssl
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 

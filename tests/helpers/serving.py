@@ -159,6 +159,7 @@ class NativeServer:
     def __init__(self, lib_dir: str, model: Path, *args: str) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.ssl, self.headers = None, {}  # (what get and post send: plain HTTP, no key)
         cmd = [str(Path(lib_dir) / "llama-server"), "-m", str(model), "--host", "127.0.0.1", "--port", str(self.port),
                "-t", "2", "--no-warmup", *args]
         self.log = tempfile.TemporaryFile("w+")
