@@ -201,3 +201,28 @@ def test_schedule_measures_both_ends_and_between():
     assert calibration.schedule(7) == [7, 0, 1, 4]
     assert calibration.schedule(2) == [2, 0, 1]
     assert calibration.schedule(1) == [1, 0]
+
+
+def test_a_server_plain_by_cost_keeps_its_text_drafters_for_the_requests_that_name_them(cache_dir):
+    """A server engine (standby types) whose own drafts cannot pay still holds every text drafter:
+    a request that names one drafts with it at that type's own length (llama-server's way) and
+    gets the plain text; the others decode plainly, the draft model never called, the prompt
+    cache kept. Before, such a server refused `speculative.type: ngram-simple` with a 400."""
+    from ggspec.speculative.engine import Serving
+    from ggspec.speculative.request import DraftLimits
+
+    cfg = PairConfig(TARGET, DRAFT, ctx=CTX, parallel=2)
+    path, doc = _measured(cfg, cache_dir)
+    doc["tables"]["draft"] = {n: {k: [1.0] * 4 for k in lengths} for n, lengths in doc["tables"]["draft"].items()}
+    path.write_text(json.dumps(doc))
+    with Engine.open(cfg, serving=Serving(standby_types=True, prompt_cache=True)) as e:
+        assert e.plain_by_cost and e.draft_ctx is None and e.draft_length is None
+        assert {"ngram-simple", "ngram-map-k", "suffix"} <= set(e.request_types)
+        prompt = e.target_model.tokenize(STACK * 3)
+        named = e.add(Request(prompt, N, limits=DraftLimits(e.n_max, types=("ngram-simple",))))
+        plain = e.add(Request(prompt, N))
+        while e.active:
+            e.step()
+        assert named.speculate and named.stats.drafted > 0 and not plain.speculate and plain.stats.drafted == 0
+        assert named.tokens == plain.tokens == _plain(STACK * 3)
+        assert e.slots.cached  # (the finished sequences' cells kept for a later prompt)

@@ -111,7 +111,7 @@ def assemble(models: Models, cfg: PairConfig, plan: DraftPlan, *, keep_state: bo
         if speculative and recurrent and cfg.planes.capped(n_max) and not models.target.dry:
             parts.auto_lead = _set_planes(parts.target, cfg, n_max)
         _check_type_options(cfg, plan, warnings)
-        extra = _standby_plans(plan) if standby and speculative else []
+        extra = standby_plans(plan) if standby and speculative else []
         if plan.parts or extra:
             parts.proposer = _several(parts, models, cfg, plan, extra, n_max, caps, keep_state)
         else:
@@ -142,7 +142,7 @@ def _several(parts: Assembly, models: Models, cfg: PairConfig, plan: DraftPlan, 
                            [caps[i] for i in order], select=cfg.spec_select, default=[i < own for i in order])
 
 
-def _standby_plans(plan: DraftPlan) -> list[DraftPlan]:
+def standby_plans(plan: DraftPlan) -> list[DraftPlan]:
     """The n-gram types a plan lacks (they need no files: each one's plan is its type)."""
     return [DraftPlan(t) for t in registry.TYPES.values() if t.traits.cheap and t.name not in plan.kinds]
 

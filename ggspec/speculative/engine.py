@@ -28,7 +28,7 @@ import numpy as np
 from ggspec.errors import ClosedError, InputError
 from ggspec.runtime import Batch
 from ggspec.runtime.grammar import Grammar
-from ggspec.speculative.assembly import assemble
+from ggspec.speculative.assembly import assemble, standby_plans
 from ggspec.speculative.models import Models, PairConfig
 from ggspec.speculative.planes import layout_words
 from ggspec.speculative.proposer import Draft, Proposer, Span
@@ -64,7 +64,8 @@ class Serving:
     # the engine, as llama-server's; else each run starts afresh)
     keep_draft_state: bool = False
     # a speculative engine also holds the n-gram types it was not given, for the sequences that
-    # name them (DraftLimits.types; a server's `speculative.type`)
+    # name them (DraftLimits.types; a server's `speculative.type`); one that decodes plainly by
+    # cost keeps them all (its own type goes), each drafting its own length for those sequences
     standby_types: bool = False
 
 
@@ -81,6 +82,7 @@ class Engine:
         self.models = models
         self.target_model, self.draft_model = models.target, models.draft  # the weights (Models owns them)
         self.cfg = cfg
+        self.serving = serving
         self.parallel = cfg.parallel
         self.warnings: list[str] = list(models.warnings)
         self.plan = DraftPlan(None) if plain else models.plan
@@ -141,23 +143,31 @@ class Engine:
             raise
 
     def _reopen_plain(self) -> None:
-        """An engine that will never verify a draft (plain_by_cost) runs on a plain engine's
-        contexts: the draft context goes (its memory with it), and the target's is made again as
-        `--no-spec` makes it (no recurrent planes, no tree cells), so it decodes what that prints."""
+        """An engine that will never verify a draft of its own (plain_by_cost) runs on a plain
+        engine's contexts: the draft context goes (its memory with it), and the target's is made
+        again as `--no-spec` makes it (no recurrent planes, no tree cells), so it decodes what
+        that prints. A server's (standby_types) keeps the text drafters instead, for the requests
+        that name them: each drafts its own length, as llama-server's do (its sequences decode
+        plainly unless they name one)."""
         for obj in (self.batch, self.proposer, self.draft_ctx, self.target):
             if obj is not None:
                 obj.close()
         self.batch = self.proposer = self.draft_ctx = None
         self.auto_lead = None
+        standby = self.serving.standby_types and self.speculative
+        plan = DraftPlan(None, parts=tuple(standby_plans(DraftPlan(None)))) if standby else DraftPlan(None)
+        cfg = replace(self.cfg, adaptive=False, n_max=None) if standby else replace(self.cfg, spec_options={})
         try:
             # (the draft types' options are the speculative engine's: checked, and unused here)
-            parts = assemble(self.models, replace(self.cfg, spec_options={}), DraftPlan(None), keep_state=False,
-                             warnings=[])
+            parts = assemble(self.models, cfg, plan, keep_state=self.serving.keep_draft_state, warnings=[])
         except BaseException:
             self.target = None
             self.close()
             raise
-        self.target = parts.target
+        self.target, self.proposer, self.auto_lead = parts.target, parts.proposer, parts.auto_lead
+        if standby:  # (the rule's costs were its own type's: the named drafters draft their own length,
+            # within the engine's, so a request's room in its slot is what it was)
+            self.draft_length, self.n_max = None, min(parts.n_max, self.n_max)
         self._hold_cells(parts)
 
     @classmethod
@@ -206,7 +216,9 @@ class Engine:
         fixed = not sampling.greedy and seed != DEFAULT_SEED  # a seeded sampled text must not depend on timings
         speculate = request.speculate and request.limits.n_max > 0
         rule = self.draft_length
-        by_cost = speculate and (self.plain_by_cost or (
+        # (a plain-by-cost engine's standby text drafters draft for the sequences that name them)
+        named = self.plain_by_cost and request.limits.types is not None
+        by_cost = speculate and not named and (self.plain_by_cost or (
             self.proposer is not None and rule is not None and not fixed and rule.starts_plain()))
         grammar = None if request.grammar is None else Grammar(self.target_model, request.grammar)
         slot, cached = self.slots.take(request.prompt, reuse=request.cached)
@@ -283,8 +295,8 @@ class Engine:
         if self.tree_rule is not None:
             self.tree_rule.forget(seq)
         keep = min(seq.pos, len(seq.history) - 1) if self.prompt_cache and seq.started else 0
-        if self.proposer is not None and not self.plain_by_cost:  # the draft's cells must hold the same
-            keep = self.proposer.release(seq, keep) if seq.speculate else 0  # positions as the target's
+        if self.proposer is not None and (seq.speculate or not self.plain_by_cost):  # the draft's cells
+            keep = self.proposer.release(seq, keep) if seq.speculate else 0  # must hold the target's positions
         self.slots.give_back(seq.seq_id, np.asarray(seq.history[:keep], dtype=np.int32) if keep > 0 else None)
 
     def reset(self) -> None:
