@@ -8,8 +8,9 @@ from __future__ import annotations
 from ggspec.cli.console import err
 
 
-def build(options, force: bool) -> None:
-    """Build (or find cached) the llama.cpp of these BuildOptions; say where it is."""
+def build(options, force: bool, ui: bool = False) -> None:
+    """Build (or find cached) the llama.cpp of these BuildOptions; say where it is. `ui`: the web
+    UI too (a BuildError of its own is one error line); --tools builds it as well, best effort."""
     from ggspec.native import build as nb
     from ggspec.native.progress import RichReporter
 
@@ -29,6 +30,17 @@ def build(options, force: bool) -> None:
             suffix_oracle.ensure(log=lambda line: err.print(line, soft_wrap=True, highlight=False))
         except BuildError as exc:  # (llama.cpp's build is what --tools is for: the oracle's tests skip)
             err.print(f"[yellow]warning:[/] {exc}", soft_wrap=True, highlight=False)
+    if ui or options.tools:
+        from ggspec.native import web_ui
+        from ggspec.native.errors import BuildError
+
+        try:
+            site = web_ui.ensure(log=lambda line: err.print(line, soft_wrap=True, highlight=False))
+            err.print(f"[green]web UI[/]: {site}", soft_wrap=True, highlight=False)
+        except BuildError as exc:
+            if ui:
+                raise
+            err.print(f"[yellow]warning:[/] {exc} (the web UI's tests skip)", soft_wrap=True, highlight=False)
 
 
 def compile_check(options, force: bool) -> None:

@@ -22,7 +22,10 @@ BuildTools = Annotated[bool, typer.Option(
     "--tools",
     help="Also build llama-server, llama-cli, llama-completion, llama-speculative-simple and llama-quantize "
          "(ggml-rpc-server is always built), and, with the test extra, the suffix type's oracle (arctic-inference's "
-         "SuffixTree, from its PyPI source).")]
+         "SuffixTree, from its PyPI source) and the web UI (--ui), best effort.")]
+BuildUi = Annotated[bool, typer.Option(
+    "--ui", help="Also build llama.cpp's web UI (the pinned tools/ui, with npm; ~2 min once), which `serve` "
+                 "shows at /.")]
 BuildCudaArch = Annotated[str, typer.Option(
     "--cuda-arch", help="CUDA architectures (CMAKE_CUDA_ARCHITECTURES), e.g. 90 or \"86;89\"; default: the "
                         "visible GPU. No GPU is needed with an arch list.")]
@@ -88,6 +91,9 @@ ServeCacheRam = Annotated[int, typer.Option(
                                  "to a later prompt that starts the same way (-1: no limit, 0: off).")]
 ServeDrainTimeout = Annotated[float, typer.Option(
     "--drain-timeout", help="On SIGINT/SIGTERM, seconds the requests in progress may take to finish.")]
+ServeUi = Annotated[bool, typer.Option(
+    "--ui/--no-ui", help="Serve llama.cpp's web UI at / (built once with npm on the first serve: `ggspec build "
+                         "--ui`).")]
 ServeApiKey = Annotated[Optional[list[str]], typer.Option(
     "--api-key", envvar="LLAMA_API_KEY", show_envvar=True,
     help="A key every request but /health must bring (Authorization: Bearer KEY, or X-Api-Key: KEY); several: "

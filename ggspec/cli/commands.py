@@ -36,6 +36,7 @@ def build(
     cuda: own.BuildCuda = False,
     vulkan: own.BuildVulkan = False,
     tools: own.BuildTools = False,
+    ui: own.BuildUi = False,
     cuda_arch: own.BuildCudaArch = "",
     native: own.BuildNative = True,
     cuda_fa: own.BuildCudaFa = True,
@@ -49,7 +50,10 @@ def build(
     options = BuildOptions(cuda=cuda, vulkan=vulkan, tools=tools, native=native, cuda_arch=cuda_arch, cuda_fa=cuda_fa)
     if compile_check and not cuda:
         fail("--compile-check needs --cuda")
-    (show.compile_check if compile_check else show.build)(options, force)
+    if compile_check:
+        show.compile_check(options, force)
+    else:
+        show.build(options, force, ui=ui)
 
 
 # --- run ------------------------------------------------------------------------------------------
@@ -99,6 +103,7 @@ def serve(
     cache_prompt: own.ServeCachePrompt = True,
     cache_ram: own.ServeCacheRam = 8192,
     drain_timeout: own.ServeDrainTimeout = 30.0,
+    ui: own.ServeUi = True,
     api_key: own.ServeApiKey = None,
     api_key_file: own.ServeApiKeyFile = None,
     ssl_key_file: own.ServeSslKeyFile = None,
@@ -126,7 +131,7 @@ def serve(
                            max_queue=max_queue, chat_template=chat_template, chat_template_file=chat_template_file,
                            reasoning=reasoning, drain_timeout=drain_timeout, plain=shared.plain,
                            drafter=drafter_reason(shared, cfg),
-                           prompt_cache=cache_prompt, cache_ram_mib=cache_ram, api_keys=keys, tls=tls)
+                           prompt_cache=cache_prompt, cache_ram_mib=cache_ram, api_keys=keys, tls=tls, ui=ui)
     run_server(cfg, options, log=lambda line: err.print(line, soft_wrap=True, highlight=False))
 
 

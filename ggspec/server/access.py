@@ -24,9 +24,10 @@ UNAUTHORIZED = json.dumps({"error": {"message": "Invalid API Key", "type": "auth
 class ApiKeys:
     """ASGI middleware: requests without one of `keys` get a 401 (module docstring)."""
 
-    def __init__(self, app, keys: tuple[str, ...], on_refused=None) -> None:
+    def __init__(self, app, keys: tuple[str, ...], open_paths: frozenset[str] = frozenset(), on_refused=None) -> None:
         self.app = app
         self.keys = [k.encode("utf-8") for k in keys]
+        self.open_paths = OPEN_PATHS | open_paths  # and the web UI's files (a page loads before its key is typed)
         self.on_refused = on_refused  # called once per refused request (the metrics' count)
 
     async def __call__(self, scope, receive, send) -> None:
@@ -43,7 +44,7 @@ class ApiKeys:
         await send({"type": "http.response.body", "body": UNAUTHORIZED})
 
     def allowed(self, scope) -> bool:
-        if scope.get("method") == "OPTIONS" or scope.get("path") in OPEN_PATHS:
+        if scope.get("method") == "OPTIONS" or scope.get("path") in self.open_paths:
             return True
         return self.matches(presented(scope["headers"]))
 

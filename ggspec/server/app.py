@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import numpy as np
 from starlette.applications import Starlette
@@ -18,7 +19,8 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
 
 from ggspec.errors import ContextOverflow, GGSpecError, InputError
 from ggspec.runtime.chat import ChatError
@@ -336,10 +338,11 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
     return ApiError(500, f"internal error: {exc.__class__.__name__}: {exc}").response()
 
 
-def create_app(service: Service, api_keys: tuple[str, ...] = ()) -> Starlette:
+def create_app(service: Service, api_keys: tuple[str, ...] = (), ui: Path | None = None) -> Starlette:
     """The application; its lifespan starts the scheduler's thread and, at shutdown (after the
     server stopped taking connections and the open ones finished), stops it. With `api_keys`,
-    a request must bring one of them (server.access)."""
+    a request must bring one of them (server.access); `ui`: llama.cpp's web UI, built
+    (native.web_ui), served at / (its files open without a key, as llama-server's)."""
 
     @asynccontextmanager
     async def lifespan(app: Starlette):
@@ -358,10 +361,14 @@ def create_app(service: Service, api_keys: tuple[str, ...] = ()) -> Starlette:
         Route("/metrics", metrics, methods=["GET"]),
         *llama_routes.routes(),
     ]
+    if ui is not None:  # last: every API route wins over a file of the same name
+        routes.append(Mount("/", app=StaticFiles(directory=ui, html=True), name="ui"))
     handlers = {ApiError: _api_error, InputError: _input_error, Overloaded: _busy, Draining: _busy,
                 HTTPException: _http_error, Exception: _unexpected}
-    middleware = [Middleware(ApiKeys, keys=api_keys, on_refused=lambda: service.metrics.reject("unauthorized"))] \
-        if api_keys else []
+    pages = frozenset() if ui is None else frozenset({"/", *(f"/{p.relative_to(ui).as_posix()}" for p in ui.rglob("*")
+                                                               if p.is_file())})
+    middleware = [Middleware(ApiKeys, keys=api_keys, open_paths=pages,
+                             on_refused=lambda: service.metrics.reject("unauthorized"))] if api_keys else []
     app = Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan, middleware=middleware)
     app.state.service = service
     return app

@@ -211,6 +211,19 @@ async def slots(request: Request) -> Response:
     return JSONResponse(out)
 
 
+async def tools_disabled(request: Request) -> Response:
+    """GET/POST /tools: llama-server's built-in tools, which it answers 403 unless started with
+    them (as ggspec always is: it has none); its web UI asks on every message."""
+    return JSONResponse({"error": {"message": "this feature is disabled", "type": "feature_disabled"}}, status_code=403)
+
+
+async def streams_lookup(request: Request) -> Response:
+    """POST /v1/streams/lookup: llama-server's resumable streams of the conversations named.
+    ggspec keeps none (a stream lives as long as its connection): always none, which its web UI
+    reads as nothing to resume."""
+    return JSONResponse([])
+
+
 def routes() -> list[Route]:
     return [
         *(Route(path, completion, methods=["POST"]) for path in ("/completion", "/completions")),
@@ -219,4 +232,6 @@ def routes() -> list[Route]:
         Route("/apply-template", apply_template, methods=["POST"]),
         Route("/props", props, methods=["GET"]),
         Route("/slots", slots, methods=["GET"]),
+        Route("/tools", tools_disabled, methods=["GET", "POST"]),
+        Route("/v1/streams/lookup", streams_lookup, methods=["POST"]),
     ]

@@ -36,6 +36,7 @@ class ServeOptions:
     log_level: str = "warning"  # uvicorn's
     api_keys: tuple[str, ...] = ()  # a request must bring one of these (none: open)
     tls: tuple[Path, Path] | None = None  # (PEM key, PEM certificate): HTTPS
+    ui: bool = True  # llama.cpp's web UI at / (built on the first serve where it is not yet)
 
 
 class _Stop(Exception):
@@ -65,6 +66,19 @@ def build_service(engine: Engine, options: ServeOptions):
     return Service(scheduler, template, options.model_id, cfg.sampling, metrics, info)
 
 
+def web_ui_site(log: Callable[[str], None]) -> Path | None:
+    """llama.cpp's web UI, built now where it is not yet (its progress logged); None, with one
+    line saying why, where it cannot be: the server then answers the API only."""
+    from ggspec.native import web_ui
+    from ggspec.native.errors import BuildError
+
+    try:
+        return web_ui.ensure(log=log)
+    except BuildError as exc:
+        log(f"warning: no web UI at / ({exc}); the API is served (--no-ui: no page)")
+        return None
+
+
 def build_info() -> str:
     """This build's name in /props (llama-server's build_info): ggspec's build key and patches."""
     from ggspec.native.bindings import current_build
@@ -89,8 +103,9 @@ def serve(cfg: PairConfig, options: ServeOptions, log: Callable[[str], None] = p
         service = build_service(engine, options)  # (its option errors first, alone on their line)
         for n in engine.notes:
             log(f"note: {n}")
+        site = web_ui_site(log) if options.ui else None
         key, cert = options.tls or (None, None)
-        config = uvicorn.Config(create_app(service, options.api_keys), host=options.host, port=options.port,
+        config = uvicorn.Config(create_app(service, options.api_keys, site), host=options.host, port=options.port,
                                 log_level=options.log_level, access_log=False, lifespan="on",
                                 timeout_graceful_shutdown=options.drain_timeout,
                                 ssl_keyfile=None if key is None else str(key),
@@ -108,6 +123,8 @@ def serve(cfg: PairConfig, options: ServeOptions, log: Callable[[str], None] = p
         keyed = f", {len(options.api_keys)} API key{'s' if len(options.api_keys) != 1 else ''}" if options.api_keys else ""
         log(f"serving '{options.model_id}' on {scheme}://{options.host}:{options.port}/v1  ({spec}{keyed}, {engine.parallel} "
             f"slot{'s' if engine.parallel != 1 else ''} of {engine.capacity} tokens, chat template: {service.template.source}); Ctrl-C stops")
+        if site is not None:
+            log(f"llama.cpp's web UI: {scheme}://{options.host}:{options.port}/")
         previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
 
         def stop(signum, _frame) -> None:

@@ -65,15 +65,17 @@ def speculating_server(pair: str):
 class LiveServer:
     """`ggspec serve ARGS` in a subprocess on a free loopback port, ready when /health answers."""
 
-    def __init__(self, *args: str, ca: Path | None = None, api_key: str = "unused", env: dict | None = None) -> None:
+    def __init__(self, *args: str, ca: Path | None = None, api_key: str = "unused", env: dict | None = None,
+                 ui: bool = False) -> None:
         """`ca`: the server speaks HTTPS with a certificate this file vouches for; `api_key`: the
-        key the client and get/post bring."""
+        key the client and get/post bring; `ui`: with llama.cpp's web UI at / (else --no-ui: a
+        server never builds it in a test)."""
         openai = pytest.importorskip("openai")
         self.port = free_port()
         self.url = f"{'https' if ca else 'http'}://127.0.0.1:{self.port}"
         self.ssl = None if ca is None else ssl.create_default_context(cafile=str(ca))
         self.headers = {"Authorization": f"Bearer {api_key}"}
-        cmd = [sys.executable, "-m", "ggspec.cli", "serve", *args, "--port", str(self.port)]
+        cmd = [sys.executable, "-m", "ggspec.cli", "serve", *args, "--port", str(self.port), *([] if ui else ["--no-ui"])]
         self.log = tempfile.TemporaryFile("w+")  # not a pipe: nothing reads it while the server runs
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.log, text=True,
                                      env=None if env is None else {**os.environ, **env})
