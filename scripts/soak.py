@@ -60,6 +60,7 @@ def main() -> int:
         result = soak.run(url, clients=args.clients, seconds=args.minutes * 60, pid=proc.pid, seed=args.seed,
                           warmup_s=min(args.warmup, args.minutes * 60 / 2))
         result.busy_slots_after = soak.busy_slots(url)
+        kept = soak.kept(url)
     finally:
         code = stop(proc)
     proc, url = start(args.serve)
@@ -67,7 +68,7 @@ def main() -> int:
         soak.lone_answers(url, result)
     finally:
         stop(proc)
-    summary = {**result.summary(), "server_exit": code}
+    summary = {**result.summary(), "server_exit": code, "drafters_kept": kept}
     if code != 0:
         summary["verdict"].append(f"the server exited {code} on SIGTERM")
     print(json.dumps(summary, indent=1))

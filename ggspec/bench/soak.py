@@ -272,6 +272,18 @@ def lone_answers(url: str, soak: Soak, headers: dict | None = None) -> None:
             soak.lone[key] = a.text
 
 
+def kept(url: str, headers: dict | None = None) -> dict | None:
+    """What the server's drafters keep across requests (/props speculative.kept: suffix's global
+    trie): memory that grows by design, up to its bound."""
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=30)
+    try:
+        conn.request("GET", "/props", headers=headers or {})
+        return (json.loads(conn.getresponse().read()).get("speculative") or {}).get("kept")
+    finally:
+        conn.close()
+
+
 def busy_slots(url: str, headers: dict | None = None) -> int:
     """Slots still processing (llama-server's /slots), once the load is over."""
     parts = urlsplit(url)
