@@ -132,7 +132,7 @@ def commands(args, target: Path, port: int) -> dict[str, list[str]]:
     # -c is every slot's together, on both servers
     common = ["-np", str(args.parallel), "-c", str(args.ctx * args.parallel), "-t", str(args.threads), "-fa", "off",
               "--port", str(port), "--host", "127.0.0.1"]
-    ggspec = [sys.executable, "-m", "ggspec.cli", "serve", "-m", str(target), *common]
+    ggspec = [sys.executable, "-m", "ggspec.cli", "serve", "-m", str(target), "--no-ui", *common]
     server = [str(find_tool("llama-server")), "-m", str(target), *common, "--jinja", "--no-webui",
               "-tb", str(args.threads)]
     return {"ggspec default": ggspec, "llama-server ngram-mod": [*server, "--spec-type", "ngram-mod"],

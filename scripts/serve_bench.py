@@ -76,7 +76,7 @@ def stop(proc: subprocess.Popen) -> None:
 def commands(args, target: Path, draft: Path, port: int) -> dict[str, list[str]]:
     common = ["-np", str(args.parallel), "-c", str(args.ctx), "-t", str(args.threads), "-ctk", args.ctk,
               "-ctv", args.ctv, "-fa", "off", "--port", str(port), "--host", "127.0.0.1"]
-    ggspec = [sys.executable, "-m", "ggspec.cli", "serve", "-m", str(target), *common]
+    ggspec = [sys.executable, "-m", "ggspec.cli", "serve", "-m", str(target), "--no-ui", *common]
     server = [str(find_tool("llama-server")), "-m", str(target), *common, "-tb", str(args.threads),
               "--no-webui"]
     spec = ["--spec-type", args.spec_type, "--spec-draft-n-max", str(args.n_max), *args.spec_args.split()]

@@ -68,7 +68,7 @@ def main() -> int:
     if args.serve is not None:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
-        cmd = [sys.executable, "-m", "ggspec.cli", "serve", *shlex.split(args.serve), "--port", str(port)]
+        cmd = [sys.executable, "-m", "ggspec.cli", "serve", *shlex.split(args.serve), "--port", str(port), "--no-ui"]
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         pid = proc.pid
     else:

@@ -29,7 +29,7 @@ from ggspec.bench.serving import free_port, wait_ready
 
 def start(serve_args: str) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "ggspec.cli", "serve", *shlex.split(serve_args), "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "ggspec.cli", "serve", *shlex.split(serve_args), "--port", str(port), "--no-ui"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     wait_ready(url, proc, timeout=300)
