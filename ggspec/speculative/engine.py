@@ -154,21 +154,31 @@ class Engine:
                 obj.close()
         self.batch = self.proposer = self.draft_ctx = None
         self.auto_lead = None
-        standby = self.serving.standby_types and self.speculative
-        plan = DraftPlan(None, parts=tuple(standby_plans(DraftPlan(None)))) if standby else DraftPlan(None)
-        cfg = replace(self.cfg, adaptive=False, n_max=None) if standby else replace(self.cfg, spec_options={})
+        self.target = None
         try:
-            # (the draft types' options are the speculative engine's: checked, and unused here)
-            parts = assemble(self.models, cfg, plan, keep_state=self.serving.keep_draft_state, warnings=[])
+            parts = self._standby_parts() if self.serving.standby_types and self.speculative else None
+            if parts is None:  # (the draft types' options are the speculative engine's: checked, unused here)
+                parts = assemble(self.models, replace(self.cfg, spec_options={}), DraftPlan(None), keep_state=False,
+                                 warnings=[])
         except BaseException:
-            self.target = None
             self.close()
             raise
         self.target, self.proposer, self.auto_lead = parts.target, parts.proposer, parts.auto_lead
-        if standby:  # (the rule's costs were its own type's: the named drafters draft their own length,
-            # within the engine's, so a request's room in its slot is what it was)
+        if parts.proposer is not None:  # (the rule's costs were its own type's: the named drafters draft
+            # their own length, within the engine's, so a request's room in its slot is what it was)
             self.draft_length, self.n_max = None, min(parts.n_max, self.n_max)
         self._hold_cells(parts)
+
+    def _standby_parts(self):
+        """The contexts and proposer of every text drafter (a plain-by-cost server's), each at its
+        own length; None where the context cannot hold their longest verify block (the batch or
+        the planes are too small for it): the engine then decodes plainly, as before."""
+        plan = DraftPlan(None, parts=tuple(standby_plans(DraftPlan(None))))
+        try:
+            return assemble(self.models, replace(self.cfg, adaptive=False, n_max=None), plan,
+                            keep_state=self.serving.keep_draft_state, warnings=[])
+        except InputError:
+            return None
 
     @classmethod
     def open(cls, cfg: PairConfig, **kwargs) -> Engine:
