@@ -226,3 +226,20 @@ def test_a_server_plain_by_cost_keeps_its_text_drafters_for_the_requests_that_na
         assert named.speculate and named.stats.drafted > 0 and not plain.speculate and plain.stats.drafted == 0
         assert named.tokens == plain.tokens == _plain(STACK * 3)
         assert e.slots.cached  # (the finished sequences' cells kept for a later prompt)
+
+
+def test_a_server_plain_by_cost_without_room_for_its_text_drafters_decodes_plainly(cache_dir):
+    """Where the batch cannot hold the text drafters' longest verify block (theirs are longer than
+    the pair's own), the server engine decodes plainly as before instead of failing to start."""
+    from ggspec.speculative.engine import Serving
+
+    cfg = PairConfig(TARGET, DRAFT, ctx=replace(CTX, n_batch=40), parallel=2)
+    path, doc = _measured(cfg, cache_dir)
+    doc["tables"]["draft"] = {n: {k: [1.0] * 4 for k in lengths} for n, lengths in doc["tables"]["draft"].items()}
+    path.write_text(json.dumps(doc))
+    with Engine.open(cfg, serving=Serving(standby_types=True)) as e:
+        assert e.plain_by_cost and e.proposer is None and e.request_types == e.plan.kinds
+        seq = e.add(Request(e.target_model.tokenize(STACK), N))
+        while e.active:
+            e.step()
+        assert seq.tokens == _plain(STACK)
