@@ -93,7 +93,7 @@ def test_without_npm_the_build_is_one_line_naming_it(monkeypatch):
     (`serve` prints it as a warning and serves the API; `build --ui` as its error line)."""
     from ggspec.native.errors import BuildError
 
-    monkeypatch.setattr(web_ui, "built", lambda: None)
+    monkeypatch.setattr(web_ui, "built", lambda key=None: None)
     monkeypatch.setattr(web_ui.shutil, "which", lambda name: None)
     with pytest.raises(BuildError, match="npm, which is not installed"):
         web_ui.ensure(log=lambda line: None)

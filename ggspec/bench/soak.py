@@ -273,24 +273,22 @@ def lone_answers(url: str, soak: Soak, headers: dict | None = None) -> None:
             soak.lone[key] = a.text
 
 
-def kept(url: str, headers: dict | None = None) -> dict | None:
-    """What the server's drafters keep across requests (/props speculative.kept: suffix's global
-    trie): memory that grows by design, up to its bound."""
+def _get_json(url: str, path: str, headers: dict | None = None):
     parts = urlsplit(url)
     conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=30)
     try:
-        conn.request("GET", "/props", headers=headers or {})
-        return (json.loads(conn.getresponse().read()).get("speculative") or {}).get("kept")
+        conn.request("GET", path, headers=headers or {})
+        return json.loads(conn.getresponse().read())
     finally:
         conn.close()
+
+
+def kept(url: str, headers: dict | None = None) -> dict | None:
+    """What the server's drafters keep across requests (/props speculative.kept: suffix's global
+    trie): memory that grows by design, up to its bound."""
+    return (_get_json(url, "/props", headers).get("speculative") or {}).get("kept")
 
 
 def busy_slots(url: str, headers: dict | None = None) -> int:
     """Slots still processing (llama-server's /slots), once the load is over."""
-    parts = urlsplit(url)
-    conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=30)
-    try:
-        conn.request("GET", "/slots", headers=headers or {})
-        return sum(1 for s in json.loads(conn.getresponse().read()) if s.get("is_processing"))
-    finally:
-        conn.close()
+    return sum(1 for s in _get_json(url, "/slots", headers) if s.get("is_processing"))

@@ -42,12 +42,13 @@ def site_dir(key: str) -> Path:
     return paths.ggspec_home() / "ui" / key / "site"
 
 
-def built() -> Path | None:
-    """The built site of the pinned source (None: not built yet, or the source not unpacked)."""
+def built(key: str | None = None) -> Path | None:
+    """The built site of the pinned source (None: not built yet, or the source not unpacked);
+    `key`: its source's hash, where the caller has it."""
     src = source_dir()
     if not src.is_dir():
         return None
-    site = site_dir(source_key(src))
+    site = site_dir(key or source_key(src))
     return site if (site.parent / ".complete").is_file() else None
 
 
@@ -55,15 +56,15 @@ def ensure(log=print) -> Path:
     """The built site; built now where it is not (BuildError, one line, where it cannot be)."""
     from ggspec.native.build import extract_sdist, obtain_sdist  # noqa: PLC0415
 
-    if not source_dir().is_dir():
+    src = source_dir()
+    if not src.is_dir():
         extract_sdist(obtain_sdist())
-    if (site := built()) is not None:
+    key = source_key(src)  # (800 files: hashed once)
+    if (site := built(key)) is not None:
         return site
     npm = shutil.which("npm")
     if npm is None:
         raise BuildError(NPM_MISSING)
-    src = source_dir()
-    key = source_key(src)
     dest = site_dir(key).parent
     log(f"building llama.cpp's web UI once (npm ci + npm run build, ~2 min): {dest}")
     with tempfile.TemporaryDirectory(prefix="ggspec-ui-") as tmp:
