@@ -85,15 +85,28 @@ def test_a_long_prompt_is_encoded_in_several_calls():
     assert [t for st in steps for t in st.tokens] == plain and sum(st.accepted for st in steps) > 0
 
 
-def test_the_prompt_cache_keeps_nothing_for_it_and_says_so():
-    with Engine.open(_cfg(parallel=2), serving=Serving(prompt_cache=True)) as eng:
-        assert any("EAGLE3" in w for w in eng.warnings)
+def test_the_prompt_cache_keeps_the_heads_pairs_before_the_shared_prefixs_end():
+    """A repeated prompt and a next turn: the target decodes again from one before the end of
+    the shared prefix (the head's pair there needs its features), the head keeps its pairs before
+    it, and text, drafts and acceptance equal a fresh engine's."""
+    with Engine.open(_cfg(parallel=2), serving=Serving(prompt_cache=True)) as eng, \
+            Engine.open(_cfg(parallel=2)) as fresh:
+        assert not any("EAGLE3" in w for w in eng.warnings)
         a = eng.target_model.tokenize(PROMPT)
-        first = eng.add(Request(a, 24, ignore_eos=True))
-        list(eng.run())
-        again = eng.add(Request(a, 24, ignore_eos=True))
-        list(eng.run())
-    assert again.n_cached == 0 and again.tokens == first.tokens
+        runs = []
+        for prompt in (a, a, None):
+            if prompt is None:  # the next turn: the first prompt, part of its answer, new text
+                prompt = np.concatenate([a, np.asarray(runs[0].tokens[:12], dtype=np.int32),
+                                         eng.target_model.tokenize("\n\ndef g(x):", add_special=False)])
+            seq = eng.add(Request(prompt, 24, ignore_eos=True))
+            list(eng.run())
+            ref = fresh.add(Request(prompt, 24, ignore_eos=True))
+            list(fresh.run())
+            assert seq.tokens == ref.tokens
+            assert (seq.stats.drafted, seq.stats.accepted) == (ref.stats.drafted, ref.stats.accepted)
+            runs.append(seq)
+    assert runs[0].n_cached == 0 and runs[1].n_cached == len(a) - 2 and runs[2].n_cached == len(a) + 12 - 1
+    assert runs[1].stats.accepted > 0
 
 
 def test_cli_and_server_run_it():

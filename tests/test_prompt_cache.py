@@ -55,15 +55,84 @@ def test_a_repeated_or_extended_prompt_decodes_only_its_new_tokens(build_info, s
         assert back.seq_id == other.seq_id and back.n_cached == len(b) - 1 and back.tokens == other.tokens
 
 
-def test_off_by_default_and_for_recurrent_targets(build_info, hybrid_pair):
+def test_off_by_default(build_info):
     with Engine.open(_cfg()) as eng:
         a = eng.target_model.tokenize("def fibonacci(n):")
         _generate(eng, a)
         assert not eng.prompt_cache and _generate(eng, a).n_cached == 0
-    cfg = PairConfig(target=hybrid_pair.target, draft=hybrid_pair.draft, n_max=7, parallel=2, ctx=CTX)
-    with Engine.open(cfg, serving=Serving(prompt_cache=True)) as eng:
-        assert not eng.prompt_cache  # a recurrent state cannot be cut back to a prefix
-        assert eng.store is None
+
+
+# --- hybrid targets: checkpoints of the recurrent state -------------------------------------------------
+
+def _hybrid(hybrid_pair, plain: bool, **kw) -> PairConfig:
+    return PairConfig(target=hybrid_pair.target, draft=None if plain else hybrid_pair.draft, n_max=7,
+                      ctx=CTX, **{"parallel": 2, **kw})
+
+
+@pytest.mark.parametrize("plain", [True, False], ids=["plain", "dflash"])
+def test_a_hybrid_targets_next_turn_decodes_only_its_new_tokens(build_info, hybrid_pair, plain):
+    """A qwen35 (gated delta-net) target, whose recurrent state holds only its last position: the
+    prefill checkpoints it 4 tokens before the end of the prompt and at its end, so a next turn
+    that leaves the cells inside the answer goes on from the prompt's end, one that extends the
+    whole kept text goes on from its end (the state there), and a prompt sharing nothing starts
+    afresh. Every text equals an uncached engine's (tokens decoded whole)."""
+    cfg = _hybrid(hybrid_pair, plain)
+    with Engine.open(cfg, plain=plain, serving=Serving(prompt_cache=True)) as eng, \
+            Engine.open(cfg, plain=plain) as fresh:
+        assert eng.prompt_cache and eng.slots.max_checkpoints == 32
+        tok = eng.target_model.tokenize
+        a = tok("def fibonacci(n):\n    if n < 2:")
+        first = _generate(eng, a)
+        assert [c.n_tokens for c in eng.slots.checkpoints[first.seq_id]] == [len(a) - 5, len(a) - 1]
+        # the prompt and the answer but its last token (never decoded; a DFlash draft's cells end
+        # one before, and a rollback plane takes the target's state back with them)
+        kept = len(eng.slots.cached[first.seq_id])
+        assert kept == len(a) + N - (1 if plain else 2)
+        again = _generate(eng, a)
+        assert again.seq_id == first.seq_id and again.n_cached == len(a) - 1 and again.tokens == first.tokens
+        tail = np.asarray(first.tokens, dtype=np.int32)
+        cases = {
+            "inside the answer": (np.concatenate([a, tail[:10], tok("\n\ndef g(x):", add_special=False)]), len(a) - 1),
+            "past the answer": (np.concatenate([a, tail, tok("\n\ndef g(x):", add_special=False)]), kept),
+        }
+        for name, (prompt, cached) in cases.items():
+            _generate(eng, a)  # (the slot holds the first prompt and its answer again)
+            turn = _generate(eng, prompt)
+            assert turn.seq_id == first.seq_id and turn.n_cached == cached, name
+            assert turn.tokens == _generate(fresh, prompt).tokens, name
+        other = tok("import os\nimport sys")
+        assert _generate(eng, other).n_cached == 0
+
+
+def test_a_hybrid_targets_cells_and_checkpoints_come_back_from_host_memory(build_info, hybrid_pair):
+    """One slot, three prompts in turn through the host-memory store: the saved cells carry their
+    checkpoints, so a prompt that leaves a saved text inside its answer goes on from its prompt's
+    end, and the texts are an uncached engine's."""
+    cfg = _hybrid(hybrid_pair, True, parallel=1)
+    with Engine.open(cfg, plain=True, serving=Serving(prompt_cache=True, cache_ram=None)) as eng, \
+            Engine.open(cfg, plain=True) as fresh:
+        prompts = [eng.target_model.tokenize(t) for t in TEXTS]
+        firsts = [_generate(eng, p) for p in prompts]
+        assert len(eng.store) == 2 and all(e.checkpoints for e in eng.store._entries)
+        for p, first in zip(prompts, firsts):
+            turn = np.concatenate([p, np.asarray(first.tokens[:5], dtype=np.int32)])
+            seq = _generate(eng, turn)
+            assert seq.n_cached == len(p) - 1  # the checkpoint at the prompt's end
+            assert seq.tokens == _generate(fresh, turn).tokens
+
+
+def test_checkpoints_off_a_hybrid_target_keeps_only_extensions(build_info, hybrid_pair):
+    """--ctx-checkpoints 0: a prompt that extends the whole kept text still goes on from its end
+    (the state there), one that leaves it earlier decodes from the start."""
+    cfg = _hybrid(hybrid_pair, True, parallel=1)
+    with Engine.open(cfg, plain=True, serving=Serving(prompt_cache=True, ctx_checkpoints=0)) as eng:
+        a = eng.target_model.tokenize("def fibonacci(n):")
+        first = _generate(eng, a)
+        assert not eng.slots.checkpoints.get(first.seq_id)
+        assert _generate(eng, a).n_cached == 0
+        longer = np.concatenate([a, np.asarray(first.tokens, dtype=np.int32)])
+        _generate(eng, a)
+        assert _generate(eng, longer).n_cached == len(a) + N - 1
 
 
 # --- the host-memory store (--cache-ram) ------------------------------------------------------------
@@ -134,3 +203,36 @@ def test_a_sequence_may_decode_its_whole_prompt_whatever_the_cache_holds(build_i
             runs.append((seq.tokens, seq.n_cached))
     assert runs[0][1] == 0 and runs[1][1] == len(prompt) - 1 and runs[2][1] == 0
     assert runs[2][0] == runs[0][0]
+
+
+# --- a long prompt beside generating streams (Serving.prefill_rows) -----------------------------------------
+
+@pytest.mark.parametrize("spec_type", [None, "ngram-simple"])
+def test_a_long_prompt_joins_in_bounded_chunks_while_others_generate(build_info, spec_type):
+    """While a sequence generates, a joining prompt decodes at most prefill_rows rows per step
+    (the generating sequence gets its tokens at every one of those steps); alone, a prompt is
+    decoded whole. Both texts are the ones each gives alone."""
+    cfg = _cfg(**({"spec_type": spec_type} if spec_type else {}))
+    serving = Serving(prefill_rows=16, first_token_from_prefill=True)
+    with Engine.open(cfg, serving=serving) as eng, Engine.open(cfg, serving=Serving(first_token_from_prefill=True)) as solo:
+        tok = eng.target_model.tokenize
+        short, long = tok("def fibonacci(n):"), tok("\n".join(TEXTS) * 3)
+        assert len(long) > 64
+        a = eng.add(Request(short, 400, ignore_eos=True))
+        eng.step()
+        assert a.started  # (alone: its whole prompt in one step)
+        b = eng.add(Request(long, 8, ignore_eos=True))
+        progress = [b.prefilled]
+        while not b.started:
+            before = len(a.tokens)
+            eng.step()
+            assert a.done or len(a.tokens) > before, "the generating sequence waited for the prompt"
+            progress.append(b.prefilled)
+        assert max(np.diff(progress)) <= 16 and len(progress) >= len(long) // 16 and not a.done
+        list(eng.run())
+        refs = []
+        for prompt, n in ((short, 400), (long, 8)):
+            refs.append(solo.add(Request(prompt, n, ignore_eos=True)))
+            list(solo.run())
+    assert a.tokens == refs[0].tokens and b.tokens == refs[1].tokens
+    assert b.stats.n_prompt == len(long) and b.stats.t_prompt > 0

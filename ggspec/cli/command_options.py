@@ -85,7 +85,14 @@ ServeReasoningBudgetMessage = Annotated[str, typer.Option(
     "--reasoning-budget-message", help="Text forced before the end of thinking when the budget runs out.")]
 ServeCachePrompt = Annotated[bool, typer.Option(
     "--cache-prompt/--no-cache-prompt", help="Keep each slot's cells for a later prompt that starts the same way "
-                                             "(only the rest is decoded; not for recurrent targets).")]
+                                             "(only the rest is decoded; a hybrid target's through checkpoints).")]
+ServeCtxCheckpoints = Annotated[int, typer.Option(
+    "-ctxcp", "--ctx-checkpoints", help="Checkpoints of a hybrid target's recurrent state kept per slot (taken "
+                                        "near and at the end of each prompt), from which a later prompt that "
+                                        "leaves the cached cells earlier goes on (0: none).")]
+ServePrefillChunk = Annotated[int, typer.Option(
+    "--prefill-chunk", help="While other requests generate, prompt rows one step decodes: a long prompt goes on "
+                            "over the next steps, so no stream waits for all of it (0: every prompt whole).")]
 ServeCacheRam = Annotated[int, typer.Option(
     "-cram", "--cache-ram", help="MiB of host memory for copies of slots' cells a new prompt overwrites, given back "
                                  "to a later prompt that starts the same way (-1: no limit, 0: off).")]

@@ -102,6 +102,8 @@ def serve(
     reasoning_budget_message: own.ServeReasoningBudgetMessage = "",
     cache_prompt: own.ServeCachePrompt = True,
     cache_ram: own.ServeCacheRam = 8192,
+    ctx_checkpoints: own.ServeCtxCheckpoints = 32,
+    prefill_chunk: own.ServePrefillChunk = 512,
     drain_timeout: own.ServeDrainTimeout = 30.0,
     ui: own.ServeUi = True,
     api_key: own.ServeApiKey = None,
@@ -121,7 +123,8 @@ def serve(
     keys = api_keys(api_key or [], api_key_file)
     tls = tls_files(ssl_key_file, ssl_cert_file)
     address = listen_address(host, port, max_queue=max_queue, drain_timeout=drain_timeout, cache_ram=cache_ram,
-                             keyed=bool(keys), tls=tls is not None)
+                             keyed=bool(keys), tls=tls is not None, ctx_checkpoints=ctx_checkpoints,
+                             prefill_chunk=prefill_chunk)
     given = shared.parallel is not None  # (not given: the slots the memory fit may lower)
     cfg = pair_config(shared, parallel=shared.parallel if given else SERVE_SLOTS, parallel_given=given)
     from ggspec.server.run import ServeOptions  # only now: it needs the packages listen_address looked for
@@ -131,7 +134,8 @@ def serve(
                            max_queue=max_queue, chat_template=chat_template, chat_template_file=chat_template_file,
                            reasoning=reasoning, drain_timeout=drain_timeout, plain=shared.plain,
                            drafter=drafter_reason(shared, cfg),
-                           prompt_cache=cache_prompt, cache_ram_mib=cache_ram, api_keys=keys, tls=tls, ui=ui)
+                           prompt_cache=cache_prompt, cache_ram_mib=cache_ram, ctx_checkpoints=ctx_checkpoints,
+                           prefill_chunk=prefill_chunk, api_keys=keys, tls=tls, ui=ui)
     run_server(cfg, options, log=lambda line: err.print(line, soft_wrap=True, highlight=False))
 
 

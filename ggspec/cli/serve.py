@@ -49,7 +49,7 @@ def tls_files(key: Path | None, cert: Path | None) -> tuple[Path, Path] | None:
 
 
 def listen_address(host: str, port: int, *, max_queue: int, drain_timeout: float, cache_ram: int,
-                   keyed: bool = False, tls: bool = False) -> str:
+                   keyed: bool = False, tls: bool = False, ctx_checkpoints: int = 0, prefill_chunk: int = 0) -> str:
     """The IPv4 address to listen on, once serve's flags are checked (each failure an InputError
     naming its flag), its extra packages are found and the address could be bound; a warning when
     it is reachable beyond this machine without a key, or with keys sent in clear text."""
@@ -65,6 +65,10 @@ def listen_address(host: str, port: int, *, max_queue: int, drain_timeout: float
         raise InputError(f"--drain-timeout {drain_timeout}: expected 0 or more seconds")
     if cache_ram < -1:
         raise InputError(f"--cache-ram {cache_ram}: expected MiB (-1: no limit, 0: off)")
+    if ctx_checkpoints < 0:
+        raise InputError(f"--ctx-checkpoints {ctx_checkpoints}: expected 0 or more checkpoints per slot")
+    if prefill_chunk < 0:
+        raise InputError(f"--prefill-chunk {prefill_chunk}: expected 0 or more rows (0: every prompt whole)")
     missing = [m for m in SERVE_PACKAGES if importlib.util.find_spec(m) is None]
     if missing:
         raise InputError(f"`ggspec serve` needs {', '.join(missing)}: pip install 'ggspec[serve]'")

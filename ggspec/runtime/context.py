@@ -440,22 +440,29 @@ class Context(OwnedHandle):
         """Bytes of one recurrent state (one plane) of a sequence."""
         return int(self.lc.llama_state_seq_get_size_ext(self.ptr, seq_id, self.lc.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY))
 
-    def save_sequence(self, seq_id: int) -> bytearray:
+    def save_sequence(self, seq_id: int, partial: bool = False) -> bytearray:
         """A copy of one sequence's cache cells (llama_state_seq_get_data), which load_sequence
-        puts back into any sequence of a context like this one (a server's host-memory prompt cache)."""
-        size = int(self.lc.llama_state_seq_get_size_ext(self.ptr, seq_id, 0))
+        puts back into any sequence of a context like this one (a server's host-memory prompt
+        cache). `partial`: only the state that cannot be cut back to a prefix (a hybrid model's
+        recurrent state, llama.cpp's PARTIAL_ONLY): a checkpoint of that state at the sequence's
+        current position (llama-server's context checkpoints)."""
+        flags = self.lc.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY if partial else 0
+        size = int(self.lc.llama_state_seq_get_size_ext(self.ptr, seq_id, flags))
         data = bytearray(size)
         got = int(self.lc.llama_state_seq_get_data_ext(self.ptr, (ctypes.c_uint8 * size).from_buffer(data), size,
-                                                        seq_id, 0)) if size else 0
+                                                        seq_id, flags)) if size else 0
         if got == 0:
             raise LlamaError(f"llama.cpp could not copy the cells of sequence {seq_id}: {last_log_error()}")
         del data[got:]
         return data
 
-    def load_sequence(self, data: bytearray, seq_id: int) -> None:
-        """Put cells saved by save_sequence into a sequence that holds none."""
+    def load_sequence(self, data: bytearray, seq_id: int, partial: bool = False) -> None:
+        """Put cells saved by save_sequence into a sequence that holds none (`partial`: a
+        checkpoint's state, which replaces the sequence's recurrent state and leaves its
+        attention cells as they are)."""
+        flags = self.lc.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY if partial else 0
         got = self.lc.llama_state_seq_set_data_ext(self.ptr, (ctypes.c_uint8 * len(data)).from_buffer(data),
-                                                   len(data), seq_id, 0)
+                                                   len(data), seq_id, flags)
         if got == 0:
             raise LlamaError(f"llama.cpp could not load saved cells into sequence {seq_id}: {last_log_error()}")
 

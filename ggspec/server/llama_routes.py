@@ -207,8 +207,21 @@ async def slots(request: Request) -> Response:
             "next_token": [{"has_next_token": seq is not None and not seq.done,
                             "n_remain": seq.left if seq is not None else -1,
                             "n_decoded": len(seq.tokens) if seq is not None else 0}],
+            "cache": _slot_cache(eng, i, seq),
         })
     return JSONResponse(out)
+
+
+def _slot_cache(eng, slot: int, seq) -> dict:
+    """What the prompt cache holds for a slot (ggspec's): a busy slot's prompt tokens that came
+    from its cells and how many of its prompt are decoded, a free slot's cells kept for a later
+    prompt; a hybrid target's checkpoints of its recurrent state and their bytes."""
+    points = list(eng.slots.checkpoints.get(slot, ()))  # (a copy: the engine thread changes them)
+    held = eng.slots.cached.get(slot)
+    return {"n_cached": seq.n_cached if seq is not None else 0,
+            "n_prefilled": seq.prefilled if seq is not None else 0,
+            "n_tokens_kept": 0 if seq is not None or held is None else len(held),
+            "checkpoints": [c.n_tokens for c in points], "checkpoint_bytes": sum(len(c.state) for c in points)}
 
 
 async def tools_disabled(request: Request) -> Response:

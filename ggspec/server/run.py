@@ -33,6 +33,8 @@ class ServeOptions:
     drafter: str = ""  # why it drafts with what it does (/props): given, detected, a lone model's default
     prompt_cache: bool = True  # a slot keeps its cells for a later prompt with the same beginning
     cache_ram_mib: int = 8192  # host memory for cells a new prompt overwrites (-1: no limit, 0: off)
+    ctx_checkpoints: int = 32  # a hybrid target's checkpoints per slot (llama-server's --ctx-checkpoints)
+    prefill_chunk: int = 512  # prompt rows a step decodes while others generate (0: every prompt whole)
     log_level: str = "warning"  # uvicorn's
     api_keys: tuple[str, ...] = ()  # a request must bring one of these (none: open)
     tls: tuple[Path, Path] | None = None  # (PEM key, PEM certificate): HTTPS
@@ -62,6 +64,7 @@ def build_service(engine: Engine, options: ServeOptions):
             "tree_budget": None if engine.tree_rule is None else ("auto" if engine.tree_rule.auto else engine.tree_rule.cap),
             "parallel": engine.parallel, "n_ctx_slot": engine.capacity, "n_vocab": engine.target_model.n_vocab,
             "prompt_cache": engine.prompt_cache, "cache_ram_mib": options.cache_ram_mib if engine.store is not None else 0,
+            "ctx_checkpoints": engine.slots.max_checkpoints, "prefill_chunk": engine.serving.prefill_rows or 0,
             "chat_template": template.source, "build": build_info()}
     return Service(scheduler, template, options.model_id, cfg.sampling, metrics, info)
 
@@ -96,7 +99,8 @@ def serve(cfg: PairConfig, options: ServeOptions, log: Callable[[str], None] = p
     # wait for a whole draft-and-verify step; and a drafter's table outlives requests, as its
     cache_ram = None if options.cache_ram_mib < 0 else options.cache_ram_mib * 2**20
     serving = Serving(prompt_cache=options.prompt_cache, cache_ram=cache_ram, first_token_from_prefill=True,
-                      keep_draft_state=True, standby_types=True)  # (llama-server's behaviours)
+                      keep_draft_state=True, standby_types=True,  # (llama-server's behaviours)
+                      ctx_checkpoints=options.ctx_checkpoints, prefill_rows=options.prefill_chunk or None)
     with Engine.open(cfg, plain=options.plain, serving=serving) as engine:
         for w in engine.warnings:
             log(f"warning: {w}")

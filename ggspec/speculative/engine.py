@@ -50,8 +50,14 @@ class Serving:
 
     # a slot keeps the cells of its last sequence, and a new prompt goes to the free slot whose
     # cells hold the longest prefix of it: only the rest is decoded (llama-server's cache_prompt;
-    # not for recurrent targets, whose state cannot be cut back to a prefix)
+    # a hybrid target's cells are cut back through checkpoints of its recurrent state)
     prompt_cache: bool = False
+    # with the prompt cache, a hybrid target's checkpoints kept per slot (llama-server's
+    # --ctx-checkpoints): its recurrent state a few tokens before the end of each prompt and at it
+    ctx_checkpoints: int = 32
+    # while other sequences generate, prompt rows a step may decode (the rest waits for the next
+    # steps, so no stream stalls for a whole long prompt); None: every joining prompt whole
+    prefill_rows: int | None = None
     # with the prompt cache, bytes of host memory for copies of cells a new prompt overwrites, which
     # a later prompt starting the same way gets back (llama-server's --cache-ram; 0: none, None: no
     # limit; prompt_store.py)
@@ -100,11 +106,12 @@ class Engine:
         self.tree_rule, self.tree_verify = None, None  # (set after the calibration: it verifies chains)
         self.batch: Batch | None = None
         self.holding = False  # this step drafts nothing and the proposer keeps rows for later (_flush)
-        self.prompt_cache = serving.prompt_cache and not models.target.is_recurrent
-        if self.prompt_cache:
-            self.warnings += [t.note_prompt_cache for t in self.plan.types if t.note_prompt_cache]
+        # (a draft whose own cells are recurrent cannot be cut back as the target's are)
+        self.prompt_cache = serving.prompt_cache and not any(
+            ctx.model.is_recurrent for ctx in parts.cell_contexts if ctx is not parts.target)
         self.first_token_from_prefill = serving.first_token_from_prefill
         self._cache_ram = serving.cache_ram
+        self._prefill_rows_left: int | None = None  # this step's prompt rows left (Serving.prefill_rows)
         self._hold_cells(parts)
         self.active: list[Sequence] = []
         self.stats = EngineStats()
@@ -137,7 +144,8 @@ class Engine:
         try:
             self.batch = Batch(self.target)
             self.slots = Slots(self.target, parts.cell_contexts, self.parallel, self.prompt_cache, self._cache_ram,
-                               self.block_cells + parts.tree_cells)
+                               self.block_cells + parts.tree_cells, self.serving.ctx_checkpoints)
+            self.slots.lag = parts.proposer.cache_lag if parts.proposer is not None else 0
         except BaseException:
             self.close()
             raise
@@ -321,23 +329,34 @@ class Engine:
     # --- the loop --------------------------------------------------------------------------------
 
     def prefill(self) -> list[tuple[Sequence, Step]]:
-        """Decode the prompts of the sequences that joined since the last step. `step()` does this
-        first; a server calls it on its own to send the prefill's first tokens (see
-        first_token_from_prefill) before the step's transaction; a sequence that finished at its
-        prefill leaves, as finished ones leave a step."""
-        out = [(seq, self._prefill(seq)) for seq in self.active if not seq.started]
+        """Decode the prompts of the sequences that joined since the last step, in the order they
+        joined. `step()` does this first; a server calls it on its own to send the prefill's first
+        tokens (see first_token_from_prefill) before the step's transaction; a sequence that
+        finished at its prefill leaves, as finished ones leave a step. While other sequences are
+        generating, a step decodes at most `Serving.prefill_rows` prompt rows (a longer prompt
+        goes on at the next steps): only the sequences whose prompt is done have a Step."""
+        if self._prefill_rows_left is None and self.serving.prefill_rows is not None \
+                and any(seq.started and not seq.done for seq in self.active):
+            self._prefill_rows_left = self.serving.prefill_rows
+        out = []
+        for seq in [s for s in self.active if not s.started]:
+            step = self._prefill(seq)
+            if step is not None:
+                out.append((seq, step))
         self._retire_finished()
         return out
 
     def step(self) -> list[tuple[Sequence, Step]]:
-        """Prefill the sequences that joined, then one transaction for every active sequence.
-        Returns each sequence's step (a newly joined sequence may have two: prefill and spec)."""
+        """Prefill the sequences that joined, then one transaction for every active sequence whose
+        prompt is done. Returns each sequence's step (a newly joined sequence may have two:
+        prefill and spec)."""
         out = self.prefill()
         # in sequence-id order: llama.cpp puts consecutive sequence ids into one ubatch
-        live = sorted((seq for seq in self.active if not seq.done), key=lambda seq: seq.seq_id)
+        live = sorted((seq for seq in self.active if seq.started and not seq.done), key=lambda seq: seq.seq_id)
         if live:
             out += Transaction(self, live).run()
         self._retire_finished()
+        self._prefill_rows_left = None  # (the next step's prompt rows)
         return out
 
     def _retire_finished(self) -> None:
@@ -372,25 +391,42 @@ class Engine:
                 self.proposer.flush()
         return time.perf_counter() - t0
 
-    def _prefill(self, seq: Sequence) -> Step:
-        """Decode a sequence's prompt in n_batch chunks. By default all but its last token, as
-        llama.cpp's own loop does: the last prompt token is the first step's id_last, so the
-        first generated token already comes with drafts (and every step sits where llama.cpp's
-        would). With `first_token_from_prefill` the whole prompt, and the first token is chosen
-        from the last row right away, by the verifier's rule for a step without drafts (greedy,
-        or drawn with the draws that step would use): the time to the first token is a prefill
-        instead of a prefill and a whole draft-and-verify step. Prompt rows are committed, so
-        they reach the draft before its next call."""
+    def _prefill(self, seq: Sequence) -> Step | None:
+        """Decode a sequence's prompt in chunks of at most n_batch rows (and this step's prompt
+        rows left, Serving.prefill_rows); None while part of it is left for later steps. By
+        default all but its last token, as llama.cpp's own loop does: the last prompt token is
+        the first step's id_last, so the first generated token already comes with drafts (and
+        every step sits where llama.cpp's would). With `first_token_from_prefill` the whole
+        prompt, and the first token is chosen from the last row right away, by the verifier's
+        rule for a step without drafts (greedy, or drawn with the draws that step would use): the
+        time to the first token is a prefill instead of a prefill and a whole draft-and-verify
+        step. Prompt rows are committed, so they reach the draft before its next call. A hybrid
+        target's recurrent state is checkpointed where `_marks` says (the prompt cache)."""
         t0 = time.perf_counter()
-        t_inject = 0.0
         first = self.first_token_from_prefill
-        body, chunk = (seq.prompt if first else seq.prompt[:-1]), self.target.n_batch
-        for off in range(seq.n_cached, len(body), chunk):  # the slot's cells hold the first n_cached
-            part = body[off:off + chunk]
-            outputs = "last" if first and off + chunk >= len(body) else "none"
+        body = seq.prompt if first else seq.prompt[:-1]
+        marks = self._marks(len(body))
+        while seq.prefilled < len(body):
+            off = seq.prefilled
+            end = min(len(body), off + self.target.n_batch, *(m for m in marks if m > off))
+            if self._prefill_rows_left is not None:
+                if self._prefill_rows_left <= 0:
+                    break
+                end = min(end, off + self._prefill_rows_left)
+                self._prefill_rows_left -= end - off
+            part = body[off:end]
+            outputs = "last" if first and end == len(body) else "none"
             self.batch.clear().add_tokens(part, off, seq.seq_id, outputs=outputs)
             spans = [Span(seq.seq_id, 0, len(part), off, part)] if seq.speculate else None
-            t_inject += self.decode_target(self.batch, spans)
+            seq.t_prefill_inject += self.decode_target(self.batch, spans)
+            seq.prefilled = end
+            if end in marks:
+                self.slots.checkpoint(seq.seq_id, end)
+        if seq.prefilled < len(body):
+            seq.t_prefill += time.perf_counter() - t0
+            return None
+        t_inject = seq.t_prefill_inject
+        t0 -= seq.t_prefill  # (the earlier steps' chunks count in its prefill's time)
         seq.id_last, seq.pos = int(seq.prompt[-1]), len(seq.prompt) - 1
         step = Step([], "prefill", n_prompt=len(seq.prompt), n_cached=seq.n_cached)
         if first:
@@ -409,6 +445,15 @@ class Engine:
         else:  # (with a first token to send, the rows wait for the transaction's own flush)
             t_inject += self.flush()
         return self._prefilled(seq, step, t0, t_inject)
+
+    def _marks(self, n_body: int) -> tuple[int, ...]:
+        """Where a prompt's prefill checkpoints a hybrid target's recurrent state (with the prompt
+        cache): 4 + n_ubatch and 4 tokens before the end of the prompt, as llama-server does (a
+        next turn's prompt renders the last message's end and the generation prompt anew), and at
+        its end. A chunk of the prefill ends at each."""
+        if self.slots.max_checkpoints <= 0:
+            return ()
+        return tuple(sorted({m for m in (n_body - 4 - self.target.n_ubatch, n_body - 4, n_body) if m > 0}))
 
     def _prefilled(self, seq: Sequence, step: Step, t0: float, t_inject: float) -> Step:
         """A prefill's step with its times, counted in the sequence's statistics."""

@@ -11,6 +11,7 @@ Loading copies exact bytes, so the cells, and the output, are those a fresh deco
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,16 +24,28 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     return int(differ[0]) if len(differ) else n
 
 
+@dataclass(eq=False)
+class Checkpoint:
+    """A hybrid target's recurrent state after the first `n_tokens` tokens of a slot's cells
+    (llama.cpp's PARTIAL_ONLY sequence state: the part a cache cannot cut back to a prefix).
+    Restored, with the attention cells cut at the same place, the cells hold those tokens exactly."""
+
+    n_tokens: int
+    state: bytearray
+
+
 @dataclass(eq=False)  # entries are told apart by identity (their arrays do not compare as bools)
 class Saved:
-    """One sequence's cells: the tokens at positions 0..n-1 and each context's copy of them."""
+    """One sequence's cells: the tokens at positions 0..n-1 and each context's copy of them (and,
+    for a hybrid target, its checkpoints at earlier positions of those tokens)."""
 
     tokens: np.ndarray
     states: tuple[bytearray, ...]  # the target's, then the draft's (if the engine has one)
+    checkpoints: tuple[Checkpoint, ...] = ()
 
     @property
     def nbytes(self) -> int:
-        return sum(len(s) for s in self.states)
+        return sum(len(s) for s in self.states) + sum(len(c.state) for c in self.checkpoints)
 
 
 class PromptStore:
@@ -63,12 +76,15 @@ class PromptStore:
         """Whether an entry holds these tokens already (they begin its own)."""
         return any(common_prefix(e.tokens, tokens) == len(tokens) for e in self._entries)
 
-    def find(self, body: np.ndarray, better_than: int) -> tuple[Saved, int] | None:
-        """The entry sharing the longest beginning with `body`, if longer than `better_than`
-        tokens, and that length; it stays (now the most recently used)."""
+    def find(self, body: np.ndarray, better_than: int,
+             usable: Callable[[Saved, int], int] = lambda entry, n: n) -> tuple[Saved, int] | None:
+        """The entry whose cells can hold the longest beginning of `body`, if longer than
+        `better_than` tokens, and that length; it stays (now the most recently used). `usable`:
+        how many of the tokens an entry shares with `body` its cells can be cut back to (all of
+        them, but for a hybrid target's: Slots.reusable)."""
         best, n_best = None, better_than
         for entry in self._entries:
-            n = common_prefix(entry.tokens, body)
+            n = usable(entry, common_prefix(entry.tokens, body))
             if n > n_best:
                 best, n_best = entry, n
         if best is None:

@@ -84,6 +84,10 @@ class Proposer:
     holds: bool = False
     # `marginals` gives each drafted position's likeliest tokens, from which a token tree grows
     grows_trees: bool = False
+    # with the prompt cache, positions before the end of a shared prefix whose target rows must be
+    # decoded again (an EAGLE3 head's cell at P pairs P with the token after it: the pair at the
+    # last shared position needs the target's features there)
+    cache_lag: int = 0
 
     def begin(self, seq: Sequence, cached: int = 0) -> None:
         """A sequence joins; its prompt is decoded on the target next (observe() follows). The

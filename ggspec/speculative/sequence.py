@@ -32,6 +32,9 @@ class Sequence:
     grammar: Grammar | None = None  # what its tokens must follow (runtime.Grammar, at the state after them)
     limit: int = 0  # positions it may use (prompt, budget, one verify block), set by the engine
     n_cached: int = 0  # leading prompt tokens its slot's cells held already (the prompt cache)
+    prefilled: int = 0  # prompt positions its cells hold so far (n_cached, then each prefill chunk's end)
+    t_prefill: float = 0.0  # seconds its prefill chunks took so far (handing rows to the draft included)
+    t_prefill_inject: float = 0.0  # of which handing captured rows to the draft
     tokens: list[int] = field(default_factory=list)  # generated (committed) tokens
     history: list[int] = field(default_factory=list)  # prompt + committed tokens (n-gram lookups)
     pos: int = 0  # position of id_last, which the target has not decoded yet
@@ -49,6 +52,7 @@ class Sequence:
     line_ended: bool = False  # a committed token held a newline (t_max_predict_ms)
 
     def __post_init__(self) -> None:
+        self.prefilled = max(self.prefilled, self.n_cached)
         if not self.history:
             self.history = [int(t) for t in self.prompt]
 

@@ -5,6 +5,12 @@ prompt cache (llama-server's cache_prompt) a slot keeps the cells of its last se
 prompt goes to the free slot whose cells hold the longest prefix of it: only the rest is decoded.
 With host memory for the cache (llama-server's --cache-ram), cells a new prompt would overwrite
 are copied to a `PromptStore` first, and a later prompt that starts the same way gets them back.
+
+A hybrid target's recurrent state holds only its last position: the cells cannot be cut back to
+a shorter prefix (but by a rollback plane, a few tokens back). So, as llama-server does with its
+context checkpoints (`--ctx-checkpoints`), the engine saves that state at chosen positions while
+it decodes a prompt (`checkpoint`), and a later prompt that leaves the cells before their end
+restores the latest checkpoint at or before where it leaves them: only the rest is decoded.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ import numpy as np
 
 from ggspec.errors import ContextOverflow, InputError, LlamaError
 from ggspec.runtime import Context
-from ggspec.speculative.prompt_store import PromptStore, Saved, common_prefix
+from ggspec.speculative.prompt_store import Checkpoint, PromptStore, Saved, common_prefix
 
 
 class CapacityError(InputError):
@@ -24,11 +30,17 @@ class Slots:
     """The free slots, and the tokens each free slot's cells still hold (positions 0..)."""
 
     def __init__(self, target: Context, cell_contexts: list[Context], parallel: int, prompt_cache: bool,
-                 cache_ram: int | None, block_cells: int) -> None:
+                 cache_ram: int | None, block_cells: int, max_checkpoints: int = 0) -> None:
         """`cell_contexts`: the contexts whose cells hold a sequence's positions (the target's and
         a draft model's); `cache_ram`: bytes for the host-memory store (0: none, None: no limit);
-        `block_cells`: the cells one verify block needs past a sequence's prompt and budget."""
+        `block_cells`: the cells one verify block needs past a sequence's prompt and budget;
+        `max_checkpoints`: a hybrid target's checkpoints kept per slot (0: none)."""
         self.target = target
+        # a hybrid target's cells are cut back through checkpoints of its recurrent state
+        self.recurrent = target.model.is_recurrent
+        self.max_checkpoints = max_checkpoints if prompt_cache and self.recurrent else 0
+        self.checkpoints: dict[int, list[Checkpoint]] = {}  # slot -> its checkpoints, oldest first
+        self.lag = 0  # positions before a shared prefix's end decoded again all the same (Proposer.cache_lag)
         self.block_cells = block_cells
         self.cell_contexts = cell_contexts
         self.prompt_cache = prompt_cache
@@ -71,22 +83,69 @@ class Slots:
             cached = self._swap_in(slot, prompt, cached)
         self.free.remove(slot)
         self.cached.pop(slot, None)
-        self.target.truncate(cached, slot)  # the previous sequence's cells past the common prefix
+        self._cut_back(slot, cached)  # the previous sequence's cells past the common prefix
         return slot, cached
+
+    def reusable(self, end: int, common: int, checkpoints: list[Checkpoint] | tuple[Checkpoint, ...],
+                 slot: int | None = None) -> int:
+        """How many of the first `common` tokens of cells holding `end` positions a new prompt may
+        keep: all of them on an attention cache; on a hybrid target's, all where they are all the
+        cells hold (the recurrent state is at their end), else as far as a rollback plane of
+        `slot` or the latest checkpoint at or before `common` reaches back (0: none)."""
+        if not self.recurrent or common >= end:
+            return min(common, end)
+        if slot is not None and common > 0 and self.target.can_truncate(common, slot):
+            return common
+        return max((c.n_tokens for c in checkpoints if c.n_tokens <= common), default=0)
+
+    def checkpoint(self, slot: int, n_tokens: int) -> None:
+        """Keep the hybrid target's recurrent state of `slot`, which holds its first `n_tokens`
+        positions now (the engine calls it while decoding a prompt); the oldest go past the limit."""
+        if self.max_checkpoints <= 0 or n_tokens <= 0:
+            return
+        kept = [c for c in self.checkpoints.get(slot, []) if c.n_tokens < n_tokens]
+        kept.append(Checkpoint(n_tokens, self.target.save_sequence(slot, partial=True)))
+        self.checkpoints[slot] = kept[-self.max_checkpoints:]
+
+    def checkpoint_bytes(self) -> int:
+        """Host memory the slots' checkpoints hold."""
+        return sum(len(c.state) for cps in self.checkpoints.values() for c in cps)
+
+    def _cut_back(self, slot: int, n: int) -> None:
+        """The slot's cells cut to their first `n` positions (n was found `reusable`): an attention
+        cache drops the rest; a hybrid target rolls back through a plane, or restores the
+        checkpoint at `n` and drops the attention cells past it. Checkpoints past `n` go."""
+        self.checkpoints[slot] = [c for c in self.checkpoints.get(slot, []) if c.n_tokens <= n]
+        if not self.recurrent:
+            self.target.truncate(n, slot)
+        elif n <= 0:
+            self.target.drop_sequence(slot)
+        elif n <= self.target.pos_max(slot) and not self.target.can_truncate(n, slot):
+            point = next(c for c in self.checkpoints[slot] if c.n_tokens == n)
+            self.target.load_sequence(point.state, slot, partial=True)
+            self.target.remove(n, slot)
+        else:
+            self.target.truncate(n, slot)
 
     def give_back(self, slot: int, kept: np.ndarray | None) -> None:
         """A slot's sequence left: the cells of `kept` (its first tokens) stay for a later prompt;
         None or empty: every cell goes."""
-        if kept is not None and len(kept) > 0:
-            self.target.truncate(len(kept), slot)
-            self.cached[slot] = kept
+        n = 0 if kept is None else len(kept)
+        if n > 0 and self.recurrent:  # (a hybrid target's state may be past the last kept token:
+            # a plane or a checkpoint takes the cells back to it, or to the latest before it)
+            n = self.reusable(self.target.pos_max(slot) + 1, n, self.checkpoints.get(slot, ()), slot)
+        if n > 0:
+            self._cut_back(slot, n)
+            self.cached[slot] = kept[:n]
         else:
             self.target.drop_sequence(slot)
+            self.checkpoints.pop(slot, None)
         self.free.append(slot)
         self.free.sort()
 
     def clear(self) -> None:
         self.cached.clear()
+        self.checkpoints.clear()
         if self.store is not None:
             self.store.clear()
 
@@ -102,7 +161,8 @@ class Slots:
             cached = self.cached.get(sid)
             if cached is None:
                 continue
-            common = common_prefix(cached, body)
+            shared = max(0, common_prefix(cached, body) - self.lag)
+            common = self.reusable(len(cached), shared, self.checkpoints.get(sid, ()), sid)
             if common > best:
                 slot, best = sid, common
         if best == 0:  # no prefix to reuse: a slot holding nothing, else the one that waited longest
@@ -116,9 +176,12 @@ class Slots:
         share a longer beginning with the prompt are loaded into the slot instead. Returns how
         many of the prompt's first tokens the slot's cells now hold."""
         held = self.cached.get(slot)
-        found = self.store.find(prompt[:-1], better_than=cached)
+        found = self.store.find(prompt[:-1], better_than=cached,
+                                usable=lambda entry, n: self.reusable(len(entry.tokens), max(0, n - self.lag),
+                                                                      entry.checkpoints))
         if held is not None and (found is not None or len(held) > cached) and not self.store.covers(held):
-            self.store.put(Saved(held, tuple(ctx.save_sequence(slot) for ctx in self.cell_contexts)))
+            self.store.put(Saved(held, tuple(ctx.save_sequence(slot) for ctx in self.cell_contexts),
+                                 tuple(self.checkpoints.get(slot, ()))))
         if found is None:
             return cached
         saved, n = found
@@ -130,6 +193,8 @@ class Slots:
         except LlamaError:  # (not seen) the slot starts empty instead: the prompt is decoded whole
             for ctx in self.cell_contexts:
                 ctx.drop_sequence(slot)
+            self.checkpoints.pop(slot, None)
             return 0
         self.cached[slot] = saved.tokens
+        self.checkpoints[slot] = list(saved.checkpoints)
         return n

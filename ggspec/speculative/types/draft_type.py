@@ -206,7 +206,6 @@ class DraftType:
     check_loaded: Callable[["Model", "Model | None"], None] | None = None
     # the target context's parameters this type needs (draft-mtp: a chained Gemma 4 draft)
     target_params: Callable[["PairConfig", DraftPlan, "ContextParams", list[str]], None] | None = None
-    note_prompt_cache: str | None = None  # a warning when the prompt cache keeps nothing for it
     # llama.cpp has it (its loop is the exactness oracle, bench --native runs it); False: ggspec's
     # own (suffix: SuffixDecoding, whose oracle is arctic-inference)
     llama_cpp: bool = True

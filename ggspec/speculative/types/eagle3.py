@@ -24,9 +24,10 @@ In the engine's five calls:
             confidence for p_min, n_min as for draft-simple; at temperature > 0 drafts are drawn
             from the head's distribution and travel with it. The drafts' cells go afterwards.
 
-A sequence's decoder cells pair each position with the *next* token, so they cannot serve a
-later prompt that shares only a prefix (the pair at its last shared position would need the
-target's features there again): the prompt cache keeps nothing for an EAGLE3 pair.
+A sequence's decoder cells pair each position with the *next* token, so with the prompt cache a
+later prompt sharing n tokens keeps the pairs at positions < n - 1 only (their next tokens are
+shared), and the target decodes its rows again from n - 1 (`cache_lag`), whose features make the
+pair at n - 1 with the new prompt's own token there.
 """
 
 from __future__ import annotations
@@ -119,12 +120,16 @@ class Eagle3Proposer(RowCandidates, Proposer):
 
     # --- following the target ---------------------------------------------------------------------
 
+    cache_lag = 1
+
     def begin(self, seq, cached: int = 0) -> None:
-        self.draft.drop_sequence(seq.seq_id)
+        """The slot's pairs at positions < cached stay (the engine decodes the target from
+        `cached`, one before the shared prefix's end: cache_lag), the rest goes."""
+        self.draft.remove(cached, seq.seq_id)
         self._rows.pop(seq.seq_id, None)
         self._paths.pop(seq.seq_id, None)
         self._g.pop(seq.seq_id, None)
-        self._written[seq.seq_id] = 0
+        self._written[seq.seq_id] = cached
 
     def observe(self, spans: list[Span]) -> None:
         capture_rows(self._rows, spans, "rows", "encoded")
@@ -264,12 +269,18 @@ class Eagle3Proposer(RowCandidates, Proposer):
     # --- lifetime ---------------------------------------------------------------------------------
 
     def release(self, seq, keep: int = 0) -> int:
-        """A sequence left; its pairs serve no later prompt (module docstring)."""
+        """A sequence left: of the target's first `keep` positions, those whose pairs are written
+        stay, and one more (the token the last kept pair was made with); its other pairs go."""
         sid = seq.seq_id
+        written = self._written.get(sid, 0)
         for d in (self._rows, self._paths, self._g, self._written):
             d.pop(sid, None)
-        self.draft.drop_sequence(sid)
-        return 0
+        kept = min(keep, written + 1)
+        if kept <= 1:
+            self.draft.drop_sequence(sid)
+            return 0
+        self.draft.remove(kept - 1, sid)
+        return kept
 
     def reset(self) -> None:
         for d in (self._rows, self._paths, self._g, self._written):
@@ -303,7 +314,5 @@ DRAFT_EAGLE3 = DraftType(
     name="draft-eagle3", priority=7, plan=_plan, make=_make,
     traits=Traits(draft_model="required", target_features=True, fixed_block=False, cheap=False, n_min=True,
                   confidence=True),
-    detect=lambda target, draft: draft is not None and is_eagle3(draft), detect_rank=1,
-    note_prompt_cache="an EAGLE3 head's cells pair each position with the next token: the prompt cache keeps "
-                      "nothing for it, every prompt is decoded whole")
+    detect=lambda target, draft: draft is not None and is_eagle3(draft), detect_rank=1)
 TYPES = (DRAFT_EAGLE3,)

@@ -117,6 +117,10 @@ class SeveralProposer(Proposer):
     def grows_trees(self) -> bool:
         return any(p.grows_trees for p in self.proposers)
 
+    @property
+    def cache_lag(self) -> int:
+        return max((p.cache_lag for p in self.proposers), default=0)
+
     def keep_candidates(self) -> None:
         for p in self.proposers:
             p.keep_candidates()
