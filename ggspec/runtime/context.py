@@ -50,6 +50,9 @@ class ContextParams:
     n_rs_seq: int = 0  # recurrent-state planes per sequence kept for rollback
     n_seq_max: int = 1  # sequences decoded together (one per parallel slot)
     kv_unified: bool = False  # one cache shared by all sequences (else n_ctx / n_seq_max each)
+    # sliding-window layers keep every position's cells (the C API's default; llama-server's
+    # --swa-full); False: a window-sized cache, whose cells cannot be cut back past the window
+    swa_full: bool = True
     picks_per_seq: int = 1  # output rows of one sequence a decode may pick on the device (pick_on_device)
     # the memory fit (speculative/fit.py) measured this configuration as llama.cpp allocates it:
     # the metadata estimate (runtime.memory.check_memory) has nothing to add
@@ -109,6 +112,7 @@ class Context(OwnedHandle):
         cp.n_outputs_max_per_seq = params.picks_per_seq
         cp.n_rs_seq = params.n_rs_seq
         cp.kv_unified = params.kv_unified
+        cp.swa_full = params.swa_full
         cp.n_threads = params.n_threads
         cp.n_threads_batch = params.n_threads
         cp.type_k = CACHE_TYPES[params.type_k]
