@@ -93,6 +93,32 @@ def test_a_repeated_prompt_comes_from_the_prompt_cache(server4, refs):
     assert third[0] == first[0] and third[2]["prompt_tokens_details"]["cached_tokens"] == 0
 
 
+def test_a_hybrid_targets_next_turn_reuses_its_cells_through_checkpoints(build_info, hybrid_pair):
+    """A qwen35 target over HTTP: a prompt, then the same prompt with more text after it: the
+    second request's cached_tokens count the first prompt (its checkpoint), /slots lists the
+    slot's checkpoints, and the text equals the uncached request's (cache_prompt false)."""
+    s = LiveServer("-m", str(hybrid_pair.target), "--no-spec", "-np", "1", "-c", "1024", "-t", "1",
+                   "--ctx-checkpoints", "4")
+    try:
+        def complete(prompt: str, cache: bool = True):
+            code, doc = s.post("/v1/completions", {"prompt": prompt, "max_tokens": 12, "temperature": 0,
+                                                   "ignore_eos": True, "cache_prompt": cache})
+            assert code == 200, doc
+            return doc["choices"][0]["text"], doc["usage"]
+        first, usage = complete("def fibonacci(n):")
+        n_first = usage["prompt_tokens"]
+        cache = s.get("/slots")[1][0]["cache"]
+        assert cache["n_tokens_kept"] == n_first + 11 and cache["checkpoints"][-1] == n_first
+        assert cache["checkpoint_bytes"] > 0 and len(cache["checkpoints"]) <= 4
+        turn = "def fibonacci(n):" + first[:5] + "\n\ndef g(x):"
+        text, usage = complete(turn)
+        assert usage["prompt_tokens_details"]["cached_tokens"] >= n_first - 4  # (a checkpoint near its end)
+        assert text == complete(turn, cache=False)[0]
+        assert s.get("/props")[1]["speculative"]["ctx_checkpoints"] == 4
+    finally:
+        assert s.stop()[0] == 0
+
+
 def test_a_prompt_pushed_out_of_its_slot_comes_back_from_host_memory(build_info, refs):
     """One slot, two prompts in turn: the second overwrites the first one's cells, which the
     server saved (--cache-ram); the first prompt's next request loads them and decodes one token,
