@@ -6,6 +6,8 @@ llama-server): a sequence added with `cached=False` decodes its whole prompt, th
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -133,6 +135,35 @@ def test_checkpoints_off_a_hybrid_target_keeps_only_extensions(build_info, hybri
         longer = np.concatenate([a, np.asarray(first.tokens, dtype=np.int32)])
         _generate(eng, a)
         assert _generate(eng, longer).n_cached == len(a) + N - 1
+
+
+# --- sliding-window targets: a window-sized cache ---------------------------------------------------------
+
+def test_a_window_sized_caches_cells_are_cut_back_inside_the_window_or_through_a_checkpoint(build_info, fixture_dir):
+    """A gemma3 target whose sliding layers see 32 tokens, with a window-sized cache (256 cells
+    at -ub 32): a next turn that leaves the cells within the window of their end cuts them back
+    as they are; one that leaves them further back, where the window's cells were overwritten,
+    restores the checkpoint at the prompt's end. Texts equal an uncached engine's."""
+    from helpers.fixtures.archs import ensure_arch_pair
+
+    target = ensure_arch_pair(fixture_dir / "archs", "gemma3").target
+    ctx = ContextParams(n_ctx=2048, n_batch=32, n_ubatch=32, n_threads=1)
+    cfg = PairConfig(target=target, parallel=1, ctx=ctx)
+    with Engine.open(cfg, plain=True, serving=Serving(prompt_cache=True)) as eng, Engine.open(cfg, plain=True) as fresh:
+        assert eng.target.n_swa == 32 and eng.slots.windowed
+        tok = eng.target_model.tokenize
+        a = tok("\n".join(TEXTS) * 4)
+        more = tok("\n\ndef g(x):", add_special=False)
+        for n_answer, cut, cached in ((24, 10, len(a) + 10), (300, 10, len(a) - 1)):
+            first = eng.add(Request(a, n_answer, ignore_eos=True))
+            list(eng.run())
+            turn = np.concatenate([a, np.asarray(first.tokens[:cut], dtype=np.int32), more])
+            seq = _generate(eng, turn)
+            assert seq.n_cached == cached, n_answer
+            assert seq.tokens == _generate(fresh, turn).tokens, n_answer
+        assert len(eng.slots.checkpoints[seq.seq_id]) >= 2
+    with Engine.open(PairConfig(target=target, parallel=1, ctx=replace(ctx, swa_full=True)), plain=True) as full:
+        assert full.target.n_swa == 0  # (every cell kept: any prefix is reusable as it is)
 
 
 # --- the host-memory store (--cache-ram) ------------------------------------------------------------

@@ -149,7 +149,8 @@ def pair_config(shared: Shared, *, parallel: int, parallel_given: bool = True) -
         ctx=ContextParams(n_ctx=pick(shared.n_ctx, rec, "ctx", DEFAULTS["ctx"]), n_batch=shared.n_batch,
                           n_ubatch=shared.n_ubatch, n_threads=shared.threads,
                           type_k=pick(shared.type_k, rec, "ctk", DEFAULTS["ctk"]),
-                          type_v=pick(shared.type_v, rec, "ctv", DEFAULTS["ctv"]), flash_attn=shared.flash_attn),
+                          type_v=pick(shared.type_v, rec, "ctv", DEFAULTS["ctv"]), flash_attn=shared.flash_attn,
+                          swa_full=shared.swa_full),
         planes=PlaneOptions.parse(pick(shared.rs_planes, rec, "planes"), pick(shared.rs_lead, rec, "lead")),
         inject=shared.inject if shared.inject is not None else DEFAULTS["inject"],
     )

@@ -205,6 +205,10 @@ class Shared:
         "-fa", "--flash-attn", default="auto", parser=flash_attn, panel=CONTEXT,
         help="Flash attention: on, off or auto (llama.cpp's own choice: on wherever the backend has it, the CPU "
              "included).")
+    swa_full: bool = flag(
+        "--swa-full", default=False, commands=RUN_SERVE, panel=CONTEXT,
+        help="Keep every position's cells on sliding-window layers (Gemma 2/3, ...), as llama.cpp's --swa-full; "
+             "by default a window-sized cache, as llama.cpp's tools: cheaper attention deep into a context.")
     threads: int = flag("-t", "--threads", default=THREADS, panel=CONTEXT, fields=("n_threads",),
                         help="CPU threads (use 1 for tiny models on few cores).")
     fit: bool = flag(  # (llama.cpp's --fit takes on|off, and also fits the layers offloaded)

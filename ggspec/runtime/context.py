@@ -51,8 +51,10 @@ class ContextParams:
     n_seq_max: int = 1  # sequences decoded together (one per parallel slot)
     kv_unified: bool = False  # one cache shared by all sequences (else n_ctx / n_seq_max each)
     # sliding-window layers keep every position's cells (the C API's default; llama-server's
-    # --swa-full); False: a window-sized cache, whose cells cannot be cut back past the window
-    swa_full: bool = True
+    # --swa-full); False, as llama.cpp's tools: a window-sized cache (cheaper attention deep into a
+    # context), whose cells cannot be cut back past the window (the prompt cache checkpoints it).
+    # A cache shared by all sequences (kv_unified: token trees, chained MTP) keeps every cell.
+    swa_full: bool = False
     picks_per_seq: int = 1  # output rows of one sequence a decode may pick on the device (pick_on_device)
     # the memory fit (speculative/fit.py) measured this configuration as llama.cpp allocates it:
     # the metadata estimate (runtime.memory.check_memory) has nothing to add
@@ -112,7 +114,7 @@ class Context(OwnedHandle):
         cp.n_outputs_max_per_seq = params.picks_per_seq
         cp.n_rs_seq = params.n_rs_seq
         cp.kv_unified = params.kv_unified
-        cp.swa_full = params.swa_full
+        cp.swa_full = params.swa_full or params.kv_unified
         cp.n_threads = params.n_threads
         cp.n_threads_batch = params.n_threads
         cp.type_k = CACHE_TYPES[params.type_k]
@@ -132,6 +134,8 @@ class Context(OwnedHandle):
             raise LlamaError(f"llama.cpp could not create the {what} context: {last_log_error()}")
         self.ptr = ptr
         self.memory = self.lc.llama_get_memory(ptr)
+        # the sliding window of a window-sized cache (0: every cell kept, or no sliding layers)
+        self.n_swa: int = 0 if cp.swa_full else max(0, int(self.lc.llama_model_n_swa(model.ptr)))
         self.n_ctx: int = self.lc.llama_n_ctx(ptr)
         self.n_batch: int = self.lc.llama_n_batch(ptr)
         self.n_ubatch: int = self.lc.llama_n_ubatch(ptr)
@@ -376,6 +380,11 @@ class Context(OwnedHandle):
 
     def pos_max(self, seq_id: int = 0) -> int:
         return self.quick.llama_memory_seq_pos_max(self.memory, seq_id)
+
+    def pos_min(self, seq_id: int = 0) -> int:
+        """The first position a sequence's cells still hold (-1: none): past 0 where a window-sized
+        sliding cache has dropped the cells behind its window."""
+        return int(self.lc.llama_memory_seq_pos_min(self.memory, seq_id))
 
     def clear(self) -> None:
         self.lc.llama_memory_clear(self.memory, True)

@@ -6,11 +6,13 @@ prompt goes to the free slot whose cells hold the longest prefix of it: only the
 With host memory for the cache (llama-server's --cache-ram), cells a new prompt would overwrite
 are copied to a `PromptStore` first, and a later prompt that starts the same way gets them back.
 
-A hybrid target's recurrent state holds only its last position: the cells cannot be cut back to
-a shorter prefix (but by a rollback plane, a few tokens back). So, as llama-server does with its
-context checkpoints (`--ctx-checkpoints`), the engine saves that state at chosen positions while
-it decodes a prompt (`checkpoint`), and a later prompt that leaves the cells before their end
-restores the latest checkpoint at or before where it leaves them: only the rest is decoded.
+A hybrid target's recurrent state holds only its last position, and a window-sized cache of
+sliding-window layers only the window before it: such cells cannot be cut back to any shorter
+prefix (but a few tokens back: a rollback plane, or the cells still inside the window). So, as
+llama-server does with its context checkpoints (`--ctx-checkpoints`), the engine saves that part
+of the state (llama.cpp's PARTIAL_ONLY sequence state) at chosen positions while it decodes a
+prompt (`checkpoint`), and a later prompt that leaves the cells before their end restores the
+latest checkpoint at or before where it leaves them: only the rest is decoded.
 """
 
 from __future__ import annotations
@@ -36,9 +38,11 @@ class Slots:
         `block_cells`: the cells one verify block needs past a sequence's prompt and budget;
         `max_checkpoints`: a hybrid target's checkpoints kept per slot (0: none)."""
         self.target = target
-        # a hybrid target's cells are cut back through checkpoints of its recurrent state
+        # a hybrid target's cells, or a window-sized sliding cache's, are cut back through
+        # checkpoints of the state that cannot be cut back (the recurrent state, the window)
         self.recurrent = target.model.is_recurrent
-        self.max_checkpoints = max_checkpoints if prompt_cache and self.recurrent else 0
+        self.windowed = target.n_swa > 0
+        self.max_checkpoints = max_checkpoints if prompt_cache and (self.recurrent or self.windowed) else 0
         self.checkpoints: dict[int, list[Checkpoint]] = {}  # slot -> its checkpoints, oldest first
         self.lag = 0  # positions before a shared prefix's end decoded again all the same (Proposer.cache_lag)
         self.block_cells = block_cells
@@ -89,14 +93,23 @@ class Slots:
     def reusable(self, end: int, common: int, checkpoints: list[Checkpoint] | tuple[Checkpoint, ...],
                  slot: int | None = None) -> int:
         """How many of the first `common` tokens of cells holding `end` positions a new prompt may
-        keep: all of them on an attention cache; on a hybrid target's, all where they are all the
-        cells hold (the recurrent state is at their end), else as far as a rollback plane of
-        `slot` or the latest checkpoint at or before `common` reaches back (0: none)."""
-        if not self.recurrent or common >= end:
+        keep: all of them on a full attention cache; on a hybrid target's or a window-sized one,
+        all where they are all the cells hold (the state is at their end), else as far as the
+        live cells of `slot` can be cut back (`_cuts_to`) or the latest checkpoint at or before
+        `common` reaches (0: none)."""
+        if not (self.recurrent or self.windowed) or common >= end:
             return min(common, end)
-        if slot is not None and common > 0 and self.target.can_truncate(common, slot):
+        if slot is not None and common > 0 and self._cuts_to(slot, common):
             return common
         return max((c.n_tokens for c in checkpoints if c.n_tokens <= common), default=0)
+
+    def _cuts_to(self, slot: int, n: int) -> bool:
+        """Whether the slot's live cells can be cut back to their first n positions as they are: a
+        hybrid target's through a rollback plane, a window-sized cache's where every cell the
+        window before n needs is still there."""
+        if self.recurrent and not self.target.can_truncate(n, slot):
+            return False
+        return not self.windowed or self.target.pos_min(slot) <= max(0, n - self.target.n_swa + 1)
 
     def checkpoint(self, slot: int, n_tokens: int) -> None:
         """Keep the hybrid target's recurrent state of `slot`, which holds its first `n_tokens`
@@ -116,11 +129,11 @@ class Slots:
         cache drops the rest; a hybrid target rolls back through a plane, or restores the
         checkpoint at `n` and drops the attention cells past it. Checkpoints past `n` go."""
         self.checkpoints[slot] = [c for c in self.checkpoints.get(slot, []) if c.n_tokens <= n]
-        if not self.recurrent:
+        if not (self.recurrent or self.windowed):
             self.target.truncate(n, slot)
         elif n <= 0:
             self.target.drop_sequence(slot)
-        elif n <= self.target.pos_max(slot) and not self.target.can_truncate(n, slot):
+        elif n <= self.target.pos_max(slot) and not self._cuts_to(slot, n):
             point = next(c for c in self.checkpoints[slot] if c.n_tokens == n)
             self.target.load_sequence(point.state, slot, partial=True)
             self.target.remove(n, slot)
@@ -131,8 +144,8 @@ class Slots:
         """A slot's sequence left: the cells of `kept` (its first tokens) stay for a later prompt;
         None or empty: every cell goes."""
         n = 0 if kept is None else len(kept)
-        if n > 0 and self.recurrent:  # (a hybrid target's state may be past the last kept token:
-            # a plane or a checkpoint takes the cells back to it, or to the latest before it)
+        if n > 0 and (self.recurrent or self.windowed):  # (the state may be past the last kept
+            # token: the live cells or a checkpoint take it back there, or to the latest before it)
             n = self.reusable(self.target.pos_max(slot) + 1, n, self.checkpoints.get(slot, ()), slot)
         if n > 0:
             self._cut_back(slot, n)

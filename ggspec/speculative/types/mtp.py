@@ -385,7 +385,11 @@ def _plan(cfg, target, draft, warnings: list[str]) -> DraftPlan:
 
 
 def _target_params(cfg, plan: DraftPlan, params, warnings: list[str]) -> None:
-    """A chained Gemma 4 draft reads the target's cells in one ubatch, step-major: one stream."""
+    """A Gemma 4 drafter reads the target's cells, sliding layers too: every cell is kept (the
+    layout its drafts were checked against llama.cpp's with). A chained one reads them in one
+    ubatch, step-major: one stream."""
+    if plan.shares_cells:
+        params.swa_full = True
     if plan.shares_cells and cfg.options(DRAFT_MTP).chain and cfg.parallel > 1 and not params.kv_unified:
         params.kv_unified = True
         warnings.append("chained Gemma 4 drafts read the target's cache as one stream: it is unified "
