@@ -50,10 +50,11 @@ class Serving:
 
     # a slot keeps the cells of its last sequence, and a new prompt goes to the free slot whose
     # cells hold the longest prefix of it: only the rest is decoded (llama-server's cache_prompt;
-    # a hybrid target's cells are cut back through checkpoints of its recurrent state)
+    # a hybrid or window-sized target's cells are cut back through checkpoints)
     prompt_cache: bool = False
-    # with the prompt cache, a hybrid target's checkpoints kept per slot (llama-server's
-    # --ctx-checkpoints): its recurrent state a few tokens before the end of each prompt and at it
+    # with the prompt cache, checkpoints kept per slot of a hybrid or window-sized target
+    # (llama-server's --ctx-checkpoints): the state that cannot be cut back (a recurrent state, a
+    # sliding window) a few tokens before the end of each prompt and at it
     ctx_checkpoints: int = 32
     # while other sequences generate, prompt rows a step may decode (the rest waits for the next
     # steps, so no stream stalls for a whole long prompt); None: every joining prompt whole
@@ -400,8 +401,8 @@ class Engine:
         prompt, and the first token is chosen from the last row right away, by the verifier's
         rule for a step without drafts (greedy, or drawn with the draws that step would use): the
         time to the first token is a prefill instead of a prefill and a whole draft-and-verify
-        step. Prompt rows are committed, so they reach the draft before its next call. A hybrid
-        target's recurrent state is checkpointed where `_marks` says (the prompt cache)."""
+        step. Prompt rows are committed, so they reach the draft before its next call. A hybrid or
+        window-sized target's state is checkpointed where `_marks` says (the prompt cache)."""
         t0 = time.perf_counter()
         first = self.first_token_from_prefill
         body = seq.prompt if first else seq.prompt[:-1]
@@ -447,8 +448,8 @@ class Engine:
         return self._prefilled(seq, step, t0, t_inject)
 
     def _marks(self, n_body: int) -> tuple[int, ...]:
-        """Where a prompt's prefill checkpoints a hybrid target's recurrent state (with the prompt
-        cache): 4 + n_ubatch and 4 tokens before the end of the prompt, as llama-server does (a
+        """Where a prompt's prefill checkpoints a hybrid or window-sized target's state (with the
+        prompt cache): 4 + n_ubatch and 4 tokens before the end of the prompt, as llama-server does (a
         next turn's prompt renders the last message's end and the generation prompt anew), and at
         its end. A chunk of the prefill ends at each."""
         if self.slots.max_checkpoints <= 0:

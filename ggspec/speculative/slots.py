@@ -36,13 +36,14 @@ class Slots:
         """`cell_contexts`: the contexts whose cells hold a sequence's positions (the target's and
         a draft model's); `cache_ram`: bytes for the host-memory store (0: none, None: no limit);
         `block_cells`: the cells one verify block needs past a sequence's prompt and budget;
-        `max_checkpoints`: a hybrid target's checkpoints kept per slot (0: none)."""
+        `max_checkpoints`: checkpoints kept per slot of a hybrid or window-sized target (0: none)."""
         self.target = target
         # a hybrid target's cells, or a window-sized sliding cache's, are cut back through
         # checkpoints of the state that cannot be cut back (the recurrent state, the window)
         self.recurrent = target.model.is_recurrent
         self.windowed = target.n_swa > 0
-        self.max_checkpoints = max_checkpoints if prompt_cache and (self.recurrent or self.windowed) else 0
+        self.limited = self.recurrent or self.windowed  # (cells not cut back to any prefix as they are)
+        self.max_checkpoints = max_checkpoints if prompt_cache and self.limited else 0
         self.checkpoints: dict[int, list[Checkpoint]] = {}  # slot -> its checkpoints, oldest first
         self.lag = 0  # positions before a shared prefix's end decoded again all the same (Proposer.cache_lag)
         self.block_cells = block_cells
@@ -97,7 +98,7 @@ class Slots:
         all where they are all the cells hold (the state is at their end), else as far as the
         live cells of `slot` can be cut back (`_cuts_to`) or the latest checkpoint at or before
         `common` reaches (0: none)."""
-        if not (self.recurrent or self.windowed) or common >= end:
+        if not self.limited or common >= end:
             return min(common, end)
         if slot is not None and common > 0 and self._cuts_to(slot, common):
             return common
@@ -112,24 +113,22 @@ class Slots:
         return not self.windowed or self.target.pos_min(slot) <= max(0, n - self.target.n_swa + 1)
 
     def checkpoint(self, slot: int, n_tokens: int) -> None:
-        """Keep the hybrid target's recurrent state of `slot`, which holds its first `n_tokens`
-        positions now (the engine calls it while decoding a prompt); the oldest go past the limit."""
+        """Keep the part of `slot`'s state that cannot be cut back (a hybrid target's recurrent
+        state, a window-sized cache's window), which holds its first `n_tokens` positions now (the
+        engine calls it while decoding a prompt); the oldest go past the limit."""
         if self.max_checkpoints <= 0 or n_tokens <= 0:
             return
         kept = [c for c in self.checkpoints.get(slot, []) if c.n_tokens < n_tokens]
         kept.append(Checkpoint(n_tokens, self.target.save_sequence(slot, partial=True)))
         self.checkpoints[slot] = kept[-self.max_checkpoints:]
 
-    def checkpoint_bytes(self) -> int:
-        """Host memory the slots' checkpoints hold."""
-        return sum(len(c.state) for cps in self.checkpoints.values() for c in cps)
-
     def _cut_back(self, slot: int, n: int) -> None:
         """The slot's cells cut to their first `n` positions (n was found `reusable`): an attention
-        cache drops the rest; a hybrid target rolls back through a plane, or restores the
-        checkpoint at `n` and drops the attention cells past it. Checkpoints past `n` go."""
+        cache drops the rest; a hybrid or window-sized one cuts its live cells where `_cuts_to`
+        allows, else restores the checkpoint at `n` and drops the cells past it. Checkpoints past
+        `n` go."""
         self.checkpoints[slot] = [c for c in self.checkpoints.get(slot, []) if c.n_tokens <= n]
-        if not (self.recurrent or self.windowed):
+        if not self.limited:
             self.target.truncate(n, slot)
         elif n <= 0:
             self.target.drop_sequence(slot)
@@ -144,7 +143,7 @@ class Slots:
         """A slot's sequence left: the cells of `kept` (its first tokens) stay for a later prompt;
         None or empty: every cell goes."""
         n = 0 if kept is None else len(kept)
-        if n > 0 and (self.recurrent or self.windowed):  # (the state may be past the last kept
+        if n > 0 and self.limited:  # (the state may be past the last kept
             # token: the live cells or a checkpoint take it back there, or to the latest before it)
             n = self.reusable(self.target.pos_max(slot) + 1, n, self.checkpoints.get(slot, ()), slot)
         if n > 0:
