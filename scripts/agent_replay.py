@@ -27,7 +27,11 @@ A hybrid target (`dummy-qwen3.5-0.8b`: Qwen3.5-0.8B's shape, random weights, `gg
 shows whether each turn decodes only its new tokens. `--stall`: three streams generate while a
 long prompt arrives; reported per server: the longest gap between two tokens of a stream while
 the prompt was decoded, and the long prompt's time to its first token. llama-server runs as
-upstream ships it (GGML_CPU_BATCH_INVARIANT=0: the exact kernels are ggspec's).
+upstream ships it (GGML_CPU_BATCH_INVARIANT=0: the exact kernels are ggspec's); `--identity` keeps
+them, so its greedy answers can be compared with ggspec's byte for byte (the "= plain answers"
+column).
+
+    python scripts/agent_replay.py --clients 1 --identity --only "ggspec plain,llama-server plain" --reps 1
 """
 
 from __future__ import annotations
@@ -178,6 +182,9 @@ def main() -> int:
     ap.add_argument("--logs", type=Path, default=Path(tempfile.gettempdir()) / "ggspec-agent-replay")
     ap.add_argument("-fa", "--flash-attn", dest="fa", default="off", help="on, off or auto, for both servers")
     ap.add_argument("--stall", action="store_true", help="the stall scenario instead of the replay")
+    ap.add_argument("--identity", action="store_true",
+                    help="llama-server keeps the build's exact kernels (its answers compared with ggspec plain's: "
+                         "an identity check, not a speed comparison)")
     ap.add_argument("--stall-prompt", type=int, default=4000, help="tokens (about) of the stall's long prompt")
     args = ap.parse_args()
     args.logs.mkdir(parents=True, exist_ok=True)
@@ -187,7 +194,7 @@ def main() -> int:
     levels = [int(c) for c in args.clients.split(",")]
     convs = conversations(max(levels), args.turns)
     names = [n for n in SERVERS if not args.only or n in args.only.split(",")]
-    env = server_env()
+    env = server_env(args.identity)
     results: dict[tuple[str, int], list[tuple[list[Replay], float, tuple[float, float]]]] = {}
     for rep in range(args.reps):
         for name in names if rep % 2 == 0 else names[::-1]:
@@ -254,11 +261,11 @@ def time_split(replays: list[Replay], reps: int) -> dict:
             "prompt_n_per_turn": [t["prompt_n"] for t in replays[0].turns] if replays else []}
 
 
-def server_env() -> dict[bool, dict]:
-    """Each server's environment (True: llama-server's, which runs as upstream ships it: without
-    the exact kernels of ggspec's build)."""
+def server_env(identity: bool = False) -> dict[bool, dict]:
+    """Each server's environment (True: llama-server's, which runs as upstream ships it, without
+    the exact kernels of ggspec's build, unless `identity`)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_ARG_")}
-    return {False: env, True: {**env, "GGML_CPU_BATCH_INVARIANT": "0"}}
+    return {False: env, True: env if identity else {**env, "GGML_CPU_BATCH_INVARIANT": "0"}}
 
 
 # --- the stall: a long prompt arriving while three streams generate ---------------------------------------

@@ -1,12 +1,16 @@
-"""Batch invariance on the CPU backend (patch 0021): a token decoded alone and the same token as any
-row of a k-row batch give the same bits, so greedy speculative output equals plain greedy output
-byte for byte (the oracle's byte-identity rule) on real files, for every n-gram type.
+"""Batch invariance on the CPU backend (patches 0021, 0022): a token decoded alone and the same token
+as any row of a batch of any size (a verify, a prompt chunk, rows beside other sequences' rows)
+give the same bits, so greedy speculative output equals plain greedy output byte for byte (the
+oracle's byte-identity rule) on real files, for every n-gram type, and a prompt's text does not
+depend on how it was chunked.
 
 The probe (ggspec.bench.invariance) runs on the real Gemma 3 270M (Q8_0 head, Q5_0, Q4_K, Q6_K) and
-the Qwen2.5-Coder 1.5B (Q4_K, Q6_K) in both attention settings and both repack settings, and on the
-shipped tiny target (F32) requantized by llama.cpp's own llama-quantize to F16, Q8_0, Q4_0 and
-IQ4_NL (each type's one-row and batched kernels). With the invariance switched off, the same probe
-finds the difference and names the kernel: the test has the power to fail.
+the Qwen2.5-Coder 1.5B (Q4_K, Q6_K) in both attention settings and both repack settings (the
+repacked Q4_K gemm, the batched Q6_K kernel, llamafile's sgemm, flash attention's tiles), and on
+the shipped tiny target (F32) requantized by llama.cpp's own llama-quantize to F16, Q8_0, Q4_0 and
+IQ4_NL (each type's one-row and batched kernels, the repacked Q4_0 / IQ4_NL gemm). With the
+invariance switched off, the same probe finds the difference and names the kernel: the test has
+the power to fail.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ from ggspec.speculative.models import PairConfig
 from ggspec.speculative.request import Request
 
 ROWS = (2, 4, 8, 16)
+PAST_128 = (64, 160, 256)  # batches past patch 0021's old limit of 128 rows
+EVERY_SIZE = 2 ** 63 - 1  # the default row limit: every row count
 
 
 @pytest.fixture
@@ -43,8 +49,8 @@ def _assert_identical(report) -> None:
                                           f"{len(bad)} rows differ ({bad[:3]}), chunks {report.chunks}, node {report.node}")
 
 
-def test_invariance_is_on_by_default_up_to_128_rows(build_info, invariance):
-    assert batch_invariant() == 128
+def test_invariance_is_on_by_default_for_every_row_count(build_info, invariance):
+    assert batch_invariant() == EVERY_SIZE
     set_batch_invariant(True, 65)
     assert batch_invariant() == 65
     set_batch_invariant(False)
@@ -55,8 +61,26 @@ def test_invariance_is_on_by_default_up_to_128_rows(build_info, invariance):
 @pytest.mark.parametrize("fa", ["on", "off"])
 @pytest.mark.parametrize("repack", [True, False])
 def test_every_row_equals_the_token_alone_on_gemma(real_target, fa, repack):
-    # a fill past 512 cells: where flash attention split a lone row's KV across threads
-    _assert_identical(probe(real_target, fa, repack, fills=(3, 600), ks=ROWS, n_threads=2))
+    # a fill past 512 cells: where flash attention split a lone row's KV across threads; a prompt
+    # of 600 tokens in chunks of 7 ... 512 rows and whole against one token at a time
+    _assert_identical(probe(real_target, fa, repack, fills=(3, 600), ks=(*ROWS, *PAST_128), n_threads=2,
+                            prompt=600, chunk_sizes=(7, 64, 128, 512, "whole")))
+
+
+@pytest.mark.real
+def test_every_row_count_from_1_to_130_and_past_on_gemma(real_target):
+    # every remainder of the 4-row gemm and of the tiles, the old limit's neighbours, and beyond
+    _assert_identical(probe(real_target, "on", True, fills=(40,), ks=(*range(1, 131), 160, 200, 255, 256),
+                            chunk_sizes=(), n_threads=2))
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("fa", ["on", "off"])
+def test_rows_beside_other_sequences_equal_the_token_alone(real_target, fa):
+    """What `serve` does with several clients: a sequence's rows share a batch with three other
+    sequences' rows (each after its own prefix)."""
+    _assert_identical(probe(real_target, fa, True, fills=(40, 600), ks=(1, 4, 16), chunk_sizes=(), n_threads=2,
+                            neighbours=5))
 
 
 @pytest.mark.real
@@ -64,7 +88,8 @@ def test_every_row_equals_the_token_alone_on_the_qwen_target(build_info):
     entry = get_entry("qwen2.5-coder-1.5b")
     if check_files(entry, None) != "ok":
         pytest.skip("qwen2.5-coder-1.5b is not pulled")
-    _assert_identical(probe(resolve(entry).target, "on", True, fills=(40,), ks=(4, 8), chunk_sizes=(7,), n_threads=2))
+    _assert_identical(probe(resolve(entry).target, "on", True, fills=(40,), ks=(4, 8, 160), chunk_sizes=(7, 128, "whole"),
+                            n_threads=2))
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +114,8 @@ def requantized(build_info, tmp_path_factory, tiny_coder_pair):
 def test_every_row_equals_the_token_alone_per_weight_type(qtype, fa, requantized, tiny_coder_pair):
     path = tiny_coder_pair.target if qtype == "F32" else requantized[qtype]
     for repack in (True, False):
-        _assert_identical(probe(path, fa, repack, fills=(3, 600), ks=(*ROWS, 64), n_threads=2))
+        _assert_identical(probe(path, fa, repack, fills=(3, 600), ks=(*ROWS, *PAST_128), n_threads=2, prompt=300,
+                                chunk_sizes=(7, 64, 128, "whole")))
 
 
 @pytest.mark.parametrize("fa", ["on", "off"])

@@ -3,15 +3,18 @@
 Plain decoding computes every token alone (a one-row decode); a verify computes the same tokens as
 rows of one batch. Where the CPU kernels pick another code path for more rows (a 4-row repacked
 gemm, llamafile's tiles, the tiled K-quant matmul, flash attention's KV split or Q tiles), the two
-round differently and a near-tie flips: speculative text then differs from plain text. Patch 0021
-makes every row take the same arithmetic (`GGML_CPU_BATCH_INVARIANT`, on by default).
+round differently and a near-tie flips: speculative text then differs from plain text. Patches 0021
+and 0022 make every row of every batch take the same arithmetic (`GGML_CPU_BATCH_INVARIANT`, on by
+default for every row count).
 
 The probe compares, from the same cache:
 - **rows**: tokens t[B], t[B+1], ... decoded one at a time (what plain decoding does) against the
   same tokens as rows 0..k-1 of one k-row decode with logits on every row (what a verify does);
-- **chunks**: a prompt prefilled one token at a time against the same prompt in chunks of up to
-  128 rows (what a cached prompt's last token decoded alone, or another `-ub`, does), then one
-  token decoded after each;
+- **neighbours**: the same k rows decoded beside other sequences' rows in one batch (what `serve`
+  does with several clients) against the tokens alone;
+- **chunks**: a prompt prefilled one token at a time against the same prompt in chunks of each
+  size and whole (what a cached prompt, a reload or another `-ub` does), then one token decoded
+  after each;
 - **node**: where a row differs, the first graph node (in compute order) whose row differs, read
   through llama.cpp's eval callback, with its op: the kernel behind the difference.
 """
@@ -48,6 +51,7 @@ class RowDiff:
     k: int  # rows in the batch
     row: int  # the row compared (position fill + row)
     max_abs: float  # largest logit difference (0.0: the same bits)
+    others: int = 0  # rows of other sequences in the same batch
 
     @property
     def identical(self) -> bool:
@@ -68,7 +72,7 @@ class ProbeReport:
     model: str
     flash_attn: str
     repack: bool
-    invariant_rows: int  # the CPU backend's batch invariance (patch 0021) during the probe: its row limit, 0 off
+    invariant_rows: int  # the CPU backend's batch invariance during the probe: its row limit, 0 off
     rows: list[RowDiff] = field(default_factory=list)
     chunks: list[tuple[int, float]] = field(default_factory=list)  # (chunk size, max abs diff)
     node: NodeDiff | None = None
@@ -91,7 +95,7 @@ def kernel_behind(node: NodeDiff, k: int, repack: bool) -> str:
     """The CPU kernel whose choice depends on the row count, for the op and weight type of the first
     differing node (what patch 0021 makes every row count take alike)."""
     if node.op == "FLASH_ATTN_EXT":
-        return "flash attention: a lone row's KV split (>= 512 cells) or the Q tiles (>= 64 rows), ops.cpp"
+        return "flash attention: a lone row's KV split (>= 512 cells) or the Q tiles (>= 64 rows) vs the one-row path, ops.cpp"
     if node.op == "MUL_MAT":
         if repack and node.src0_type in _REPACKED and k >= 4:
             return "the repacked 4-row gemm vs its gemv, repack.cpp"
@@ -152,19 +156,24 @@ class Probe:
     """One model, one attention setting, one repack setting; decodes from a fixed token stream."""
 
     def __init__(self, path, flash_attn: str = "on", repack: bool = True, n_threads: int = 1,
-                 n_ctx: int = 2048, seed: int = 0, n_gpu_layers: int = 0, cache_type: str = "f16") -> None:
+                 n_ctx: int = 2048, seed: int = 0, n_gpu_layers: int = 0, cache_type: str = "f16",
+                 n_seq_max: int = 1) -> None:
         self.path = path
         self.flash_attn, self.repack = flash_attn, repack
         self.recorder = _NodeRecorder()
         self.model = Model(path, repack=repack, n_gpu_layers=n_gpu_layers)
-        self.ctx = Context(self.model, ContextParams(n_ctx=n_ctx, n_threads=n_threads, flash_attn=flash_attn,
-                                                     type_k=cache_type, type_v=cache_type), eval_callback=self.recorder.callback)
+        self.ctx = Context(self.model, ContextParams(n_ctx=n_ctx * n_seq_max, n_threads=n_threads, flash_attn=flash_attn,
+                                                     type_k=cache_type, type_v=cache_type, n_seq_max=n_seq_max,
+                                                     n_batch=1024, n_ubatch=1024),  # a whole prompt is one op
+                           eval_callback=self.recorder.callback)
         self.batch = Batch(self.ctx)
+        self.batch_other = Batch(self.ctx)  # another sequence's prefix, while self.batch is being filled
         rng = np.random.default_rng(seed)
         n_vocab = self.model.n_vocab
-        self.tokens = [int(t) for t in rng.integers(min(1000, n_vocab // 2), n_vocab - 1, n_ctx)]
+        self.tokens = [int(t) for t in rng.integers(min(1000, n_vocab // 2), n_vocab - 1, n_ctx * n_seq_max)]
 
     def close(self) -> None:
+        self.batch_other.close()
         self.batch.close()
         self.ctx.close()
         self.model.close()
@@ -191,9 +200,32 @@ class Probe:
             out += [RowDiff(fill, k, j, float(np.max(np.abs(logits[j] - alone[j])))) for j in range(k)]
         return out
 
+    def neighbours(self, fill: int, ks: tuple[int, ...], others: int) -> list[RowDiff]:
+        """Every row of k-row decodes of sequence 0 in one batch with `others` rows of each other
+        sequence (each after its own prefix of other tokens) against the same tokens alone."""
+        n_seq = self.ctx.n_seq_max
+        self._prefill(fill)
+        alone = [self._one(fill + j) for j in range(max(ks))]
+        out = []
+        for k in ks:
+            self.ctx.remove(fill)
+            self.batch.clear().add_tokens(self.tokens[fill:fill + k], fill, outputs="all")
+            for seq in range(1, n_seq):
+                start = fill + max(ks) + seq * (fill + others)  # tokens of their own, after sequence 0's
+                self.ctx.drop_sequence(seq)
+                self.ctx.decode(self.batch_other.clear().add_tokens(self.tokens[start:start + fill], 0, seq_id=seq, outputs="none"))
+                self.batch.add_tokens(self.tokens[start + fill:start + fill + others], fill, seq_id=seq, outputs="all")
+            self.ctx.decode(self.batch)
+            logits = self.ctx.logits()
+            out += [RowDiff(fill, k, j, float(np.max(np.abs(logits[j] - alone[j]))), others * (n_seq - 1))
+                    for j in range(k)]
+        for seq in range(1, n_seq):
+            self.ctx.drop_sequence(seq)
+        return out
+
     def chunks(self, n: int, sizes: tuple[int, ...]) -> list[tuple[int, float]]:
-        """A prompt of n tokens prefilled one token at a time vs in chunks of each size, then one
-        token decoded after it (chunks past the invariance's row limit take the fast kernels)."""
+        """A prompt of n tokens prefilled one token at a time vs in chunks of each size (n: whole),
+        then one token decoded after it."""
         self._prefill(n, 1)
         whole = self._one(n)
         out = []
@@ -234,15 +266,19 @@ class Probe:
 
 def probe(path, flash_attn: str, repack: bool, fills=(3, 40), ks=(2, 4, 8, 16), chunk_sizes=(7, 64, 128),
           n_threads: int = 1, locate: bool = True, prompt: int = 200, n_gpu_layers: int = 0,
-          cache_type: str = "f16") -> ProbeReport:
-    """Rows, chunks and (where a row differs) the first differing node, for one model and setting."""
+          cache_type: str = "f16", neighbours: int = 0) -> ProbeReport:
+    """Rows, chunks and (where a row differs) the first differing node, for one model and setting;
+    `neighbours` > 0: the rows again beside three other sequences' `neighbours` rows each."""
     p = Probe(path, flash_attn=flash_attn, repack=repack, n_threads=n_threads, n_gpu_layers=n_gpu_layers,
-              cache_type=cache_type)
+              cache_type=cache_type, n_seq_max=4 if neighbours else 1)
     try:
         report = ProbeReport(str(path), flash_attn, repack, batch_invariant())
         for fill in fills:
             report.rows += p.rows(fill, ks)
-        report.chunks = p.chunks(prompt, chunk_sizes)
+            if neighbours:
+                report.rows += p.neighbours(fill, ks, neighbours)
+        if chunk_sizes:
+            report.chunks = p.chunks(prompt, tuple(prompt if c == "whole" else c for c in chunk_sizes))
         worst = next((r for r in report.rows if not r.identical), None)
         if locate and worst is not None:
             report.node = p.first_node(worst.fill, worst.k, worst.row)

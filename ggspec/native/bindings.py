@@ -211,9 +211,10 @@ def _ggml_cpu_library() -> ctypes.CDLL:
 
 def batch_invariant() -> int:
     """The most rows (tokens) a CPU op may have and still compute every row as it computes that row
-    alone (patch 0021; 0: off). On by default up to 128 rows: verify batches; prompt chunks beyond
-    keep the faster kernels. GGML_CPU_BATCH_INVARIANT=0 turns it off for a whole run (llama.cpp's
-    tools included), GGML_CPU_BATCH_INVARIANT_ROWS=N moves the limit."""
+    alone (patches 0021, 0022; 0: off). On by default for every row count (2**63 - 1): verify
+    batches, prompt chunks, several sequences' rows. GGML_CPU_BATCH_INVARIANT=0 turns it off for a
+    whole run (llama.cpp's tools included), GGML_CPU_BATCH_INVARIANT_ROWS=N sets a limit (larger
+    ops keep the batch-dependent kernels)."""
     return int(_ggml_cpu_library().ggml_cpu_batch_invariant_rows())
 
 
