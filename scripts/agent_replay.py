@@ -182,6 +182,9 @@ def main() -> int:
     ap.add_argument("--logs", type=Path, default=Path(tempfile.gettempdir()) / "ggspec-agent-replay")
     ap.add_argument("-fa", "--flash-attn", dest="fa", default="off", help="on, off or auto, for both servers")
     ap.add_argument("--stall", action="store_true", help="the stall scenario instead of the replay")
+    ap.add_argument("--solo", action="store_true",
+                    help="after each run of several clients, replay each conversation alone on the same server and "
+                         "count the answers equal to the ones it gave beside the others")
     ap.add_argument("--identity", action="store_true",
                     help="llama-server keeps the build's exact kernels (its answers compared with ggspec plain's: "
                          "an identity check, not a speed comparison)")
@@ -195,6 +198,7 @@ def main() -> int:
     convs = conversations(max(levels), args.turns)
     names = [n for n in SERVERS if not args.only or n in args.only.split(",")]
     env = server_env(args.identity)
+    solo: dict[tuple[str, int], list[tuple[int, int]]] = {}
     results: dict[tuple[str, int], list[tuple[list[Replay], float, tuple[float, float]]]] = {}
     for rep in range(args.reps):
         for name in names if rep % 2 == 0 else names[::-1]:
@@ -214,13 +218,33 @@ def main() -> int:
                     errors = [r.error for r in done if r.error is not None]
                     console.print(f"  rep {rep + 1} {name} c={c}: {tokens / seconds:.1f} t/s ({tokens} tokens, "
                                   f"{seconds:.0f} s), errors {len(errors)}" + (f" (first: {errors[0]})" if errors else ""))
+                    if args.solo and c > 1:
+                        same, total = solo_equal(url, convs[:c], done, args)
+                        solo.setdefault((name, c), []).append((same, total))
+                        console.print(f"  rep {rep + 1} {name} c={c}: {same}/{total} answers equal to the same "
+                                      f"conversation's alone")
             finally:
                 stop(proc)
     rows = _rows(results, levels)
+    for r in rows:
+        if (r["server"], r["clients"]) in solo:
+            pairs = solo[(r["server"], r["clients"])]
+            r["equal_to_solo"] = f"{sum(a for a, _ in pairs)}/{sum(b for _, b in pairs)}"
     _table(rows, args)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0 if all(r["errors"] == 0 for r in rows) else 1
+
+
+def solo_equal(url: str, convs: list[list[str]], done: list[Replay], args) -> tuple[int, int]:
+    """Each conversation replayed alone on the same server (its cache as the run left it): how many
+    of its answers equal the ones it got beside the other clients."""
+    same = total = 0
+    for users, together in zip(convs, done):
+        alone = replay(url, users, args.max_tokens, args.timeout)
+        same += sum(a == b for a, b in zip(alone.answers, together.answers))
+        total += len(together.answers)
+    return same, total
 
 
 def _rows(results, levels) -> list[dict]:
@@ -331,13 +355,15 @@ def _table(rows, args) -> None:
     table = Table(title=f"{args.pair}: {args.turns}-turn agent replays, -np {args.parallel}, -c {args.ctx} per slot, "
                         f"-t {args.threads}, at most {args.max_tokens} tokens per answer, greedy, {args.reps} reps")
     cols = ("server", "clients", "t/s", "× llama-server ngram-mod", "× llama-server plain", "× ggspec plain",
-            "accept", "= plain answers", "errors", "prompt tok decoded", "cached", "prompt s", "generate s", "rest s")
+            "accept", "= plain answers", "= alone", "errors", "prompt tok decoded", "cached", "prompt s", "generate s",
+            "rest s")
     for col in cols:
         table.add_column(col, justify="left" if col == "server" else "right")
     for r in sorted(rows, key=lambda r: (r["clients"], SERVERS.index(r["server"]))):
         ratio = [r.get(f"x {o}") for o in ("llama-server ngram-mod", "llama-server plain", "ggspec plain")]
         table.add_row(r["server"], str(r["clients"]), f"{r['tps']:.1f}", *("" if x is None else f"{x:.2f}" for x in ratio),
-                      "" if r["accept"] is None else f"{100 * r['accept']:.0f}%", r["equal_to_plain"], str(r["errors"]),
+                      "" if r["accept"] is None else f"{100 * r['accept']:.0f}%", r["equal_to_plain"],
+                      r.get("equal_to_solo", ""), str(r["errors"]),
                       str(r["prompt_decoded"]), str(r["prompt_cached"]), f"{r['prompt_s']:.1f}", f"{r['generate_s']:.1f}",
                       f"{r['rest_s']:.1f}")
     Console(width=170).print(table)

@@ -2,10 +2,11 @@
 """Localise batch variance: a token's logits decoded alone vs as row i of a k-row batch.
 
 For each model, attention setting and repack setting, with the CPU backend's batch invariance
-(patch 0021) on and off in the same process: every row of k-row decodes (k = 2 ... 64, each row
-compared) after several cache fills against the same tokens decoded one at a time, a prompt
-prefilled whole vs in chunks, and where a row differs the first graph node that differs and its op
-(the kernel behind it). Prints a markdown table; -o saves the JSON.
+(patches 0021, 0022) on and off in the same process: every row of k-row decodes (k = 2 ... 256,
+each row compared) after several cache fills against the same tokens decoded one at a time, the
+same rows beside three other sequences' rows, a 600-token prompt prefilled one token at a time vs
+in chunks of 7, 64, 128, 512 rows and whole, and where a row differs the first graph node that
+differs and its op (the kernel behind it). Prints a markdown table; -o saves the JSON.
 
     python scripts/batch_variance.py --pair gemma-3-270m --pair qwen2.5-coder-1.5b -t 2
     python scripts/batch_variance.py -m model.gguf --fa on --fa off --repack on --repack off
@@ -27,7 +28,7 @@ def main() -> None:
     model_arguments(ap, "probed", "both")
     ap.add_argument("--invariant", action="append", choices=("on", "off"),
                     help="the CPU backend's batch invariance (default both, off first)")
-    ap.add_argument("--rows", default="2,4,8,16,64", help="batch sizes k (every row of each is compared)")
+    ap.add_argument("--rows", default="2,4,8,16,64,160,256", help="batch sizes k (every row of each is compared)")
     ap.add_argument("--fills", default="3,40,600", help="cache cells before the batch (>= 512: the KV split)")
     ap.add_argument("-t", "--threads", type=int, default=1)
     ap.add_argument("-ngl", "--n-gpu-layers", type=int, default=0,
@@ -49,7 +50,8 @@ def main() -> None:
                 for fa in args.fa or ("on", "off"):
                     for repack in args.repack or ("on", "off"):
                         r = probe(path, fa, repack == "on", fills=fills, ks=ks, n_threads=args.threads,
-                                  n_gpu_layers=args.n_gpu_layers, locate=args.n_gpu_layers == 0)
+                                  n_gpu_layers=args.n_gpu_layers, locate=args.n_gpu_layers == 0, prompt=600,
+                                  chunk_sizes=(7, 64, 128, 512, "whole"), neighbours=4)
                         reports.append(r)
                         same = sum(x.identical for x in r.rows)
                         chunks = sum(d == 0.0 for _c, d in r.chunks)
