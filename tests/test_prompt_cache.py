@@ -1,8 +1,9 @@
 """The engine's prompt cache: a slot keeps its last sequence's cells, a prompt that starts the same
-way goes to that slot and only the rest of it is decoded, and on the tiny pair the output is what
-a fresh engine gives (the cells are the same computation). On a real model the cached prompt's last
-token, decoded alone, can tip a later token (llama.cpp's arithmetic depends on the batch, as in
-llama-server): a sequence added with `cached=False` decodes its whole prompt, the uncached text."""
+way goes to that slot and only the rest of it is decoded, and the output is what a fresh engine
+gives: on the tiny pair, and on a real model too, since every batch size computes each row as a
+one-token decode does on the CPU (patch 0022; before it, a cached prompt's last token decoded alone
+could tip a later token, as in llama-server). A sequence added with `cached=False` decodes its
+whole prompt."""
 
 from __future__ import annotations
 
@@ -214,26 +215,39 @@ def test_store_keeps_to_its_budget_least_recently_used_first(build_info):
 
 
 @pytest.mark.real
-def test_a_sequence_may_decode_its_whole_prompt_whatever_the_cache_holds(build_info):
-    """The real Qwen2.5-Coder 1.5B, plain greedy at -np 4 (a serving engine): the same prompt three
-    times; the third with `cached=False` decodes every prompt token and gives the first, uncached
-    run's text token for token, whatever the cached second run gave."""
+@pytest.mark.parametrize("fa", ["auto", "off"])
+def test_cached_and_uncached_prompts_give_the_same_text_on_a_real_model(build_info, fa):
+    """The real Qwen2.5-Coder 1.5B, plain greedy at -np 4 (a serving engine): a prompt of over 128
+    tokens three times (uncached; cached but its last token; `cached=False`, decoded whole), then
+    its next turn (the prompt, the answer, new text) from the cache and decoded whole by a fresh
+    engine: the same text every time."""
     from ggspec.bench.prompts import BUILTIN
     from ggspec.catalogue.pairs import check_files
 
     entry = get_entry("qwen2.5-coder-1.5b")
     if check_files(entry, None) != "ok":
         pytest.skip("qwen2.5-coder-1.5b is not pulled")
-    cfg = PairConfig(target=resolve(entry).target, parallel=4, ctx=ContextParams(n_ctx=4096, n_threads=2, flash_attn="off"))
-    with Engine.open(cfg, plain=True, serving=Serving(prompt_cache=True, first_token_from_prefill=True)) as eng:
-        prompt = eng.target_model.tokenize(BUILTIN[1].text)
+    cfg = PairConfig(target=resolve(entry).target, parallel=4, ctx=ContextParams(n_ctx=4096, n_threads=2, flash_attn=fa))
+    serving = Serving(prompt_cache=True, first_token_from_prefill=True)
+    with Engine.open(cfg, plain=True, serving=serving) as eng:
+        prompt = eng.target_model.tokenize("\n\n".join(b.text for b in BUILTIN[3:8]))
+        assert len(prompt) > 128
         runs = []
         for cached in (True, True, False):
             seq = eng.add(Request(prompt, 64, cached=cached))
             list(eng.run())
             runs.append((seq.tokens, seq.n_cached))
+        turn = np.concatenate([prompt, np.asarray(runs[0][0], dtype=np.int32),
+                               eng.target_model.tokenize("\n\n# The same, with docstrings:\n", add_special=False)])
+        again = eng.add(Request(turn, 32))
+        list(eng.run())
+    with Engine.open(cfg, plain=True) as fresh:
+        whole = fresh.add(Request(turn, 32))
+        list(fresh.run())
     assert runs[0][1] == 0 and runs[1][1] == len(prompt) - 1 and runs[2][1] == 0
-    assert runs[2][0] == runs[0][0]
+    assert runs[1][0] == runs[0][0] and runs[2][0] == runs[0][0]
+    assert again.n_cached >= len(prompt) and whole.n_cached == 0
+    assert again.tokens == whole.tokens
 
 
 # --- a long prompt beside generating streams (Serving.prefill_rows) -----------------------------------------
