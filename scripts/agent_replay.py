@@ -158,7 +158,7 @@ def run(url: str, conversations: list[list[str]], max_tokens: int, timeout: floa
 def commands(args, target: Path, port: int) -> dict[str, list[str]]:
     # -c is every slot's together, on both servers
     common = ["-np", str(args.parallel), "-c", str(args.ctx * args.parallel), "-t", str(args.threads), "-fa", args.fa,
-              "--port", str(port), "--host", "127.0.0.1"]
+              "--port", str(port), "--host", "127.0.0.1", *(["--swa-full"] if args.swa_full else [])]
     ggspec = [sys.executable, "-m", "ggspec.cli", "serve", "-m", str(target), "--no-ui", *common]
     server = [str(find_tool("llama-server")), "-m", str(target), *common, "--jinja", "--no-webui",
               "-tb", str(args.threads)]
@@ -185,6 +185,8 @@ def main() -> int:
     ap.add_argument("--solo", action="store_true",
                     help="after each run of several clients, replay each conversation alone on the same server and "
                          "count the answers equal to the ones it gave beside the others")
+    ap.add_argument("--swa-full", action="store_true", help="both servers keep every cell of a sliding-window "
+                                                             "target (not a window-sized ring)")
     ap.add_argument("--identity", action="store_true",
                     help="llama-server keeps the build's exact kernels (its answers compared with ggspec plain's: "
                          "an identity check, not a speed comparison)")
