@@ -86,6 +86,17 @@ def measure(path: Path, fa: str, repack: bool, threads: int, reps: int, ops: dic
     return {inv: {op: statistics.median(ts) for op, ts in by_op.items()} for inv, by_op in times.items()}
 
 
+def _counts(ap, flag: str, text: str) -> tuple[int, ...]:
+    """A comma list of row counts, or the parser's one-line error."""
+    try:
+        counts = tuple(int(n) for n in text.split(",") if n)
+    except ValueError:
+        ap.error(f"{flag} {text!r}: a comma list of row counts, e.g. 2,4,8")
+    if any(n < 1 for n in counts):
+        ap.error(f"{flag} {text!r}: row counts are at least 1")
+    return counts
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     model_arguments(ap, "timed", "on")
@@ -98,8 +109,9 @@ def main() -> None:
     ap.add_argument("-o", "--output", type=Path, help="save the JSON here")
     args = ap.parse_args()
     paths = model_paths(ap, args)
-    parse = lambda text: tuple(int(n) for n in text.split(",") if n)  # noqa: E731
-    ops = _operations(parse(args.rows), parse(args.chunks), args.seqs)
+    if args.seqs < 1 or args.context < 1 or args.reps < 1 or args.threads < 1:
+        ap.error("--seqs, --context, -r and -t take a positive count")
+    ops = _operations(_counts(ap, "--rows", args.rows), _counts(ap, "--chunks", args.chunks), args.seqs)
     initial = batch_invariant()
     results = []
     print("| model | fa | repack | " + " | ".join(f"{op} ms off → on (×)" for op in ops) + " |")

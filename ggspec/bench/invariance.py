@@ -188,10 +188,14 @@ class Probe:
         self.ctx.decode(self.batch.clear().add_tokens([self.tokens[pos]], pos))
         return self.ctx.logits()[0]
 
+    def _alone(self, fill: int, n: int) -> list[np.ndarray]:
+        """The logits of tokens fill .. fill + n - 1 decoded one at a time after `fill` cells."""
+        self._prefill(fill)
+        return [self._one(fill + j) for j in range(n)]
+
     def rows(self, fill: int, ks: tuple[int, ...]) -> list[RowDiff]:
         """Every row of k-row decodes after `fill` cells against the same tokens decoded alone."""
-        self._prefill(fill)
-        alone = [self._one(fill + j) for j in range(max(ks))]
+        alone = self._alone(fill, max(ks))
         out = []
         for k in ks:
             self.ctx.remove(fill)
@@ -204,8 +208,7 @@ class Probe:
         """Every row of k-row decodes of sequence 0 in one batch with `others` rows of each other
         sequence (each after its own prefix of other tokens) against the same tokens alone."""
         n_seq = self.ctx.n_seq_max
-        self._prefill(fill)
-        alone = [self._one(fill + j) for j in range(max(ks))]
+        alone = self._alone(fill, max(ks))
         out = []
         for k in ks:
             self.ctx.remove(fill)
